@@ -1,0 +1,99 @@
+"""The package's errors: one root, one class per thing an operator must do differently.
+
+Every error names the node it is about and ends with a one-line fix, because the
+message is all an operator sees in `pulumi up` output. Library exceptions
+(paramiko, socket, cryptography) are translated into these once, at the
+boundary where they happen, and chained with ``raise ... from``.
+
+Messages never contain key material: callers pass names, paths and
+fingerprints, never PEM bodies.
+"""
+
+from __future__ import annotations
+
+
+class LlmgwError(Exception):
+    """Root of the package's errors."""
+
+    #: Default fix, used when the raiser has nothing more specific to say.
+    fix = ""
+
+    def __init__(self, node: str, message: str, fix: str | None = None) -> None:
+        self.node = node
+        self.message = message
+        self.fix = fix if fix is not None else type(self).fix
+        text = f"{node}: {message}" if node else message
+        if self.fix:
+            text = f"{text}\n  fix: {self.fix}"
+        super().__init__(text)
+
+
+class ConfigError(LlmgwError):
+    """A value in the stack config or in a resource's inputs is not acceptable."""
+
+    def __init__(self, node: str, field: str, problem: str, fix: str) -> None:
+        self.field = field
+        super().__init__(node, f"{field}: {problem}", fix)
+
+
+class AuthorityError(LlmgwError):
+    """The cluster CA is missing, unreadable, mismatched or expired."""
+
+    fix = "create one with 'llmgw ctl cert init-ca --dir <pki dir>', or point pkiDir at the right directory"
+
+
+class UnreachableError(LlmgwError):
+    """No SSH connection could be made before the wait deadline."""
+
+    fix = "check the address, that sshd runs and that nothing filters port 22; raise sshWait for slow boots"
+
+
+class HostKeyChangedError(LlmgwError):
+    """The node presented a different SSH host key from the one recorded or pinned."""
+
+    fix = (
+        "if the machine was legitimately replaced, set the node's hostKey to the new key "
+        "(or replace the node); otherwise treat it as a substituted machine"
+    )
+
+
+class AuthenticationError(LlmgwError):
+    """The node refused the SSH key."""
+
+    fix = "add the operator's public key to the user's ~/.ssh/authorized_keys on the node, or fix sshUser/sshKey"
+
+
+class SudoUnavailableError(LlmgwError):
+    """The SSH user is not root and cannot run `sudo -n`."""
+
+    fix = "give the SSH user passwordless sudo (e.g. '<user> ALL=(ALL) NOPASSWD:ALL' in /etc/sudoers.d/), or connect as root"
+
+
+class ReleaseFetchError(LlmgwError):
+    """The node could not download the release binary or its checksums."""
+
+    fix = "check releaseUrl and that the node can reach it (and trusts its certificate)"
+
+
+class ChecksumMismatchError(LlmgwError):
+    """A downloaded release binary does not match the release's checksums.txt."""
+
+    fix = "do not install it: the release or the path to it has been tampered with or corrupted; republish it"
+
+
+class AgentStartError(LlmgwError):
+    """The agent did not stay running after it was (re)started."""
+
+    fix = "read the agent's journal on the node ('journalctl -u llmgw-agent'); the previous binary and config were restored"
+
+
+class EngineWillNotRunError(LlmgwError):
+    """A configured inference engine cannot run on the node (raised only when failOnEngineProblems is set)."""
+
+    fix = "fix the engine installation on the node (see the hint for each engine), or correct its path in the config"
+
+
+class RemoteCommandError(LlmgwError):
+    """A command on the node failed in a way none of the other errors describe."""
+
+    fix = "run the command by hand on the node to see why it fails"

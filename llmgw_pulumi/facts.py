@@ -1,0 +1,163 @@
+"""What a node looks like now: pure parsers of the output of remote scripts.
+
+Each parser takes the text a script printed and returns a small frozen value.
+They are tested on recorded output (and, for GPU discovery, on the real
+nvidia-smi output from an H200 node in the fixtures).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass, field
+
+
+def key_values(text: str) -> dict[str, str]:
+    """``key<TAB>value`` lines; later keys win; other lines are ignored."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("\t")
+        if sep:
+            out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class FileFact:
+    path: str
+    mode: int
+    owner: str
+    group: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    hostname: str
+    arch: str
+    unit_active: str
+    """systemctl is-active: active, inactive, failed, activating, or '' when unknown."""
+    unit_enabled: str
+    files: dict[str, FileFact | None] = field(default_factory=dict)
+    """Every surveyed path; None where the file does not exist."""
+
+    def sha256(self, path: str) -> str | None:
+        f = self.files.get(path)
+        return f.sha256 if f else None
+
+
+def parse_survey(text: str) -> NodeFacts:
+    head: dict[str, str] = {}
+    files: dict[str, FileFact | None] = {}
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if parts[0] == "file" and len(parts) >= 3:
+            path = parts[1]
+            if parts[2] == "-":
+                files[path] = None
+            elif len(parts) == 4:
+                mode, owner, group = parts[2].split(" ")
+                files[path] = FileFact(path, int(mode, 8), owner, group, parts[3])
+        elif len(parts) == 2:
+            head[parts[0]] = parts[1]
+    return NodeFacts(
+        hostname=head.get("hostname", ""),
+        arch=head.get("arch", ""),
+        unit_active=head.get("active", ""),
+        unit_enabled=head.get("enabled", ""),
+        files=files,
+    )
+
+
+@dataclass(frozen=True)
+class EngineProbe:
+    engine: str
+    path: str
+    status: str
+    """runs, missing, not-executable or fails."""
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "runs"
+
+
+def parse_engine_probes(text: str, engines: tuple[tuple[str, str], ...]) -> list[EngineProbe]:
+    paths = dict(engines)
+    out = []
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if parts[0] == "engine" and len(parts) >= 3 and parts[1] in paths:
+            out.append(EngineProbe(parts[1], paths[parts[1]], parts[2], parts[3].strip() if len(parts) > 3 else ""))
+    return out
+
+
+def engine_problem(probe: EngineProbe, node: str, target: str) -> dict[str, str] | None:
+    """The operator-facing report for one engine: what is wrong and what to run (SPEC step 7)."""
+    if probe.ok:
+        return None
+    if probe.status == "missing":
+        problem = f"{probe.engine} is configured at {probe.path}, which does not exist on {node}"
+        hint = f"install {probe.engine} there, or fix engines.{probe.engine} in the stack config"
+    elif probe.status == "not-executable":
+        problem = f"{probe.engine} at {probe.path} is not an executable file on {node} ({probe.detail})"
+        hint = f"ssh {target} sudo chmod 0755 {probe.path}"
+    else:
+        problem = f"{probe.engine} at {probe.path} exists but will not run ({probe.detail})"
+        hint = f"usually a missing shared library: ssh {target} ldd {probe.path} | grep 'not found'"
+    return {"engine": probe.engine, "path": probe.path, "status": probe.status, "problem": problem, "hint": hint}
+
+
+# --------------------------------------------------------------------------- GPU discovery
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int
+    driver_version: str
+    pci_bus_id: str
+    compute_cap: str
+
+
+GPU_QUERY_FIELDS = ("index", "uuid", "name", "memory.total", "driver_version", "pci.bus_id", "compute_cap")
+"""The fields asked for with ``nvidia-smi --query-gpu=<fields> --format=csv,noheader,nounits``."""
+
+
+def parse_gpu_query(text: str, fields: tuple[str, ...] = GPU_QUERY_FIELDS) -> list[Gpu]:
+    """Parse ``nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits]``.
+
+    With a header the columns are taken from it (``memory.total [MiB]`` names
+    ``memory.total``); without one, ``fields`` says what was asked for, in
+    order. Unit suffixes (`` MiB``) are dropped. A bad field makes nvidia-smi
+    print an error instead of CSV; it is raised as ValueError in nvidia-smi's
+    own words.
+    """
+    rows = [[c.strip() for c in r] for r in csv.reader(io.StringIO(text), skipinitialspace=True) if r]
+    if rows and rows[0][0].startswith("Field "):
+        raise ValueError(text.strip().splitlines()[0])
+    if rows and rows[0][0] == "index":
+        fields = tuple(h.split(" [")[0] for h in rows[0])
+        rows = rows[1:]
+    gpus = []
+    for row in rows:
+        if len(row) != len(fields):
+            raise ValueError(f"nvidia-smi gave {len(row)} columns for {len(fields)} fields: {','.join(row)!r}")
+        v = dict(zip(fields, row))
+        gpus.append(Gpu(int(v["index"]), v["uuid"], v["name"], int(v["memory.total"].split()[0]),
+                        v["driver_version"], v["pci.bus_id"], v["compute_cap"]))
+    return gpus
+
+
+def parse_gpu_list(text: str) -> list[tuple[int, str, str]]:
+    """``nvidia-smi -L``: (index, name, uuid) per GPU."""
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("GPU "):
+            continue
+        head, _, rest = line.partition(": ")
+        name, _, uuid = rest.rpartition(" (UUID: ")
+        out.append((int(head.split()[1]), name, uuid.rstrip(")")))
+    return out

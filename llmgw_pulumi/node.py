@@ -1,0 +1,115 @@
+"""Node: one GPU node onboarded, as a component chaining the four resources.
+
+    ClientCertificate -> NodeIdentity -> AgentInstall -> EngineCheck
+
+Data flows along the chain, so the order is real, not declared: the identity
+needs the certificate; the agent needs the host key NodeIdentity recorded (it
+is pinned for every later connection) and the hostname it read (agent.yaml
+says node_id only when they differ); the engine check runs once the agent is
+installed. Pass the VM the node runs on in ``opts.depends_on`` (or take the
+address from its outputs) and `pulumi up` onboards it as soon as it exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import pulumi
+
+from .providers.agent import AgentInstall, AgentInstallArgs
+from .providers.certificate import ClientCertificate, ClientCertificateArgs
+from .providers.engines import EngineCheck, EngineCheckArgs
+from .providers.identity import NodeIdentity, NodeIdentityArgs
+
+
+@dataclass
+class ConnectionArgs:
+    host: pulumi.Input[str]
+    private_key: pulumi.Input[str]
+    """The SSH private key's contents. Wrap it with pulumi.Output.secret (the node component does)."""
+    user: pulumi.Input[str] = "root"
+    port: pulumi.Input[int] = 22
+    host_key: Optional[pulumi.Input[str]] = None
+    """Pin the node's SSH host key ('ssh-ed25519 AAAA...'); otherwise the first key seen is trusted and recorded."""
+    wait: pulumi.Input[float] = 120.0
+
+    def to_input(self) -> dict[str, Any]:
+        out = {"host": self.host, "user": self.user, "port": self.port, "wait": self.wait,
+               "private_key": pulumi.Output.secret(self.private_key)}
+        if self.host_key is not None:
+            out["host_key"] = self.host_key
+        return out
+
+
+@dataclass
+class NodeArgs:
+    node_id: pulumi.Input[str]
+    connection: ConnectionArgs
+    servers: pulumi.Input[list]
+    pki_dir: pulumi.Input[str]
+    version: pulumi.Input[str]
+    release_url: Optional[pulumi.Input[str]] = None
+    binary_path: Optional[pulumi.Input[str]] = None
+    binary_sha256: Optional[pulumi.Input[str]] = None
+    mgmt_addr: Optional[pulumi.Input[str]] = None
+    mgmt_interface: Optional[pulumi.Input[str]] = None
+    fabrics: Optional[pulumi.Input[list]] = None
+    discovery: Optional[pulumi.Input[dict]] = None
+    engines: Optional[pulumi.Input[dict]] = None
+    validity_hours: Optional[pulumi.Input[float]] = None
+    renew_before_hours: Optional[pulumi.Input[float]] = None
+    fail_on_engine_problems: Optional[pulumi.Input[bool]] = None
+
+
+class Node(pulumi.ComponentResource):
+    certificate: ClientCertificate
+    identity: NodeIdentity
+    agent: AgentInstall
+    engine_check: EngineCheck
+
+    def __init__(self, name: str, args: NodeArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
+        super().__init__("llmgw:index:Node", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        conn = args.connection.to_input()
+
+        self.certificate = ClientCertificate(name, ClientCertificateArgs(
+            node_id=args.node_id, pki_dir=args.pki_dir,
+            validity_hours=args.validity_hours, renew_before_hours=args.renew_before_hours,
+        ), child)
+
+        self.identity = NodeIdentity(name, NodeIdentityArgs(
+            node_id=args.node_id, connection=conn,
+            ca_pem=self.certificate.ca_pem, cert_pem=self.certificate.cert_pem, key_pem=self.certificate.key_pem,
+        ), child)
+
+        # Every later connection pins the key NodeIdentity saw (or was given).
+        pinned = {**conn, "host_key": self.identity.host_key}
+
+        self.agent = AgentInstall(name, AgentInstallArgs(
+            node_id=args.node_id, connection=pinned, hostname=self.identity.hostname,
+            servers=args.servers, version=args.version, release_url=args.release_url,
+            binary_path=args.binary_path, binary_sha256=args.binary_sha256,
+            mgmt_addr=args.mgmt_addr, mgmt_interface=args.mgmt_interface,
+            fabrics=args.fabrics, discovery=args.discovery, engines=args.engines,
+        ), child)
+
+        self.engine_check = EngineCheck(name, EngineCheckArgs(
+            node_id=args.node_id, connection=pinned, engines=args.engines,
+            fail_on_problems=args.fail_on_engine_problems,
+        ), pulumi.ResourceOptions(parent=self, depends_on=[self.agent]))
+
+        # Engine problems are warnings on this node's check, visible in `pulumi up`.
+        check = self.engine_check
+        check.problems.apply(lambda problems: [
+            pulumi.log.warn(f"{p['problem']}\n  hint: {p['hint']}", resource=check) for p in (problems or [])
+        ])
+
+        self.register_outputs({
+            "hostname": self.identity.hostname,
+            "host_key": self.identity.host_key,
+            "certificate_not_after": self.certificate.not_after,
+            "certificate_fingerprint": self.certificate.fingerprint_sha256,
+            "agent_sha256": self.agent.installed_sha256,
+            "engine_problems": self.engine_check.problems,
+        })

@@ -1,0 +1,99 @@
+"""The Pulumi program: stack config -> one Node component per configured node.
+
+`__main__.py` calls ``main()``; the tests and the local lab run the same
+function as an Automation API program.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pulumi
+
+from . import stack_config, validate
+from .errors import ConfigError
+from .node import ConnectionArgs, Node, NodeArgs
+
+CONFIG_NAMESPACE = "llmgw"
+
+
+def _read_config() -> tuple[dict[str, Any], pulumi.Output[str] | None]:
+    cfg = pulumi.Config(CONFIG_NAMESPACE)
+    raw: dict[str, Any] = {}
+    for key in stack_config.TOP_KEYS - {"sshPrivateKey"}:
+        value = cfg.get_object(key)
+        if value is not None:
+            raw[key] = value
+    secret_key = cfg.get_secret("sshPrivateKey")
+    return raw, secret_key
+
+
+def local_binary(path: str) -> tuple[str, str, str]:
+    """(absolute path, version, sha256) of a local llmgw build; the version is the last word of --version."""
+    p = Path(os.path.expanduser(path)).resolve()
+    if not p.is_file() or not os.access(p, os.X_OK):
+        raise ConfigError("llmgw", "agent.binary", f"{p} is not an executable file", "build llmgw, or fix agent.binary")
+    try:
+        out = subprocess.run([str(p), "--version"], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ConfigError("llmgw", "agent.binary", f"`{p} --version` failed: {exc}", "check that the build runs on this machine") from None
+    words = out.split()
+    if not words:
+        raise ConfigError("llmgw", "agent.binary", f"`{p} --version` printed nothing", "check the build")
+    return str(p), words[-1], hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def ssh_private_key(spec: stack_config.StackSpec, secret: pulumi.Output[str] | None) -> pulumi.Output[str]:
+    if secret is not None:
+        return secret
+    path = Path(os.path.expanduser(spec.ssh_private_key_path or ""))
+    try:
+        return pulumi.Output.secret(path.read_text())
+    except OSError as exc:
+        raise ConfigError("llmgw", "ssh.privateKeyPath", f"cannot read {path}: {exc.strerror}",
+                          "point it at the operator's SSH private key, or set the llmgw:sshPrivateKey secret") from None
+
+
+def main() -> dict[str, Node]:
+    raw, secret_key = _read_config()
+    spec = stack_config.parse(raw, has_secret_key=secret_key is not None)
+    version, release_url, binary_path, binary_sha = spec.agent.version, spec.agent.release_url, None, None
+    if spec.agent.binary:
+        binary_path, version, binary_sha = local_binary(spec.agent.binary)
+        if validate.RELEASE_TAG.match(version):
+            binary_path = binary_sha = None  # a release build: the node fetches and verifies it itself
+            if not release_url:
+                raise ConfigError("llmgw", "agent.releaseUrl", f"the local binary is release {version}, which nodes download",
+                                  "give agent.releaseUrl")
+    key = ssh_private_key(spec, secret_key)
+    nodes: dict[str, Node] = {}
+    for n in spec.nodes:
+        nodes[n.node_id] = Node(n.node_id, NodeArgs(
+            node_id=n.node_id,
+            connection=ConnectionArgs(host=n.address, port=n.port, user=n.user, private_key=key,
+                                      host_key=n.host_key, wait=spec.ssh_wait),
+            servers=list(n.servers),
+            pki_dir=os.path.abspath(os.path.expanduser(spec.pki_dir)),
+            version=version,
+            release_url=release_url,
+            binary_path=binary_path,
+            binary_sha256=binary_sha,
+            mgmt_addr=n.mgmt_addr,
+            mgmt_interface=n.mgmt_interface,
+            fabrics=list(n.fabrics) or None,
+            discovery=n.discovery or None,
+            engines=n.engines or None,
+            validity_hours=spec.validity_hours,
+            renew_before_hours=spec.renew_before_hours,
+            fail_on_engine_problems=n.fail_on_engine_problems,
+        ))
+        pulumi.export(n.node_id, {
+            "hostname": nodes[n.node_id].identity.hostname,
+            "certificate_not_after": nodes[n.node_id].certificate.not_after,
+            "engine_problems": nodes[n.node_id].engine_check.problems,
+        })
+    return nodes

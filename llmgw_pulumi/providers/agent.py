@@ -1,0 +1,195 @@
+"""AgentInstall: the llmgw binary, /etc/llmgw/agent.yaml and the llmgw-agent unit, running.
+
+SPEC steps 5, 6 and 8. The rendered agent.yaml and unit are inputs (derived in
+check, without touching the network), so `pulumi preview --diff` shows the
+config text that will change. Changing settings rewrites the config atomically
+and restarts the agent; changing the version installs the new binary (a
+release is verified against its checksums.txt again); nothing is re-issued.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import pulumi
+from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+from pulumi.output import Unknown
+
+from .. import desired, facts, remote, transport
+from ..errors import (
+    AgentStartError,
+    ChecksumMismatchError,
+    ConfigError,
+    ReleaseFetchError,
+    RemoteCommandError,
+    UnreachableError,
+)
+from ..specs import AgentSettings, AgentSpec, is_unknown
+from . import _glue
+
+SETTINGS_KEYS = ("node_id", "servers", "mgmt_addr", "mgmt_interface", "fabrics", "discovery", "engines")
+BINARY_KEYS = ("version", "release_url", "binary_path", "binary_sha256")
+INPUT_KEYS = ("connection", "hostname", *SETTINGS_KEYS, *BINARY_KEYS, "agent_yaml", "unit")
+REPLACE_KEYS = ("node_id", "connection.host", "connection.port")
+OUTPUT_KEYS = ("installed_sha256", "arch", "node_state")
+
+
+def derive(inputs: dict[str, Any]) -> None:
+    """Render agent.yaml and the unit from the (validated) inputs, for the preview to show."""
+    inputs["unit"] = desired.render_unit()
+    relevant = [inputs.get(k) for k in ("hostname", *SETTINGS_KEYS)]
+    if any(is_unknown(v) for v in relevant) or not isinstance(inputs.get("hostname"), str):
+        inputs["agent_yaml"] = Unknown()
+        return
+    inputs["agent_yaml"] = desired.render_agent_yaml(AgentSettings.from_props(inputs), inputs["hostname"])
+
+
+def drift(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
+    """What `pulumi refresh` found different on the node from what was installed."""
+    seen = olds.get("node_state")
+    if not isinstance(seen, dict):
+        return []
+    out = []
+    if seen.get("binary_sha256") != olds.get("installed_sha256"):
+        out.append("node_state.binary")
+    if isinstance(news.get("agent_yaml"), str) and seen.get("config_sha256") != desired.sha256_text(news["agent_yaml"]):
+        out.append("node_state.config")
+    if isinstance(news.get("unit"), str) and seen.get("unit_sha256") != desired.sha256_text(news["unit"]):
+        out.append("node_state.unit")
+    if seen.get("active") != "active":
+        out.append("node_state.active")
+    if seen.get("enabled") != "enabled":
+        out.append("node_state.enabled")
+    return out
+
+
+def _install(spec: AgentSpec, props: dict[str, Any], mode: str, recorded_host_key: str | None) -> dict[str, Any]:
+    binary = b""
+    if mode == "copy":
+        path = Path(spec.binary.binary_path or "")
+        try:
+            binary = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(spec.node_id, "binary_path", f"cannot read the local binary {path}: {exc.strerror}",
+                              "build llmgw there, or point agent.binary at the build") from None
+    script = remote.install_agent(
+        mode=mode,
+        config=props["agent_yaml"],
+        unit=props["unit"],
+        version=spec.binary.version,
+        release_url=spec.binary.release_url or "",
+        binary=binary,
+        binary_sha256=spec.binary.binary_sha256 or "",
+    )
+    with transport.session(spec.connection, spec.node_id, recorded_host_key) as s:
+        res = s.run(script)
+    reason = res.stderr.strip()[-2000:]
+    if res.rc == remote.Exit.RELEASE_FETCH:
+        raise ReleaseFetchError(spec.node_id, reason + "; the installed agent was left as it was")
+    if res.rc == remote.Exit.CHECKSUM:
+        raise ChecksumMismatchError(spec.node_id, reason)
+    if res.rc == remote.Exit.AGENT_START:
+        raise AgentStartError(spec.node_id, reason)
+    if res.rc != 0:
+        raise RemoteCommandError(spec.node_id, f"installing the agent on {spec.connection.host} failed (exit {res.rc}): {reason}")
+    kv = facts.key_values(res.stdout)
+    sha = kv.get("binary_sha256", "")
+    return {
+        "installed_sha256": sha,
+        "arch": kv.get("arch", ""),
+        "node_state": {
+            "binary_sha256": sha,
+            "config_sha256": desired.sha256_text(props["agent_yaml"]),
+            "unit_sha256": desired.sha256_text(props["unit"]),
+            "active": kv.get("active", ""),
+            "enabled": "enabled",
+        },
+    }
+
+
+def _mode(spec: AgentSpec) -> str:
+    return "release" if spec.binary.is_release else "copy"
+
+
+class AgentInstallProvider(ResourceProvider):
+    # Pickled by reference (module + class name): the payload holds nothing secret.
+    serialize_as_secret_always = False
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]):
+        return _glue.check(news, AgentSpec.collect, derive=derive)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        changes = _glue.changed_keys(olds, news, INPUT_KEYS) + drift(olds, news)
+        same_host = not any(c in ("connection.host", "connection.port") for c in changes)
+        return _glue.diff_result(changes, REPLACE_KEYS, delete_before_replace=same_host)
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        spec = AgentSpec.from_props(props)
+        computed = _install(spec, props, _mode(spec), props["connection"].get("host_key"))
+        return CreateResult(spec.node_id, _glue.outputs(props, **computed))
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        spec = AgentSpec.from_props(news)
+        binary_changed = any(_glue.normalise(olds.get(k)) != _glue.normalise(news.get(k)) for k in ("version", "binary_sha256"))
+        binary_drifted = "node_state.binary" in drift(olds, news)
+        mode = _mode(spec) if binary_changed or binary_drifted else "keep"
+        computed = _install(spec, news, mode, news["connection"].get("host_key") or olds["connection"].get("host_key"))
+        return UpdateResult(_glue.outputs(news, **computed))
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        spec = AgentSpec.from_props(props)
+        with transport.session(spec.connection, spec.node_id, props["connection"].get("host_key")) as s:
+            res = s.run(remote.survey((desired.BINARY_PATH, desired.CONFIG_PATH, desired.UNIT_PATH)))
+        node = facts.parse_survey(res.stdout)
+        state = {
+            "binary_sha256": node.sha256(desired.BINARY_PATH) or "absent",
+            "config_sha256": node.sha256(desired.CONFIG_PATH) or "absent",
+            "unit_sha256": node.sha256(desired.UNIT_PATH) or "absent",
+            "active": node.unit_active,
+            "enabled": node.unit_enabled,
+        }
+        return ReadResult(id_, {**props, "node_state": state})
+
+    def delete(self, _id: str, props: dict[str, Any]) -> None:
+        spec = AgentSpec.from_props(props)
+        try:
+            with transport.session(spec.connection, spec.node_id, props["connection"].get("host_key")) as s:
+                res = s.run(remote.remove_agent())
+        except UnreachableError as exc:
+            print(f"warning: {exc}; assuming the machine is gone, nothing was removed from it")
+            return
+        if res.rc != 0:
+            raise RemoteCommandError(spec.node_id, f"removing the agent from {spec.connection.host} failed: {res.stderr.strip()[-500:]}")
+
+
+@dataclass
+class AgentInstallArgs:
+    node_id: pulumi.Input[str]
+    connection: pulumi.Input[dict]
+    hostname: pulumi.Input[str]
+    """The node's hostname (NodeIdentity reads it): agent.yaml says node_id only when they differ."""
+    servers: pulumi.Input[list]
+    version: pulumi.Input[str]
+    release_url: Optional[pulumi.Input[str]] = None
+    binary_path: Optional[pulumi.Input[str]] = None
+    binary_sha256: Optional[pulumi.Input[str]] = None
+    mgmt_addr: Optional[pulumi.Input[str]] = None
+    mgmt_interface: Optional[pulumi.Input[str]] = None
+    fabrics: Optional[pulumi.Input[list]] = None
+    discovery: Optional[pulumi.Input[dict]] = None
+    engines: Optional[pulumi.Input[dict]] = None
+
+
+class AgentInstall(Resource, module="llmgw", name="AgentInstall"):
+    agent_yaml: pulumi.Output[str]
+    unit: pulumi.Output[str]
+    installed_sha256: pulumi.Output[str]
+    arch: pulumi.Output[str]
+    node_state: pulumi.Output[dict]
+
+    def __init__(self, name: str, args: AgentInstallArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
+        props = {**vars(args), "agent_yaml": None, "unit": None, **{k: None for k in OUTPUT_KEYS}}
+        super().__init__(AgentInstallProvider(), name, props, opts)
+

@@ -1,0 +1,111 @@
+"""ClientCertificate: a node's client certificate, issued from the cluster CA (SPEC step 2).
+
+The key pair is generated on the machine running Pulumi and kept in state as a
+secret output; the CA key is read from the PKI dir at issue time and never
+enters state. Renewal is a replacement: inside the renewal window the preview
+says ``replace (not_after)``, and the new certificate flows into NodeIdentity
+as an in-place update.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import pulumi
+from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+
+from .. import pki
+from ..specs import DEFAULT_RENEW_BEFORE_HOURS, DEFAULT_VALIDITY_HOURS, CertificateSpec
+from . import _glue
+
+INPUT_KEYS = ("node_id", "pki_dir", "validity_hours", "renew_before_hours")
+REPLACE_KEYS = ("node_id", "pki_dir")
+OUTPUT_KEYS = ("cert_pem", "key_pem", "ca_pem", "ca_not_after", "serial", "not_after", "fingerprint_sha256")
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def renewal_due(olds: dict[str, Any], news: dict[str, Any], now: dt.datetime) -> bool:
+    """Inside the renewal window, unless the certificate already ends with its CA (a new one could not last longer)."""
+    not_after = olds.get("not_after")
+    before = news.get("renew_before_hours", DEFAULT_RENEW_BEFORE_HOURS)
+    if not isinstance(not_after, str) or not isinstance(before, (int, float)):
+        return False
+    if isinstance(olds.get("ca_not_after"), str) and dt.datetime.fromisoformat(not_after) >= dt.datetime.fromisoformat(olds["ca_not_after"]):
+        return False
+    return pki.renewal_due(not_after, dt.timedelta(hours=before), now)
+
+
+class ClientCertificateProvider(ResourceProvider):
+    """Stateless: every method works from its arguments alone."""
+    # Pickled by reference (module + class name): the payload holds nothing secret.
+    serialize_as_secret_always = False
+
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]):
+        return _glue.check(news, CertificateSpec.collect,
+                           defaults={"validity_hours": DEFAULT_VALIDITY_HOURS, "renew_before_hours": DEFAULT_RENEW_BEFORE_HOURS})
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        changes = _glue.changed_keys(olds, news, INPUT_KEYS)
+        if renewal_due(olds, news, _now()):
+            changes.append("not_after")
+        return _glue.diff_result(changes, (*REPLACE_KEYS, "not_after"))
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        spec = CertificateSpec.from_props(props)
+        now = _now()
+        authority = pki.load_authority(spec.pki_dir, spec.node_id, now)
+        issued = pki.issue(authority, spec.node_id, dt.timedelta(hours=spec.validity_hours), now)
+        outs = _glue.outputs(
+            props,
+            cert_pem=issued.cert_pem,
+            key_pem=issued.key_pem,
+            ca_pem=authority.cert_pem,
+            ca_not_after=authority.cert.not_valid_after_utc.isoformat(),
+            serial=issued.serial,
+            not_after=issued.not_after,
+            fingerprint_sha256=issued.fingerprint_sha256,
+        )
+        return CreateResult(f"{spec.node_id}:{issued.serial}", outs)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        # Only validity settings changed: they apply at the next issuance.
+        return UpdateResult(_glue.outputs(news, **{k: olds.get(k) for k in OUTPUT_KEYS}))
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        # The certificate lives in state; there is nothing remote to read.
+        return ReadResult(id_, props)
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        # Revoking the old certificate is a separate decision (SPEC step 2).
+        return None
+
+
+@dataclass
+class ClientCertificateArgs:
+    node_id: pulumi.Input[str]
+    pki_dir: pulumi.Input[str]
+    """Directory holding the cluster CA: ca.pem and ca-key.pem (from `llmgw ctl cert init-ca`)."""
+    validity_hours: Optional[pulumi.Input[float]] = None
+    renew_before_hours: Optional[pulumi.Input[float]] = None
+    """A `pulumi up` this close to expiry issues a new certificate."""
+
+
+class ClientCertificate(Resource, module="llmgw", name="ClientCertificate"):
+    cert_pem: pulumi.Output[str]
+    key_pem: pulumi.Output[str]
+    ca_pem: pulumi.Output[str]
+    ca_not_after: pulumi.Output[str]
+    serial: pulumi.Output[str]
+    not_after: pulumi.Output[str]
+    fingerprint_sha256: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ClientCertificateArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
+        props = {**vars(args), **{k: None for k in OUTPUT_KEYS}}
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key_pem"]))
+        super().__init__(ClientCertificateProvider(), name, props, opts)

@@ -1,0 +1,89 @@
+"""EngineCheck: every configured inference engine exists, is executable and really runs (SPEC step 7).
+
+This is the failure a GPU node is most likely to have and the hardest to see:
+the agent registers healthy while every shard placed on it dies. Problems are
+outputs (``problems``, one dict per engine with its fix hint) which the node
+component turns into warnings attached to this resource; with
+``fail_on_problems`` they fail the deployment instead. The node stays
+onboarded either way.
+
+A `pulumi up` with unchanged inputs does not probe again (no SSH); `pulumi
+refresh` re-probes and shows an engine that stopped running as drift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import pulumi
+from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+
+from .. import facts, remote, transport
+from ..errors import EngineWillNotRunError, RemoteCommandError
+from ..specs import EngineCheckSpec
+from . import _glue
+
+INPUT_KEYS = ("node_id", "connection", "engines", "fail_on_problems")
+OUTPUT_KEYS = ("problems", "engines_ok")
+
+
+def _probe(spec: EngineCheckSpec, recorded_host_key: str | None) -> dict[str, Any]:
+    if not spec.engines:
+        return {"problems": [], "engines_ok": True}
+    with transport.session(spec.connection, spec.node_id, recorded_host_key) as s:
+        res = s.run(remote.probe_engines(spec.engines), timeout=remote.ENGINE_PROBE_TIMEOUT * 2 + 30)
+    if res.rc != 0:
+        raise RemoteCommandError(spec.node_id, f"probing the engines on {spec.connection.host} failed: {res.stderr.strip()[-500:]}")
+    probes = facts.parse_engine_probes(res.stdout, spec.engines)
+    problems = [p for p in (facts.engine_problem(pr, spec.node_id, spec.connection.target) for pr in probes) if p]
+    if problems and spec.fail_on_problems:
+        raise EngineWillNotRunError(
+            spec.node_id, "; ".join(f"{p['problem']} (hint: {p['hint']})" for p in problems))
+    return {"problems": problems, "engines_ok": not problems}
+
+
+class EngineCheckProvider(ResourceProvider):
+    # Pickled by reference (module + class name): the payload holds nothing secret.
+    serialize_as_secret_always = False
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]):
+        return _glue.check(news, EngineCheckSpec.collect, defaults={"fail_on_problems": False})
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        changes = _glue.changed_keys(olds, news, INPUT_KEYS)
+        return _glue.diff_result(changes, ("connection.host", "connection.port"))
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        spec = EngineCheckSpec.from_props(props)
+        return CreateResult(spec.node_id, _glue.outputs(props, **_probe(spec, props["connection"].get("host_key"))))
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        spec = EngineCheckSpec.from_props(news)
+        host_key = news["connection"].get("host_key") or olds["connection"].get("host_key")
+        return UpdateResult(_glue.outputs(news, **_probe(spec, host_key)))
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        spec = EngineCheckSpec.from_props({**props, "fail_on_problems": False})
+        return ReadResult(id_, {**props, **_probe(spec, props["connection"].get("host_key"))})
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        return None  # a check leaves nothing behind
+
+
+@dataclass
+class EngineCheckArgs:
+    node_id: pulumi.Input[str]
+    connection: pulumi.Input[dict]
+    engines: Optional[pulumi.Input[dict]] = None
+    """{llamacpp: {bin: PATH}, vllm: {bin: PATH}, sglang: {python: PATH}}, each optional."""
+    fail_on_problems: Optional[pulumi.Input[bool]] = None
+
+
+class EngineCheck(Resource, module="llmgw", name="EngineCheck"):
+    problems: pulumi.Output[list]
+    engines_ok: pulumi.Output[bool]
+
+    def __init__(self, name: str, args: EngineCheckArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
+        props = {**vars(args), **{k: None for k in OUTPUT_KEYS}}
+        super().__init__(EngineCheckProvider(), name, props, opts)

@@ -1,0 +1,121 @@
+"""NodeIdentity: the node's certificate, key and CA root in /etc/llmgw, and the root as a trust anchor.
+
+SPEC steps 1, 3 and 4. It is also where the node is first reached: the host key
+seen on first use is recorded as the ``host_key`` output, and the node's
+hostname and architecture are recorded for AgentInstall.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import pulumi
+from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+
+from .. import desired, facts, remote, transport
+from ..errors import RemoteCommandError, UnreachableError
+from ..specs import IdentitySpec
+from . import _glue
+
+INPUT_KEYS = ("node_id", "connection", "ca_pem", "cert_pem", "key_pem")
+REPLACE_KEYS = ("node_id", "connection.host", "connection.port")
+OUTPUT_KEYS = ("host_key", "hostname", "arch", "files", "trust")
+
+
+def desired_hashes(props: dict[str, Any]) -> dict[str, str] | None:
+    """path -> sha256 the node should hold, or None while a PEM is unknown (preview)."""
+    pems = [props.get(k) for k in ("ca_pem", "cert_pem", "key_pem")]
+    if not all(isinstance(p, str) for p in pems):
+        return None
+    return {f.path: f.sha256 for f in desired.identity_files(*pems)}  # type: ignore[arg-type]
+
+
+def _apply(spec: IdentitySpec, recorded_host_key: str | None, restart_agent: bool) -> dict[str, Any]:
+    files = desired.identity_files(spec.ca_pem, spec.cert_pem, spec.key_pem)
+    with transport.session(spec.connection, spec.node_id, recorded_host_key) as s:
+        res = s.run(remote.install_identity(files, restart_agent))
+        if res.rc != 0:
+            raise RemoteCommandError(spec.node_id, f"installing the identity on {spec.connection.host} failed: {res.stderr.strip()[-500:]}")
+        kv = facts.key_values(res.stdout)
+        return {
+            "host_key": s.host_key,
+            "hostname": kv.get("hostname", ""),
+            "arch": kv.get("arch", ""),
+            "files": {f.path: f.sha256 for f in files},
+            "trust": kv.get("trust", ""),
+        }
+
+
+class NodeIdentityProvider(ResourceProvider):
+    # Pickled by reference (module + class name): the payload holds nothing secret.
+    serialize_as_secret_always = False
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]):
+        return _glue.check(news, IdentitySpec.collect)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        changes = _glue.changed_keys(olds, news, INPUT_KEYS)
+        # Drift found by refresh: the node's files differ from what they should hold.
+        want = desired_hashes(news)
+        if want is not None and not {"ca_pem", "cert_pem", "key_pem"} & set(changes) and olds.get("files") != want:
+            changes.append("files")
+        same_host = not any(c.startswith("connection.host") or c.startswith("connection.port") for c in changes)
+        # On the same host the old identity must go before the new one is
+        # written, or the old delete would remove the replacement's files.
+        return _glue.diff_result(changes, REPLACE_KEYS, delete_before_replace=same_host)
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        spec = IdentitySpec.from_props(props)
+        computed = _apply(spec, None, restart_agent=False)
+        return CreateResult(spec.node_id, _glue.outputs(props, **computed))
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        spec = IdentitySpec.from_props(news)
+        renewed = olds.get("cert_pem") != news.get("cert_pem") or olds.get("key_pem") != news.get("key_pem")
+        computed = _apply(spec, olds.get("host_key"), restart_agent=renewed or olds.get("files") != desired_hashes(news))
+        return UpdateResult(_glue.outputs(news, **computed))
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        spec = IdentitySpec.from_props(props)
+        with transport.session(spec.connection, spec.node_id, props.get("host_key")) as s:
+            res = s.run(remote.survey())
+        node = facts.parse_survey(res.stdout)
+        files = {p: node.sha256(p) or "absent" for p in (desired.CA_PATH, desired.CERT_PATH, desired.KEY_PATH, desired.TRUST_ANCHOR_PATH)}
+        return ReadResult(id_, {**props, "files": files, "hostname": node.hostname, "arch": node.arch})
+
+    def delete(self, _id: str, props: dict[str, Any]) -> None:
+        spec = IdentitySpec.from_props(props)
+        owned = props.get("files") or desired_hashes(props) or {}
+        try:
+            with transport.session(spec.connection, spec.node_id, props.get("host_key")) as s:
+                res = s.run(remote.remove_identity(owned))
+        except UnreachableError as exc:
+            # A node that is gone took its files with it.
+            print(f"warning: {exc}; assuming the machine is gone, nothing was removed from it")
+            return
+        if res.rc != 0:
+            raise RemoteCommandError(spec.node_id, f"removing the identity from {spec.connection.host} failed: {res.stderr.strip()[-500:]}")
+
+
+@dataclass
+class NodeIdentityArgs:
+    node_id: pulumi.Input[str]
+    connection: pulumi.Input[dict]
+    """{host, port, user, private_key (secret), host_key (optional pin), wait (seconds)}."""
+    ca_pem: pulumi.Input[str]
+    cert_pem: pulumi.Input[str]
+    key_pem: pulumi.Input[str]
+
+
+class NodeIdentity(Resource, module="llmgw", name="NodeIdentity"):
+    host_key: pulumi.Output[str]
+    hostname: pulumi.Output[str]
+    arch: pulumi.Output[str]
+    files: pulumi.Output[dict]
+    trust: pulumi.Output[str]
+
+    def __init__(self, name: str, args: NodeIdentityArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
+        props = {**vars(args), **{k: None for k in OUTPUT_KEYS}}
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key_pem"]))
+        super().__init__(NodeIdentityProvider(), name, props, opts)

@@ -1,0 +1,315 @@
+"""The one way this package reaches a node: SSH with paramiko.
+
+- Batch mode: public-key authentication only; nothing ever prompts.
+- Waiting: while the node refuses or drops connections (a fresh VM whose
+  cloud-init restarts sshd), keep retrying until ``Connection.wait`` seconds
+  have passed, then fail with ``cannot reach <user>@<addr> over ssh after <N>s``.
+- Host keys: a pinned key wins; otherwise the key recorded in state on first
+  use; otherwise the first key seen is trusted and returned for recording. A
+  key that differs from the expected one is refused, naming both fingerprints.
+- Root: when the user is not root every script runs under ``sudo -n``; a sudo
+  that wants a password, or a user without sudo, is a clear error.
+- Reuse: connections are pooled per (address, user, key) inside the provider
+  process, so all resources of one node share one SSH handshake per
+  deployment; a connection idle for ``IDLE_SECONDS`` is closed.
+
+paramiko and socket exceptions are translated here, once, into the package's
+errors, each naming the node.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import logging
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import paramiko
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
+from .errors import (
+    AuthenticationError,
+    ConfigError,
+    HostKeyChangedError,
+    RemoteCommandError,
+    SudoUnavailableError,
+    UnreachableError,
+)
+from .remote import Script
+from .specs import Connection
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 10.0
+"""Seconds for one TCP connect and for the SSH banner and key exchange (like ssh -o ConnectTimeout=10)."""
+IDLE_SECONDS = 20.0
+RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0)
+"""Back-off between connection attempts while a node refuses; the last value repeats."""
+
+
+@dataclass(frozen=True)
+class Result:
+    rc: int
+    stdout: str
+    stderr: str = field(repr=False)
+
+
+def fingerprint(host_key: str) -> str:
+    """OpenSSH-style SHA256 fingerprint of 'type base64' public key text."""
+    blob = base64.b64decode(host_key.split()[1])
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+def load_private_key(text: str, node: str) -> paramiko.PKey:
+    """Parse an SSH private key (OpenSSH or PEM). Errors never quote the key."""
+    data = text.encode()
+    try:
+        try:
+            loaded = serialization.load_ssh_private_key(data, password=None)
+        except ValueError:
+            loaded = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError):
+        raise ConfigError(node, "connection.private_key", "cannot be parsed (or is passphrase-protected)",
+                          "give an unencrypted OpenSSH or PEM private key (ed25519, ECDSA or RSA)") from None
+    cls: type[paramiko.PKey]
+    if isinstance(loaded, ed25519.Ed25519PrivateKey):
+        cls = paramiko.Ed25519Key
+    elif isinstance(loaded, ec.EllipticCurvePrivateKey):
+        cls = paramiko.ECDSAKey
+    elif isinstance(loaded, rsa.RSAPrivateKey):
+        cls = paramiko.RSAKey
+    else:
+        raise ConfigError(node, "connection.private_key", "is of an unsupported key type", "use an ed25519, ECDSA or RSA key")
+    return cls.from_private_key(io.StringIO(text))
+
+
+class Session:
+    """An authenticated SSH connection to one node, able to run Scripts as root."""
+
+    def __init__(self, transport: paramiko.Transport, conn: Connection, node: str, host_key: str) -> None:
+        self._transport = transport
+        self.conn = conn
+        self.node = node
+        self.host_key = host_key
+        """The key the node presented ('type base64'), for recording in state."""
+        self.sudo = conn.user != "root"
+        self._sudo_checked = not self.sudo
+
+    @property
+    def alive(self) -> bool:
+        return self._transport.is_active()
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def _exec(self, command: str, stdin: bytes, timeout: float) -> Result:
+        try:
+            chan = self._transport.open_session(timeout=CONNECT_TIMEOUT)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise RemoteCommandError(self.node, f"the SSH connection to {self.conn.target} broke: {exc}",
+                                     "run `pulumi up` again; onboarding resumes where the node is") from exc
+        chan.settimeout(timeout)  # an inactivity timeout: no output for this long
+        out, err = bytearray(), bytearray()
+        try:
+            chan.exec_command(command)
+            # stdin is fed, and stderr drained, by helper threads while this one
+            # reads stdout: a large payload can never deadlock against a full
+            # output window.
+            helpers = [
+                threading.Thread(target=_feed, args=(chan, stdin), daemon=True),
+                threading.Thread(target=_drain, args=(chan.recv_stderr, err, True), daemon=True),
+            ]
+            for t in helpers:
+                t.start()
+            _drain(chan.recv, out)
+            rc = chan.recv_exit_status()
+            for t in helpers:
+                t.join(timeout=5)
+        except socket.timeout:
+            raise RemoteCommandError(self.node, f"a command on {self.conn.target} printed nothing for {timeout:.0f}s",
+                                     "check the node's load and disk; run `pulumi up` again") from None
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise RemoteCommandError(self.node, f"the SSH connection to {self.conn.target} broke: {exc}",
+                                     "run `pulumi up` again; onboarding resumes where the node is") from exc
+        finally:
+            chan.close()
+        return Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def _check_sudo(self) -> None:
+        if self._sudo_checked:
+            return
+        res = self._exec("sudo -n true", b"", 30)
+        if res.rc != 0:
+            why = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit status {res.rc}"
+            if "password is required" in why:
+                raise SudoUnavailableError(self.node, f"sudo asks {self.conn.user} for a password on {self.conn.host} ({why})")
+            raise SudoUnavailableError(self.node, f"{self.conn.user} cannot use sudo on {self.conn.host} ({why})")
+        self._sudo_checked = True
+
+    def run(self, script: Script, timeout: float = 900) -> Result:
+        """Run a script as root. Returns its result whatever its exit status."""
+        self._check_sudo()
+        return self._exec(script.command(self.sudo), script.stdin, timeout)
+
+
+def _drain(recv: Callable[[int], bytes], buf: bytearray, quiet: bool = False) -> None:
+    """Append everything ``recv`` returns to ``buf`` until EOF. ``quiet``: a helper thread, whose errors the reader reports."""
+    try:
+        while chunk := recv(65536):
+            buf += chunk
+    except (OSError, paramiko.SSHException, EOFError):  # socket.timeout is an OSError
+        if not quiet:
+            raise
+
+
+def _feed(chan: paramiko.Channel, data: bytes) -> None:
+    try:
+        if data:
+            chan.sendall(data)
+        chan.shutdown_write()
+    except (OSError, paramiko.SSHException, EOFError):
+        pass  # the reader reports the broken channel
+
+
+def _handshake(conn: Connection, node: str) -> paramiko.Transport:
+    """TCP connect + SSH key exchange, retried until the wait deadline."""
+    deadline = time.monotonic() + conn.wait
+    attempt = 0
+    while True:
+        sock = None
+        try:
+            sock = socket.create_connection((conn.host, conn.port), timeout=CONNECT_TIMEOUT)
+            transport = paramiko.Transport(sock)
+            transport.banner_timeout = CONNECT_TIMEOUT
+            transport.handshake_timeout = CONNECT_TIMEOUT
+            transport.start_client(timeout=CONNECT_TIMEOUT)
+            return transport
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            if sock is not None:
+                sock.close()
+            delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)]
+            attempt += 1
+            if time.monotonic() + delay >= deadline:
+                raise UnreachableError(
+                    node, f"cannot reach {conn.user}@{conn.host} over ssh after {conn.wait:.0f}s (last error: {exc or type(exc).__name__})"
+                ) from None
+            log.info("%s: ssh to %s not ready (%s); retrying", node, conn.host, exc)
+            time.sleep(delay)
+
+
+def connect(conn: Connection, node: str, expected_host_key: str | None) -> Session:
+    """A new authenticated session. ``expected_host_key``: pinned or recorded key, or None to trust on first use."""
+    transport = _handshake(conn, node)
+    try:
+        key = transport.get_remote_server_key()
+        presented = f"{key.get_name()} {key.get_base64()}"
+        expected = conn.host_key or expected_host_key
+        if expected and expected.split()[:2] != presented.split()[:2]:
+            raise HostKeyChangedError(
+                node,
+                f"{conn.host} presented host key {fingerprint(presented)}, but {fingerprint(expected)} "
+                f"was {'pinned' if conn.host_key else 'recorded when the node was onboarded'}; refusing to connect",
+            )
+        pkey = load_private_key(conn.private_key, node)
+        try:
+            transport.auth_publickey(conn.user, pkey)
+        except paramiko.AuthenticationException:
+            raise AuthenticationError(node, f"{conn.user}@{conn.host} refused the SSH key {pkey.fingerprint}") from None
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise UnreachableError(node, f"the SSH connection to {conn.user}@{conn.host} broke during login: {exc}") from exc
+        return Session(transport, conn, node, presented)
+    except BaseException:
+        transport.close()
+        raise
+
+
+# --------------------------------------------------------------------------- pooling
+
+
+@dataclass
+class _Pooled:
+    session: Session
+    last_used: float
+    users: int = 0
+
+
+_pool: dict[tuple[str, int, str, str], _Pooled] = {}
+_pool_lock = threading.Lock()
+_key_locks: dict[tuple[str, int, str, str], threading.Lock] = {}
+_reaper_started = False
+
+
+def _pool_key(conn: Connection) -> tuple[str, int, str, str]:
+    return (conn.host, conn.port, conn.user, hashlib.sha256(conn.private_key.encode()).hexdigest())
+
+
+def _reap() -> None:
+    while True:
+        time.sleep(IDLE_SECONDS / 4)
+        now = time.monotonic()
+        with _pool_lock:
+            for key, entry in list(_pool.items()):
+                if entry.users == 0 and (now - entry.last_used > IDLE_SECONDS or not entry.session.alive):
+                    entry.session.close()
+                    del _pool[key]
+
+
+@contextmanager
+def session(conn: Connection, node: str, expected_host_key: str | None = None) -> Iterator[Session]:
+    """A pooled session: reuses the node's open connection, or opens one.
+
+    The host key is checked on every checkout, so a pooled connection is never
+    handed to a resource that expects a different machine.
+    """
+    global _reaper_started
+    key = _pool_key(conn)
+    with _pool_lock:
+        lock = _key_locks.setdefault(key, threading.Lock())
+        if not _reaper_started:
+            threading.Thread(target=_reap, name="llmgw-ssh-reaper", daemon=True).start()
+            _reaper_started = True
+    with lock:  # one handshake per node even when its resources run concurrently
+        with _pool_lock:
+            entry = _pool.get(key)
+            if entry and not entry.session.alive:
+                entry.session.close()
+                del _pool[key]
+                entry = None
+        if entry is None:
+            entry = _Pooled(connect(conn, node, expected_host_key), time.monotonic())
+            with _pool_lock:
+                _pool[key] = entry
+        else:
+            expected = conn.host_key or expected_host_key
+            if expected and expected.split()[:2] != entry.session.host_key.split()[:2]:
+                raise HostKeyChangedError(
+                    node, f"{conn.host} presented host key {fingerprint(entry.session.host_key)}, but "
+                          f"{fingerprint(expected)} was expected; refusing to use it")
+        with _pool_lock:
+            entry.users += 1
+    try:
+        yield entry.session
+    except RemoteCommandError:
+        # A broken connection must not be handed out again.
+        with _pool_lock:
+            if _pool.get(key) is entry and not entry.session.alive:
+                del _pool[key]
+        raise
+    finally:
+        with _pool_lock:
+            entry.users -= 1
+            entry.last_used = time.monotonic()
+
+
+def close_all() -> None:
+    with _pool_lock:
+        for entry in _pool.values():
+            entry.session.close()
+        _pool.clear()

@@ -1,0 +1,184 @@
+"""Provider glue without a network: check validates and derives, diff compares, outputs keep inputs.
+
+Values are shaped as the engine sends them: numbers as floats, unknowns as
+pulumi.output.Unknown during preview, old *outputs* as diff's olds.
+"""
+
+import base64
+import datetime as dt
+
+import dill
+import pytest
+from pulumi.output import Unknown
+
+from llmgw_pulumi.providers.agent import AgentInstallProvider
+from llmgw_pulumi.providers.certificate import ClientCertificateProvider
+from llmgw_pulumi.providers.engines import EngineCheckProvider
+from llmgw_pulumi.providers.identity import NodeIdentityProvider, desired_hashes
+
+KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nSSHKEYBODY\n-----END OPENSSH PRIVATE KEY-----\n"
+CONN = {"host": "10.0.0.11", "user": "deploy", "port": 22.0, "wait": 120.0, "private_key": KEY}
+PEMS = {"ca_pem": "-----BEGIN CERTIFICATE-----\nCA\n", "cert_pem": "-----BEGIN CERTIFICATE-----\nC\n",
+        "key_pem": "-----BEGIN PRIVATE KEY-----\nNODEKEYBODY\n-----END PRIVATE KEY-----\n"}
+AGENT = {"node_id": "gpu-01", "connection": {**CONN, "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA"},
+         "hostname": "gpu-01", "servers": ["cp1:7443"], "version": "v1.2.3", "release_url": "https://r.example/llmgw"}
+
+
+def checked(provider, news):
+    res = provider.check({}, news)
+    assert res.failures == [], res.failures
+    return res.inputs
+
+
+# ---------------------------------------------------------------- ClientCertificate
+
+def test_certificate_no_diff_for_floats_and_provider_changes():
+    p = ClientCertificateProvider()
+    news = checked(p, {"node_id": "gpu-01", "pki_dir": "/pki", "__provider": "new"})
+    olds = {**news, "validity_hours": 8760, "renew_before_hours": 720, "__provider": "old",
+            "not_after": (dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=300)).isoformat()}
+    assert p.diff("id", olds, {**news, "validity_hours": 8760.0}).changes is False
+
+
+def test_certificate_replaced_for_a_new_node_id_and_inside_the_renewal_window():
+    p = ClientCertificateProvider()
+    base = {"node_id": "gpu-01", "pki_dir": "/pki", "validity_hours": 100.0, "renew_before_hours": 10.0}
+    far = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=50)).isoformat()
+    near = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=5)).isoformat()
+    ca_end = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=300)).isoformat()
+    d = p.diff("id", {**base, "not_after": far, "ca_not_after": ca_end}, {**base, "node_id": "gpu-02"})
+    assert d.changes and d.replaces == ["node_id"]
+    d = p.diff("id", {**base, "not_after": near, "ca_not_after": ca_end}, base)
+    assert d.changes and d.replaces == ["not_after"]
+    # Capped at the CA's own expiry: a new certificate could not last longer, so no endless re-issue.
+    d = p.diff("id", {**base, "not_after": near, "ca_not_after": near}, base)
+    assert d.changes is False
+
+
+def test_certificate_validity_change_updates_without_reissuing():
+    p = ClientCertificateProvider()
+    base = {"node_id": "gpu-01", "pki_dir": "/pki", "validity_hours": 100.0, "renew_before_hours": 10.0}
+    later = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=90)).isoformat()
+    olds = {**base, "cert_pem": "C", "key_pem": "K", "serial": "ab", "not_after": later, "ca_pem": "CA",
+            "ca_not_after": later, "fingerprint_sha256": "f"}
+    d = p.diff("id", olds, {**base, "validity_hours": 200.0})
+    assert d.changes and not d.replaces
+    outs = p.update("id", olds, {**base, "validity_hours": 200.0}).outs
+    assert outs["serial"] == "ab" and outs["key_pem"] == "K" and outs["validity_hours"] == 200.0
+
+
+# ---------------------------------------------------------------- NodeIdentity
+
+def identity_state():
+    news = {"node_id": "gpu-01", "connection": CONN, **PEMS}
+    return news, {**news, "host_key": "ssh-ed25519 AAAA", "hostname": "gpu-01", "files": desired_hashes(news)}
+
+
+def test_identity_unchanged_when_nothing_changed():
+    news, olds = identity_state()
+    assert NodeIdentityProvider().diff("id", olds, news).changes is False
+
+
+def test_identity_new_certificate_is_an_update_not_a_replacement():
+    news, olds = identity_state()
+    d = NodeIdentityProvider().diff("id", olds, {**news, "cert_pem": "-----BEGIN CERTIFICATE-----\nNEW\n"})
+    assert d.changes and not d.replaces
+
+
+def test_identity_new_host_is_a_replacement_created_before_the_old_is_deleted():
+    news, olds = identity_state()
+    d = NodeIdentityProvider().diff("id", olds, {**news, "connection": {**CONN, "host": "10.0.0.99"}})
+    assert d.replaces == ["connection.host"] and not d.delete_before_replace
+
+
+def test_identity_new_node_id_on_the_same_host_deletes_first():
+    news, olds = identity_state()
+    d = NodeIdentityProvider().diff("id", olds, {**news, "node_id": "gpu-09"})
+    assert d.replaces == ["node_id"] and d.delete_before_replace is True
+
+
+def test_identity_unknown_host_in_preview_means_replacement():
+    news, olds = identity_state()
+    d = NodeIdentityProvider().diff("id", olds, {**news, "connection": {**CONN, "host": Unknown()}})
+    assert d.changes and "connection.host" in d.replaces
+
+
+def test_identity_drift_found_by_refresh_is_a_change():
+    news, olds = identity_state()
+    drifted = {**olds, "files": {**olds["files"], "/etc/llmgw/agent-key.pem": "absent"}}
+    d = NodeIdentityProvider().diff("id", drifted, news)
+    assert d.changes and d.replaces == []
+
+
+def test_identity_check_failures_never_echo_secrets():
+    res = NodeIdentityProvider().check({}, {"node_id": "gpu-01", "connection": {**CONN, "host": "bad host!"},
+                                            **PEMS, "key_pem": "not a pem but SECRETVALUE"})
+    text = " ".join(f.reason + f.property for f in res.failures)
+    assert "connection.host" in text and "key_pem" in text
+    assert "SECRETVALUE" not in text and "SSHKEYBODY" not in text
+    assert all(f.property == "" for f in res.failures)
+
+
+def test_identity_check_accepts_unknowns():
+    res = NodeIdentityProvider().check({}, {"node_id": "gpu-01", "connection": {**CONN, "host": Unknown()},
+                                            "ca_pem": Unknown(), "cert_pem": Unknown(), "key_pem": Unknown()})
+    assert res.failures == []
+
+
+# ---------------------------------------------------------------- AgentInstall
+
+def test_agent_check_renders_config_and_unit_for_the_preview():
+    inputs = checked(AgentInstallProvider(), AGENT)
+    assert inputs["agent_yaml"].startswith("# gpu-01, written by llmgw-pulumi")
+    assert 'server: cp1:7443' in inputs["agent_yaml"]
+    assert "KillMode=process" in inputs["unit"]
+
+
+def test_agent_config_is_unknown_while_the_hostname_is():
+    inputs = checked(AgentInstallProvider(), {**AGENT, "hostname": Unknown()})
+    assert isinstance(inputs["agent_yaml"], Unknown)
+
+
+def test_agent_servers_change_is_an_update_that_names_the_config():
+    p = AgentInstallProvider()
+    olds = checked(p, AGENT)
+    news = checked(p, {**AGENT, "servers": ["cp1:7443", "cp2:7443"]})
+    d = p.diff("id", olds, news)
+    assert d.changes and not d.replaces
+    assert p.diff("id", olds, checked(p, AGENT)).changes is False
+
+
+def test_agent_drift_after_refresh():
+    p = AgentInstallProvider()
+    inputs = checked(p, AGENT)
+    import hashlib
+    olds = {**inputs, "installed_sha256": "b" * 64, "node_state": {
+        "binary_sha256": "b" * 64, "config_sha256": hashlib.sha256(inputs["agent_yaml"].encode()).hexdigest(),
+        "unit_sha256": hashlib.sha256(inputs["unit"].encode()).hexdigest(), "active": "active", "enabled": "enabled"}}
+    assert p.diff("id", olds, inputs).changes is False
+    stopped = {**olds, "node_state": {**olds["node_state"], "active": "inactive"}}
+    assert p.diff("id", stopped, inputs).changes is True
+
+
+def test_agent_dev_version_needs_a_binary():
+    res = AgentInstallProvider().check({}, {**AGENT, "version": "v1.2.3-4-gabc"})
+    assert any("binary_path" in f.reason for f in res.failures)
+
+
+# ---------------------------------------------------------------- EngineCheck
+
+def test_engine_check_rejects_relative_paths():
+    res = EngineCheckProvider().check({}, {"node_id": "gpu-01", "connection": CONN,
+                                           "engines": {"llamacpp": {"bin": "llama-server"}}})
+    assert any("engines.llamacpp.bin" in f.reason and "relative" in f.reason for f in res.failures)
+
+
+# ---------------------------------------------------------------- serialization
+
+@pytest.mark.parametrize("cls", [ClientCertificateProvider, NodeIdentityProvider, AgentInstallProvider, EngineCheckProvider])
+def test_providers_pickle_by_reference_and_hold_no_state(cls):
+    payload = dill.dumps(cls(), recurse=True)
+    assert len(payload) < 120, "by reference: module and class name only"
+    assert b"/work" not in payload and cls.__name__.encode() in payload
+    assert vars(cls()) == {}
+    assert cls.serialize_as_secret_always is False

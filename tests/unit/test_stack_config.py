@@ -1,0 +1,121 @@
+"""Bad stack config is refused before any side effect, naming the node, the field and the fix."""
+
+import copy
+
+import pytest
+
+from llmgw_pulumi import stack_config
+from llmgw_pulumi.stack_config import StackConfigError
+
+GOOD = {
+    "pkiDir": "/srv/llmgw/pki",
+    "servers": ["cp1.example.net:7443"],
+    "agent": {"version": "v1.4.2", "releaseUrl": "https://releases.example.net/llmgw"},
+    "ssh": {"user": "deploy", "privateKeyPath": "/home/op/.ssh/id_ed25519", "wait": 120},
+    "nodes": [
+        {"id": "gpu-01", "address": "10.0.0.11"},
+        {"id": "gpu-02", "address": "10.0.0.12", "fabric": {"name": "ib-east", "hcas": ["mlx5_0"]},
+         "engines": {"llamacpp": {"bin": "/opt/llama/bin/llama-server"}}},
+    ],
+}
+
+
+def mutate(path, value):
+    cfg = copy.deepcopy(GOOD)
+    target = cfg
+    for key in path[:-1]:
+        target = target[key]
+    if value is DELETE:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return cfg
+
+
+DELETE = object()
+
+# (case, path into the config, new value, node named, field named, words the problem must contain)
+BAD = [
+    ("node id with capitals", ("nodes", 0, "id"), "GPU_01", "nodes[0]", "id", "not a valid DNS label"),
+    ("node id with a newline", ("nodes", 0, "id"), "gpu\n01", "nodes[0]", "id", "not a valid DNS label"),
+    ("node id with a quote", ("nodes", 0, "id"), 'gpu"01', "nodes[0]", "id", "not a valid DNS label"),
+    ("node id with yaml syntax", ("nodes", 0, "id"), "gpu: {x}", "nodes[0]", "id", "not a valid DNS label"),
+    ("node id too long", ("nodes", 0, "id"), "a" * 64, "nodes[0]", "id", "not a valid DNS label"),
+    ("node id missing", ("nodes", 0, "id"), DELETE, "nodes[0]", "id", "missing"),
+    ("servers empty", ("servers",), [], "llmgw", "servers", "empty"),
+    ("servers not a list", ("servers",), "cp1:7443", "llmgw", "servers", "empty"),
+    ("server without a port", ("servers",), ["cp1.example.net"], "llmgw", "servers[0]", "has no port"),
+    ("server with a bad port", ("servers",), ["cp1.example.net:99999"], "llmgw", "servers[0]", "no valid port"),
+    ("server with spaces", ("servers",), ["cp1 example:7443"], "llmgw", "servers[0]", "spaces"),
+    ("server empty string", ("servers",), [""], "llmgw", "servers[0]", "empty"),
+    ("node servers empty", ("nodes", 0, "servers"), [], "node gpu-01", "servers", "empty"),
+    ("address not an address", ("nodes", 0, "address"), "not an address!", "node gpu-01", "address", "not an IP address"),
+    ("address bad ipv4", ("nodes", 0, "address"), "10.0.0.300", "node gpu-01", "address", "not an IP address"),
+    ("address missing", ("nodes", 0, "address"), DELETE, "node gpu-01", "address", "missing"),
+    ("hcas without a fabric", ("nodes", 1, "fabric"), {"hcas": ["mlx5_0"]}, "node gpu-02", "fabric.name", "HCAs were given without a fabric"),
+    ("fabric without hcas", ("nodes", 1, "fabric"), {"name": "ib-east"}, "node gpu-02", "fabric.hcas", "a fabric without HCAs"),
+    ("fabric with empty hcas", ("nodes", 1, "fabric"), {"name": "ib-east", "hcas": []}, "node gpu-02", "fabric.hcas", "a fabric without HCAs"),
+    ("bad hca name", ("nodes", 1, "fabric"), {"name": "ib-east", "hcas": ["mlx5 0"]}, "node gpu-02", "fabric.hcas[0]", "not an HCA name"),
+    ("relative engine path", ("nodes", 1, "engines"), {"llamacpp": {"bin": "bin/llama-server"}}, "node gpu-02", "engines.llamacpp.bin", "is relative"),
+    ("engine path with newline", ("nodes", 1, "engines"), {"vllm": {"bin": "/opt/vllm\n/bin"}}, "node gpu-02", "engines.vllm.bin", "newline"),
+    ("unknown engine", ("nodes", 1, "engines"), {"ollama": {"bin": "/opt/ollama"}}, "node gpu-02", "engines.ollama", "not an engine"),
+    ("sglang given a bin", ("nodes", 1, "engines"), {"sglang": {"bin": "/opt/sg"}}, "node gpu-02", "engines.sglang", "must be {python: PATH}"),
+    ("malformed version tag", ("agent", "version"), "v1.2", "llmgw", "agent.version", "malformed release tag"),
+    ("version with spaces", ("agent", "version"), "v1 2 3", "llmgw", "agent.version", "not a version"),
+    ("release url not http", ("agent", "releaseUrl"), "ftp://releases.example.net", "llmgw", "agent.releaseUrl", "not an http(s) URL"),
+    ("release url missing for a tag", ("agent", "releaseUrl"), DELETE, "llmgw", "agent.releaseUrl", "missing"),
+    ("dev version without a binary", ("agent", "version"), "v1.2.3-4-gabc", "llmgw", "agent.version", "not a release tag"),
+    ("negative ssh wait", ("ssh", "wait"), -5, "llmgw", "ssh.wait", "out of range"),
+    ("absurd ssh wait", ("ssh", "wait"), 10**7, "llmgw", "ssh.wait", "out of range"),
+    ("ssh wait not a number", ("ssh", "wait"), "soon", "llmgw", "ssh.wait", "not a number"),
+    ("no ssh key at all", ("ssh", "privateKeyPath"), DELETE, "llmgw", "ssh.privateKeyPath", "missing"),
+    ("relative pki dir", ("pkiDir",), "pki", "llmgw", "pkiDir", "relative"),
+    ("unknown top-level key", ("sever",), ["x:1"], "llmgw", "sever", "not a setting"),
+    ("unknown node key", ("nodes", 0, "adress"), "10.0.0.1", "node gpu-01", "adress", "not a node setting"),
+    ("duplicate node id", ("nodes", 1, "id"), "gpu-01", "node gpu-01", "id", "used by nodes[0] too"),
+    ("two nodes on the same address", ("nodes", 1, "address"), "10.0.0.11", "node gpu-02", "address", "also the address of node gpu-01"),
+    ("mgmt interface too long", ("nodes", 0, "mgmtInterface"), "averyveryverylongifname", "node gpu-01", "mgmtInterface", "not a network interface"),
+    ("discovery relative", ("nodes", 0, "discovery"), {"nvidiaSmi": "nvidia-smi"}, "node gpu-01", "discovery.nvidiaSmi", "relative"),
+    ("renewal longer than validity", ("certificate",), {"validityHours": 10, "renewBeforeHours": 20}, "llmgw", "certificate.renewBeforeHours", "not shorter"),
+    ("bad pinned host key", ("nodes", 0, "hostKey"), "AAAA-not-a-key", "node gpu-01", "hostKey", "not an SSH public key"),
+    ("nodes empty", ("nodes",), [], "llmgw", "nodes", "empty"),
+]
+
+
+def test_the_good_config_parses():
+    spec = stack_config.parse(GOOD)
+    assert [n.node_id for n in spec.nodes] == ["gpu-01", "gpu-02"]
+    assert spec.nodes[1].fabrics == ({"name": "ib-east", "hcas": ["mlx5_0"]},)
+    assert spec.nodes[0].user == "deploy" and spec.nodes[0].servers == ("cp1.example.net:7443",)
+
+
+@pytest.mark.parametrize("case,path,value,node,field,words", BAD, ids=[b[0] for b in BAD])
+def test_bad_config_names_node_field_and_fix(case, path, value, node, field, words):
+    with pytest.raises(StackConfigError) as err:
+        stack_config.parse(mutate(path, value))
+    matching = [p for p in err.value.problems if p[0] == node and p[1] == field]
+    assert matching, f"no problem for {node}/{field} in {err.value.problems}"
+    _, _, problem, fix = matching[0]
+    assert words in problem
+    assert fix, "every problem carries a fix"
+    assert f"{node}: {field}: " in str(err.value)
+
+
+def test_paths_with_spaces_are_accepted():
+    cfg = mutate(("nodes", 1, "engines"), {"llamacpp": {"bin": "/opt/llama cpp/bin/llama-server"}})
+    assert stack_config.parse(cfg).nodes[1].engines["llamacpp"]["bin"] == "/opt/llama cpp/bin/llama-server"
+
+
+def test_ipv6_server_and_address_are_accepted():
+    cfg = mutate(("servers",), ["[fd00::1]:7443"])
+    cfg["nodes"][0]["address"] = "fd00::11"
+    assert stack_config.parse(cfg).nodes[0].address == "fd00::11"
+
+
+def test_every_problem_is_reported_at_once():
+    cfg = mutate(("servers",), [])
+    cfg["nodes"][0]["id"] = "Bad_Id"
+    with pytest.raises(StackConfigError) as err:
+        stack_config.parse(cfg)
+    fields = {p[1] for p in err.value.problems}
+    assert {"servers", "id"} <= fields
