@@ -158,27 +158,40 @@ class ControlPlane:
             self._spawn(self._serve, sock)
 
     def _serve(self, sock: socket.socket) -> None:
+        """One connection: the TLS handshake, then the stream, then the bookkeeping."""
         with self._lock:
             if self._stopping.is_set():
                 sock.close()
                 return
             self._open.add(sock)
-        node_id = cn = None
-        conn: ssl.SSLSocket | None = None
+        sock.settimeout(HELLO_TIMEOUT)
         try:
-            sock.settimeout(HELLO_TIMEOUT)
-            try:
-                conn = self._context.wrap_socket(sock, server_side=True)
-            except (OSError, ssl.SSLError) as exc:
-                self._record(None, None, f"tls-failed {getattr(exc, 'reason', None) or exc}")
-                return
-            with self._lock:  # the SSLSocket replaced sock, which is now detached
+            conn = self._context.wrap_socket(sock, server_side=True)
+        except (OSError, ssl.SSLError) as exc:
+            self._record(None, None, f"tls-failed {getattr(exc, 'reason', None) or exc}")
+            with self._lock:
                 self._open.discard(sock)
-                self._open.add(conn)
-            if self._stopping.is_set():
-                return
-            cn = _common_name(conn.getpeercert())
-            reader = conn.makefile("rb")
+            sock.close()
+            return
+        with self._lock:  # the SSLSocket replaced sock, which is now detached
+            self._open.discard(sock)
+            self._open.add(conn)
+        cn = _common_name(conn.getpeercert())
+        try:
+            if not self._stopping.is_set():
+                self._stream(conn, cn)
+        except (OSError, ssl.SSLError):
+            pass  # the stream ended
+        finally:
+            with self._lock:
+                node_id = self._streams.pop(conn, None)
+                self._open.discard(conn)
+            conn.close()
+            if node_id is not None:
+                self._record(node_id, cn, "closed")
+
+    def _stream(self, conn: ssl.SSLSocket, cn: str | None) -> None:
+        with conn.makefile("rb") as reader:
             hello = reader.readline(256).decode(errors="replace").strip()
             if not hello.startswith("HELLO ") or not hello[6:]:
                 self._record(None, cn, f"protocol-error expected HELLO, got {hello!r}")
@@ -199,15 +212,6 @@ class ControlPlane:
                 conn.sendall(b"PONG\n")
             if line:
                 self._record(node_id, cn, f"protocol-error got {line!r}")
-        except (OSError, ssl.SSLError):
-            pass  # the stream ended: "closed" below
-        finally:
-            with self._lock:
-                accepted = self._streams.pop(conn, None) is not None if conn is not None else False
-                self._open.discard(conn if conn is not None else sock)
-            (conn or sock).close()
-            if accepted:
-                self._record(node_id, cn, "closed")
 
     def _refuse(self, conn: ssl.SSLSocket, node_id: str, cn: str | None, reason: str) -> None:
         self._record(node_id, cn, f"refused {reason}")

@@ -32,7 +32,12 @@ shared/docs/test-hosts.md section 3 ("nspawn backend B"); the short version:
 
 The host processes are children of this Python process (`subprocess.Popen`), so
 stopping a host is SIGTERM + wait, and no zombie lingers until some other reaper
-gets to it.
+gets to it. A `reboot` run inside a host makes nspawn exit with 133; a watcher
+thread boots the host again, as a real machine would come back.
+
+Link delay (`Host.set_link_delay`) needs the kernel's netem qdisc; this project's
+CI machine kernel has none (`tc` says "Error: Specified qdisc kind is unknown."),
+so it raises NetemUnavailable there.
 """
 
 from __future__ import annotations
@@ -383,7 +388,9 @@ class Host:
             self._write_identity()
             self._ensure_host_keys()
             self._proc = self._spawn()
-            threading.Thread(target=self._supervise, args=(self._proc,), name=f"{self.name}-supervise", daemon=True).start()
+            threading.Thread(
+                target=self._supervise, args=(self._proc,), name=f"{self.name}-supervise", daemon=True
+            ).start()
         self.wait_for_ssh(timeout)
 
     def _supervise(self, proc: subprocess.Popen[bytes]) -> None:
@@ -624,8 +631,16 @@ class Host:
 class Lab:
     """A set of test hosts on one bridge, with every kernel object named after `name`.
 
-    `name` is 1-3 lowercase letters (interface names must fit in 15 chars);
-    `subnet` is the first three octets of a /24, whose .1 is the gateway.
+    - `name`: 1-3 lowercase letters. Interface names must fit in 15 chars, and
+      letters only keep the sweep patterns (`lg<name>h<digits>`) unambiguous.
+    - `subnet`: the first three octets of a /24; `.1` is the gateway (the bridge).
+    - `workdir`: key, base layer, host dirs and console logs; kept by teardown.
+    - `rootfs`: the Debian tree; by default lab/rootfs.sh's cached one.
+    - `host_key_types`: the SSH host keys each host generates on first boot.
+      "rsa" is left out by default because its keygen dominates boot time.
+    - `hosts`: the hosts prepared so far, by index.
+
+    Usage: `setup()`, `boot(n)`, talk SSH to `host.addr`, `teardown()` (or `with Lab(...) as lab`).
     """
 
     name: str

@@ -6,6 +6,7 @@ function as an Automation API program.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import subprocess
@@ -25,13 +26,18 @@ def _read_config() -> tuple[dict[str, Any], pulumi.Output[str] | None]:
     cfg = pulumi.Config(CONFIG_NAMESPACE)
     raw: dict[str, Any] = {}
     for key in stack_config.TOP_KEYS - {"sshPrivateKey"}:
-        value = cfg.get_object(key)
+        # Structured values are stored as JSON, plain strings as they are.
+        try:
+            value = cfg.get_object(key)
+        except pulumi.ConfigTypeError:
+            value = cfg.get(key)
         if value is not None:
             raw[key] = value
     secret_key = cfg.get_secret("sshPrivateKey")
     return raw, secret_key
 
 
+@functools.lru_cache(maxsize=None)
 def local_binary(path: str) -> tuple[str, str, str]:
     """(absolute path, version, sha256) of a local llmgw build; the version is the last word of --version."""
     p = Path(os.path.expanduser(path)).resolve()
@@ -58,30 +64,34 @@ def ssh_private_key(spec: stack_config.StackSpec, secret: pulumi.Output[str] | N
                           "point it at the operator's SSH private key, or set the llmgw:sshPrivateKey secret") from None
 
 
-def main() -> dict[str, Node]:
-    raw, secret_key = _read_config()
-    spec = stack_config.parse(raw, has_secret_key=secret_key is not None)
-    version, release_url, binary_path, binary_sha = spec.agent.version, spec.agent.release_url, None, None
-    if spec.agent.binary:
-        binary_path, version, binary_sha = local_binary(spec.agent.binary)
+def agent_inputs(source: stack_config.AgentSource) -> dict[str, str | None]:
+    """version/release_url/binary_path/binary_sha256 for AgentInstall from a configured source."""
+    version, release_url, binary_path, binary_sha = source.version, source.release_url, None, None
+    if source.binary:
+        binary_path, version, binary_sha = local_binary(source.binary)
         if validate.RELEASE_TAG.match(version):
             binary_path = binary_sha = None  # a release build: the node fetches and verifies it itself
             if not release_url:
                 raise ConfigError("llmgw", "agent.releaseUrl", f"the local binary is release {version}, which nodes download",
                                   "give agent.releaseUrl")
+    return {"version": version, "release_url": release_url, "binary_path": binary_path, "binary_sha256": binary_sha}
+
+
+def main() -> dict[str, Node]:
+    raw, secret_key = _read_config()
+    spec = stack_config.parse(raw, has_secret_key=secret_key is not None)
+    stack_agent = agent_inputs(spec.agent)
     key = ssh_private_key(spec, secret_key)
     nodes: dict[str, Node] = {}
     for n in spec.nodes:
+        agent = agent_inputs(n.agent) if n.agent else stack_agent
         nodes[n.node_id] = Node(n.node_id, NodeArgs(
             node_id=n.node_id,
             connection=ConnectionArgs(host=n.address, port=n.port, user=n.user, private_key=key,
                                       host_key=n.host_key, wait=spec.ssh_wait),
             servers=list(n.servers),
             pki_dir=os.path.abspath(os.path.expanduser(spec.pki_dir)),
-            version=version,
-            release_url=release_url,
-            binary_path=binary_path,
-            binary_sha256=binary_sha,
+            **agent,
             mgmt_addr=n.mgmt_addr,
             mgmt_interface=n.mgmt_interface,
             fabrics=list(n.fabrics) or None,

@@ -36,7 +36,7 @@ from .specs import (
 )
 
 NODE_KEYS = {"id", "address", "port", "user", "hostKey", "servers", "mgmtAddr", "mgmtInterface",
-             "fabric", "fabrics", "discovery", "engines", "failOnEngineProblems"}
+             "fabric", "fabrics", "discovery", "engines", "failOnEngineProblems", "agent"}
 TOP_KEYS = {"pkiDir", "servers", "agent", "ssh", "sshPrivateKey", "certificate", "failOnEngineProblems", "nodes"}
 
 
@@ -54,6 +54,8 @@ class NodeConfig:
     discovery: dict[str, str] = field(default_factory=dict)
     engines: dict[str, dict[str, str]] = field(default_factory=dict)
     fail_on_engine_problems: bool = False
+    agent: "AgentSource | None" = None
+    """This node's own agent source (e.g. a canary on a newer release); None: the stack's."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,29 @@ def _mapping(value: Any, name: str, p: Problems) -> Mapping[str, Any]:
     return value
 
 
+def _agent_source(value: Any, name: str, p: Problems, fallback: AgentSource | None = None) -> AgentSource:
+    """{version, releaseUrl} for a release, or {binary} for a local build (whose --version decides)."""
+    agent = _mapping(value, name, p)
+    for key in agent:
+        if key not in ("version", "releaseUrl", "binary"):
+            p.add(f"{name}.{key}", "is not an agent setting", "use version, releaseUrl or binary")
+    version, binary = agent.get("version"), agent.get("binary")
+    release_url = agent.get("releaseUrl", fallback.release_url if fallback else None)
+    if version is None and binary is None:
+        p.add(name, "names neither a version nor a local binary",
+              f"give {name}.version (a release tag vX.Y.Z, with releaseUrl) or {name}.binary (a local build)")
+    if version is not None:
+        p.check(f"{name}.version", version, validate.version)
+        if isinstance(version, str) and validate.RELEASE_TAG.match(version):
+            p.check(f"{name}.releaseUrl", release_url, validate.url)
+        elif binary is None:
+            p.add(f"{name}.version", f"{version!r} is not a release tag, so there is no release to fetch",
+                  f"give {name}.binary (the local build to copy), or a release tag vX.Y.Z")
+    if binary is not None:
+        p.check(f"{name}.binary", binary, lambda v: None if isinstance(v, str) and v else ("is empty", "give the path of the local llmgw build"))
+    return AgentSource(version=version, release_url=release_url, binary=binary)
+
+
 def parse(config: Mapping[str, Any], has_secret_key: bool = False) -> StackSpec:
     """``config``: the llmgw:* keys without their namespace, values as YAML data."""
     everyone: list[tuple[str, str, str, str]] = []
@@ -107,23 +132,7 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False) -> StackSpec:
         servers = []
     for i, s in enumerate(servers):
         top.check(f"servers[{i}]", s, validate.server)
-    agent = _mapping(config.get("agent"), "agent", top)
-    for key in agent:
-        if key not in ("version", "releaseUrl", "binary"):
-            top.add(f"agent.{key}", "is not an agent setting", "use version, releaseUrl or binary")
-    if agent.get("version") is None and agent.get("binary") is None:
-        top.add("agent", "names neither a version nor a local binary",
-                "give agent.version (a release tag vX.Y.Z, with agent.releaseUrl) or agent.binary (a local build)")
-    if agent.get("version") is not None:
-        top.check("agent.version", agent.get("version"), validate.version)
-        if isinstance(agent.get("version"), str) and validate.RELEASE_TAG.match(agent["version"]):
-            top.check("agent.releaseUrl", agent.get("releaseUrl"), validate.url)
-        elif agent.get("binary") is None:
-            top.add("agent.version", f"{agent.get('version')!r} is not a release tag, so there is no release to fetch",
-                    "give agent.binary (the local build to copy), or a release tag vX.Y.Z")
-    if agent.get("binary") is not None:
-        top.check("agent.binary", agent.get("binary"), lambda v: None if isinstance(v, str) and v else
-                  ("is empty", "give the path of the local llmgw build"))
+    agent = _agent_source(config.get("agent"), "agent", top)
     ssh = _mapping(config.get("ssh"), "ssh", top)
     for key in ssh:
         if key not in ("user", "privateKeyPath", "wait", "port"):
@@ -202,6 +211,7 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False) -> StackSpec:
                 disc_out[snake] = val
         engines = raw.get("engines")
         collect_engines(engines, p)
+        node_agent = _agent_source(raw["agent"], "agent", p, fallback=agent) if "agent" in raw else None
         node_id = raw.get("id")
         if isinstance(node_id, str):
             if node_id in seen_ids:
@@ -230,12 +240,13 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False) -> StackSpec:
                 discovery=disc_out,
                 engines=dict(engines or {}),
                 fail_on_engine_problems=bool(raw.get("failOnEngineProblems", config.get("failOnEngineProblems", False))),
+                agent=node_agent,
             ))
     if everyone:
         raise StackConfigError(everyone)
     return StackSpec(
         pki_dir=config["pkiDir"],
-        agent=AgentSource(version=agent.get("version"), release_url=agent.get("releaseUrl"), binary=agent.get("binary")),
+        agent=agent,
         ssh_private_key_path=ssh.get("privateKeyPath"),
         ssh_wait=float(ssh.get("wait", DEFAULT_SSH_WAIT)),
         validity_hours=float(validity),

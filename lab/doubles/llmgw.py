@@ -42,8 +42,7 @@ PKI_SOURCE = None
 
 PING_INTERVAL = 2.0
 RETRY_PAUSE = 1.0
-CONNECT_TIMEOUT = 5.0
-REPLY_TIMEOUT = 5.0
+TIMEOUT = 5.0  # to connect, for the TLS handshake, for each reply
 
 CONFIG_KEYS = frozenset(
     {"server", "servers", "tls", "node_id", "mgmt_addr", "mgmt_interface", "fabrics", "discovery", "engines"}
@@ -165,18 +164,15 @@ def run_agent(config: AgentConfig) -> None:
 
 def session(config: AgentConfig, server: tuple[str, int]) -> None:
     """One stream to one control plane, until it refuses, fails or closes."""
-    host, port = server
     addr = fmt(server)
     log(f"connecting to {addr}")
     try:
-        raw = socket.create_connection(server, timeout=CONNECT_TIMEOUT)
+        raw = socket.create_connection(server, timeout=TIMEOUT)
     except OSError as exc:
         log(f"cannot connect to {addr}: {exc}")
         return
     try:
-        with config.ssl_context.wrap_socket(raw, server_hostname=host) as conn:
-            conn.settimeout(REPLY_TIMEOUT)
-            reader = conn.makefile("rb")
+        with config.ssl_context.wrap_socket(raw, server_hostname=server[0]) as conn, conn.makefile("rb") as reader:
             conn.sendall(f"HELLO {config.node_id}\n".encode())
             reply = reader.readline(256).decode(errors="replace").strip()
             if reply != "OK":
@@ -194,7 +190,7 @@ def session(config: AgentConfig, server: tuple[str, int]) -> None:
     except ssl.SSLCertVerificationError as exc:
         log(f"cannot trust {addr}: certificate verify failed: {exc.verify_message}")
     except (OSError, ssl.SSLError) as exc:
-        log(f"lost {addr}: {exc}")
+        log(f"stream to {addr} failed: {exc}")
     finally:
         raw.close()
 

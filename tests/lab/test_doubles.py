@@ -212,6 +212,24 @@ def test_a_node_id_other_than_the_certificates_cn_is_refused(
     assert logged(log, f"refused by {cp.address}: cn-mismatch"), log.read_text()
 
 
+def test_many_agents_at_once_and_stop_ends_every_stream(
+    tmp_path: Path, pki_dir: Path, llmgw: Path, node_env: dict[str, str],
+    processes: list[subprocess.Popen[bytes]], control_planes: list[ControlPlane],
+) -> None:
+    nodes = {f"node{i}" for i in range(8)}
+    cp = start_control_plane(control_planes, pki_dir)
+    for node in sorted(nodes):
+        start_agent(processes, llmgw, agent_config(tmp_path, pki_dir, node, [cp.address], node), node_env)
+
+    assert cp.wait_for(nodes, WAIT), cp.events
+    assert cp.connected() == nodes
+
+    cp.stop()
+
+    assert cp.connected() == set()
+    assert {e.node_id for e in cp.events if e.outcome == "closed"} == nodes
+
+
 def test_agent_passes_a_standby_and_stays_with_the_primary(
     tmp_path: Path, pki_dir: Path, llmgw: Path, node_env: dict[str, str],
     processes: list[subprocess.Popen[bytes]], control_planes: list[ControlPlane],

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Install what the project needs on this machine, idempotently; heavy things are
+# cached outside the repository (LLMGW_CACHE, default /var/cache/llmgw-pulumi):
+#   - Debian packages for the test hosts (systemd-nspawn, debootstrap, ...)
+#   - the Python virtualenv .venv with the package and its pinned dependencies
+#   - the Pulumi engine, built from Go modules (scripts/engine.sh)
+#   - the Debian rootfs the test hosts boot (lab/rootfs.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export LLMGW_CACHE=${LLMGW_CACHE:-/var/cache/llmgw-pulumi}
+say() { printf 'install: %s\n' "$*" >&2; }
+t0=$(date +%s)
+
+if [ "$(id -u)" != 0 ]; then
+  say "run as root: the test hosts are systemd-nspawn containers in network namespaces"; exit 1
+fi
+
+APT_PACKAGES="systemd-container debootstrap iproute2 gcc libc6-dev python3-venv python3-yaml"
+missing=$(for p in $APT_PACKAGES; do dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed' || echo "$p"; done)
+if [ -n "$missing" ]; then
+  say "apt-get install $missing"
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >&2
+fi
+
+# The venv is rebuilt when pyproject.toml changes; pip's cache keeps that quick.
+stamp=.venv/.llmgw-installed
+want=$(sha256sum pyproject.toml | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  say "python virtualenv .venv"
+  python3 -m venv .venv
+  PIP_CACHE_DIR=$LLMGW_CACHE/pip .venv/bin/pip install -q --disable-pip-version-check -e '.[test]' >&2
+  echo "$want" > "$stamp"
+fi
+
+scripts/engine.sh >/dev/null
+lab/rootfs.sh >/dev/null
+say "ready in $(( $(date +%s) - t0 ))s"

@@ -1,0 +1,182 @@
+"""Shared fixtures for the end-to-end tests: real hosts, the real engine, the llmgw test doubles.
+
+Unit tests (tests/unit) need none of this; these fixtures are session-scoped
+and built on first use, so `pytest tests/unit` stays instant.
+
+- ``lab``: the test-host lab "t" on 10.250.0.0/24 (systemd-nspawn containers
+  booting real systemd, each in its own netns). Torn down at the end, also
+  after failures; leftovers of a killed run are swept at start.
+- ``hosts``: boots fresh hosts (new indices, so nothing carries over) for one test.
+- ``cluster``: the cluster CA, a control plane and a standby (in this process,
+  on the bridge address), and a release server in its own netns publishing
+  llmgw test-double releases; plus a local dev build of the double.
+- ``new_stack``: a stack of this project under the real Pulumi engine, in a
+  temp work dir with a local file backend and passphrase secrets.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import paramiko
+import pytest
+
+CACHE = Path(os.environ.get("LLMGW_CACHE", "/var/cache/llmgw-pulumi"))
+REPO = Path(__file__).resolve().parent.parent
+RELEASE = "v1.4.2"
+NEXT_RELEASE = "v1.5.0"
+TAMPERED_RELEASE = "v6.6.6"
+DEV_VERSION = "v1.4.2-3-gdeadbee"
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[Any]:
+    from lab.hosts import Lab
+
+    lab = Lab(name="t", subnet="10.250.0", workdir=CACHE / "lab-t")
+    shutil.rmtree(lab.workdir / "hosts", ignore_errors=True)
+    lab.setup()
+    try:
+        yield lab
+    finally:
+        lab.teardown()
+
+
+_indices = itertools.count(10)
+_indices_lock = threading.Lock()
+
+
+@pytest.fixture
+def hosts(lab: Any) -> Iterator[Callable[..., list[Any]]]:
+    """``hosts(n, hostnames=None, start=True)`` -> fresh hosts; all are stopped when the test ends."""
+    made: list[Any] = []
+
+    def boot(n: int, hostnames: list[str] | None = None, start: bool = True) -> list[Any]:
+        with _indices_lock:
+            indices = [next(_indices) for _ in range(n)]
+        batch = [lab.prepare(i, hostname=(hostnames[k] if hostnames else None)) for k, i in enumerate(indices)]
+        made.extend(batch)
+        if start:
+            with ThreadPoolExecutor(max_workers=min(16, n)) as pool:
+                list(pool.map(lambda h: h.start(), batch))
+        return batch
+
+    yield boot
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(lambda h: h.stop(), made))
+
+
+@dataclass
+class Cluster:
+    pki_dir: Path
+    control_plane: Any
+    standby: Any
+    release_url: str
+    release_root: Path
+    dev_binary: Path
+    engine_bin: Path
+    ssh_key_path: Path
+
+
+@pytest.fixture(scope="session")
+def cluster(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    from lab import pki as labpki
+    from lab.control_plane import ControlPlane
+    from lab.doubles.llmgw import build_llmgw
+    from lab.release_server import publish_release
+    from lab.stack import engine_bin
+
+    work = tmp_path_factory.mktemp("cluster")
+    pki_dir = work / "pki"
+    labpki.init_ca(pki_dir)
+
+    primary = ControlPlane(pki_dir, lab.gateway).start()
+    standby = ControlPlane(pki_dir, lab.gateway, standby=True).start()
+
+    root = work / "releases"
+    publish_release(root, RELEASE, {"amd64": build_llmgw(RELEASE), "arm64": b"not for this node"})
+    publish_release(root, NEXT_RELEASE, {"amd64": build_llmgw(NEXT_RELEASE)})
+    publish_release(root, TAMPERED_RELEASE, {"amd64": build_llmgw(TAMPERED_RELEASE)},
+                    tamper={"amd64": build_llmgw(TAMPERED_RELEASE) + b"\n# tampered\n"})
+    release_addr = f"{lab.subnet}.2"
+    cert, key = labpki.issue_server_cert(pki_dir, work / "release-tls", "releases", ips=[release_addr], dns=[])
+    proc = lab.run_in_netns(
+        [sys.executable, "-m", "lab.release_server", "--root", str(root), "--bind", release_addr,
+         "--port", "8443", "--cert", str(cert), "--key", str(key)],
+        netns_suffix="repo", addr_index=2, cwd=str(REPO), stdout=__import__("subprocess").PIPE,
+    )
+    assert proc.stdout is not None
+    assert b"listening" in proc.stdout.readline(), "release server did not start"
+
+    dev = work / "dev" / "llmgw"
+    dev.parent.mkdir()
+    dev.write_bytes(build_llmgw(DEV_VERSION))
+    dev.chmod(0o755)
+
+    yield Cluster(pki_dir, primary, standby, f"https://{release_addr}:8443", root, dev, engine_bin(), lab.ssh_key_path)
+    primary.stop()
+    standby.stop()
+
+
+@pytest.fixture
+def new_stack(cluster: Cluster, tmp_path: Path) -> Callable[..., Any]:
+    """``new_stack(config)`` -> a LabStack under the real engine, its config written to stacks/."""
+    from lab.stack import LabStack, engine_env
+
+    made: list[Any] = []
+
+    def make(config: dict[str, Any], name: str = "test", program: Callable[[], Any] | None = None) -> Any:
+        env = engine_env(cluster.engine_bin, tmp_path / "pulumi-home", tmp_path / "state")
+        stack = LabStack(tmp_path / f"project-{len(made)}", name, env, program)
+        stack.set_config(config)
+        made.append(stack)
+        return stack
+
+    return make
+
+
+def stack_config(cluster: Cluster, hosts: list[Any], *, ids: list[str] | None = None,
+                 nodes: list[dict[str, Any]] | None = None, **top: Any) -> dict[str, Any]:
+    """A stack config onboarding ``hosts`` from the test release (node ids = hostnames unless given)."""
+    entries = nodes or [{"id": (ids[i] if ids else h.hostname), "address": h.addr} for i, h in enumerate(hosts)]
+    config: dict[str, Any] = {
+        "pkiDir": str(cluster.pki_dir),
+        "servers": [cluster.control_plane.address],
+        "agent": {"version": RELEASE, "releaseUrl": cluster.release_url},
+        "ssh": {"user": "deploy", "privateKeyPath": str(cluster.ssh_key_path), "wait": 30},
+        "nodes": entries,
+    }
+    config.update(top)
+    return config
+
+
+def ssh(host: Any, cluster: Cluster, command: str, user: str = "deploy") -> tuple[int, str]:
+    """Run a command on a test host the way an operator would check it: over SSH."""
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    client.connect(host.addr, username=user, key_filename=str(cluster.ssh_key_path), timeout=10,
+                   allow_agent=False, look_for_keys=False)
+    try:
+        _, out, err = client.exec_command(command, timeout=60)
+        rc = out.channel.recv_exit_status()
+        return rc, out.read().decode() + err.read().decode()
+    finally:
+        client.close()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
