@@ -83,11 +83,11 @@ class Node(pulumi.ComponentResource):
             ca_pem=self.certificate.ca_pem, cert_pem=self.certificate.cert_pem, key_pem=self.certificate.key_pem,
         ), child)
 
-        # Every later connection pins the key NodeIdentity saw (or was given).
-        pinned = {**conn, "host_key": self.identity.host_key}
+        # Every later connection expects the host key NodeIdentity saw (or was given).
+        known_host_key = self.identity.host_key
 
         self.agent = AgentInstall(name, AgentInstallArgs(
-            node_id=args.node_id, connection=pinned, hostname=self.identity.hostname,
+            node_id=args.node_id, connection=conn, known_host_key=known_host_key, hostname=self.identity.hostname,
             servers=args.servers, version=args.version, release_url=args.release_url,
             binary_path=args.binary_path, binary_sha256=args.binary_sha256,
             mgmt_addr=args.mgmt_addr, mgmt_interface=args.mgmt_interface,
@@ -95,7 +95,7 @@ class Node(pulumi.ComponentResource):
         ), child)
 
         self.engine_check = EngineCheck(name, EngineCheckArgs(
-            node_id=args.node_id, connection=pinned, engines=args.engines,
+            node_id=args.node_id, connection=conn, known_host_key=known_host_key, engines=args.engines,
             fail_on_problems=args.fail_on_engine_problems,
         ), pulumi.ResourceOptions(parent=self, depends_on=[self.agent]))
 

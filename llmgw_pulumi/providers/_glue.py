@@ -13,11 +13,15 @@ Pulumi facts this encodes (see docs/pulumi-dynamic-providers.md):
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+import functools
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult
 
+from ..errors import LlmgwError
 from ..specs import Problems, is_unknown
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 PROVIDER_KEY = "__provider"
 CONNECTION_REPLACE_KEYS = ("host", "port")
@@ -82,3 +86,20 @@ def outputs(props: Mapping[str, Any], **computed: Any) -> dict[str, Any]:
 def node_of(props: Mapping[str, Any]) -> str:
     node = props.get("node_id")
     return node if isinstance(node, str) else "?"
+
+
+def operator_errors(fn: F) -> F:
+    """Raise the package's errors with a one-frame traceback.
+
+    The engine shows a provider's whole traceback; for an error that already
+    says what happened and what to do, the frames inside the package are noise.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except LlmgwError as exc:
+            raise exc.with_traceback(None) from None
+
+    return wrapper  # type: ignore[return-value]

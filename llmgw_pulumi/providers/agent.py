@@ -31,7 +31,7 @@ from . import _glue
 
 SETTINGS_KEYS = ("node_id", "servers", "mgmt_addr", "mgmt_interface", "fabrics", "discovery", "engines")
 BINARY_KEYS = ("version", "release_url", "binary_path", "binary_sha256")
-INPUT_KEYS = ("connection", "hostname", *SETTINGS_KEYS, *BINARY_KEYS, "agent_yaml", "unit")
+INPUT_KEYS = ("connection", "known_host_key", "hostname", *SETTINGS_KEYS, *BINARY_KEYS, "agent_yaml", "unit")
 REPLACE_KEYS = ("node_id", "connection.host", "connection.port")
 OUTPUT_KEYS = ("installed_sha256", "arch", "node_state")
 
@@ -125,22 +125,25 @@ class AgentInstallProvider(ResourceProvider):
         same_host = not any(c in ("connection.host", "connection.port") for c in changes)
         return _glue.diff_result(changes, REPLACE_KEYS, delete_before_replace=same_host)
 
+    @_glue.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         spec = AgentSpec.from_props(props)
-        computed = _install(spec, props, _mode(spec), props["connection"].get("host_key"))
+        computed = _install(spec, props, _mode(spec), props.get("known_host_key"))
         return CreateResult(spec.node_id, _glue.outputs(props, **computed))
 
+    @_glue.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         spec = AgentSpec.from_props(news)
         binary_changed = any(_glue.normalise(olds.get(k)) != _glue.normalise(news.get(k)) for k in ("version", "binary_sha256"))
         binary_drifted = "node_state.binary" in drift(olds, news)
         mode = _mode(spec) if binary_changed or binary_drifted else "keep"
-        computed = _install(spec, news, mode, news["connection"].get("host_key") or olds["connection"].get("host_key"))
+        computed = _install(spec, news, mode, news.get("known_host_key") or olds.get("known_host_key"))
         return UpdateResult(_glue.outputs(news, **computed))
 
+    @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         spec = AgentSpec.from_props(props)
-        with transport.session(spec.connection, spec.node_id, props["connection"].get("host_key")) as s:
+        with transport.session(spec.connection, spec.node_id, props.get("known_host_key")) as s:
             res = s.run(remote.survey((desired.BINARY_PATH, desired.CONFIG_PATH, desired.UNIT_PATH)))
         node = facts.parse_survey(res.stdout)
         state = {
@@ -152,10 +155,11 @@ class AgentInstallProvider(ResourceProvider):
         }
         return ReadResult(id_, {**props, "node_state": state})
 
+    @_glue.operator_errors
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         spec = AgentSpec.from_props(props)
         try:
-            with transport.session(spec.connection, spec.node_id, props["connection"].get("host_key")) as s:
+            with transport.session(spec.connection, spec.node_id, props.get("known_host_key")) as s:
                 res = s.run(remote.remove_agent())
         except UnreachableError as exc:
             print(f"warning: {exc}; assuming the machine is gone, nothing was removed from it")
@@ -168,6 +172,8 @@ class AgentInstallProvider(ResourceProvider):
 class AgentInstallArgs:
     node_id: pulumi.Input[str]
     connection: pulumi.Input[dict]
+    known_host_key: pulumi.Input[str]
+    """The host key NodeIdentity recorded (or was pinned): every connection must see it."""
     hostname: pulumi.Input[str]
     """The node's hostname (NodeIdentity reads it): agent.yaml says node_id only when they differ."""
     servers: pulumi.Input[list]

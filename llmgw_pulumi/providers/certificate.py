@@ -56,6 +56,7 @@ class ClientCertificateProvider(ResourceProvider):
             changes.append("not_after")
         return _glue.diff_result(changes, (*REPLACE_KEYS, "not_after"))
 
+    @_glue.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         spec = CertificateSpec.from_props(props)
         now = _now()
@@ -73,14 +74,17 @@ class ClientCertificateProvider(ResourceProvider):
         )
         return CreateResult(f"{spec.node_id}:{issued.serial}", outs)
 
+    @_glue.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         # Only validity settings changed: they apply at the next issuance.
         return UpdateResult(_glue.outputs(news, **{k: olds.get(k) for k in OUTPUT_KEYS}))
 
+    @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         # The certificate lives in state; there is nothing remote to read.
         return ReadResult(id_, props)
 
+    @_glue.operator_errors
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
         # Revoking the old certificate is a separate decision (SPEC step 2).
         return None

@@ -24,7 +24,7 @@ from ..errors import EngineWillNotRunError, RemoteCommandError
 from ..specs import EngineCheckSpec
 from . import _glue
 
-INPUT_KEYS = ("node_id", "connection", "engines", "fail_on_problems")
+INPUT_KEYS = ("node_id", "connection", "known_host_key", "engines", "fail_on_problems")
 OUTPUT_KEYS = ("problems", "engines_ok")
 
 
@@ -54,19 +54,23 @@ class EngineCheckProvider(ResourceProvider):
         changes = _glue.changed_keys(olds, news, INPUT_KEYS)
         return _glue.diff_result(changes, ("connection.host", "connection.port"))
 
+    @_glue.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         spec = EngineCheckSpec.from_props(props)
-        return CreateResult(spec.node_id, _glue.outputs(props, **_probe(spec, props["connection"].get("host_key"))))
+        return CreateResult(spec.node_id, _glue.outputs(props, **_probe(spec, props.get("known_host_key"))))
 
+    @_glue.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         spec = EngineCheckSpec.from_props(news)
-        host_key = news["connection"].get("host_key") or olds["connection"].get("host_key")
+        host_key = news.get("known_host_key") or olds.get("known_host_key")
         return UpdateResult(_glue.outputs(news, **_probe(spec, host_key)))
 
+    @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         spec = EngineCheckSpec.from_props({**props, "fail_on_problems": False})
-        return ReadResult(id_, {**props, **_probe(spec, props["connection"].get("host_key"))})
+        return ReadResult(id_, {**props, **_probe(spec, props.get("known_host_key"))})
 
+    @_glue.operator_errors
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
         return None  # a check leaves nothing behind
 
@@ -75,6 +79,8 @@ class EngineCheckProvider(ResourceProvider):
 class EngineCheckArgs:
     node_id: pulumi.Input[str]
     connection: pulumi.Input[dict]
+    known_host_key: pulumi.Input[str]
+    """The host key NodeIdentity recorded (or was pinned)."""
     engines: Optional[pulumi.Input[dict]] = None
     """{llamacpp: {bin: PATH}, vllm: {bin: PATH}, sglang: {python: PATH}}, each optional."""
     fail_on_problems: Optional[pulumi.Input[bool]] = None

@@ -65,17 +65,20 @@ class NodeIdentityProvider(ResourceProvider):
         # written, or the old delete would remove the replacement's files.
         return _glue.diff_result(changes, REPLACE_KEYS, delete_before_replace=same_host)
 
+    @_glue.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         spec = IdentitySpec.from_props(props)
         computed = _apply(spec, None, restart_agent=False)
         return CreateResult(spec.node_id, _glue.outputs(props, **computed))
 
+    @_glue.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         spec = IdentitySpec.from_props(news)
         renewed = olds.get("cert_pem") != news.get("cert_pem") or olds.get("key_pem") != news.get("key_pem")
         computed = _apply(spec, olds.get("host_key"), restart_agent=renewed or olds.get("files") != desired_hashes(news))
         return UpdateResult(_glue.outputs(news, **computed))
 
+    @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         spec = IdentitySpec.from_props(props)
         with transport.session(spec.connection, spec.node_id, props.get("host_key")) as s:
@@ -84,6 +87,7 @@ class NodeIdentityProvider(ResourceProvider):
         files = {p: node.sha256(p) or "absent" for p in (desired.CA_PATH, desired.CERT_PATH, desired.KEY_PATH, desired.TRUST_ANCHOR_PATH)}
         return ReadResult(id_, {**props, "files": files, "hostname": node.hostname, "arch": node.arch})
 
+    @_glue.operator_errors
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         spec = IdentitySpec.from_props(props)
         owned = props.get("files") or desired_hashes(props) or {}
