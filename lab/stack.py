@@ -79,11 +79,12 @@ class LabStack:
     def __post_init__(self) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         (self.work_dir / "stacks").mkdir(exist_ok=True)
-        (self.work_dir / "Pulumi.yaml").write_text(yaml.safe_dump({
-            "name": "llmgw",
-            "runtime": {"name": "python", "options": {"virtualenv": str(Path(sys.prefix))}},
-            "stackConfigDir": "stacks",
-        }))
+        if not (self.work_dir / "Pulumi.yaml").exists():  # a scratch project; the repo's own is used as it is
+            (self.work_dir / "Pulumi.yaml").write_text(yaml.safe_dump({
+                "name": "llmgw",
+                "runtime": {"name": "python", "options": {"virtualenv": str(Path(sys.prefix))}},
+                "stackConfigDir": "stacks",
+            }))
         if self.program is None:
             from llmgw_pulumi.program import main
 

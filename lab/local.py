@@ -1,0 +1,104 @@
+"""The main job on the embedded local default: onboard three local test hosts with `pulumi up`.
+
+    sudo scripts/local-up            # boot, onboard, check, destroy, tear down
+    sudo scripts/local-up --keep     # ... and leave the hosts and agents running until Ctrl-C
+
+Boots the hosts of stacks/Pulumi.local.yaml (lab "l" on 10.251.0.0/24; the
+third host's hostname differs from its node id), a control-plane test double
+on the bridge address and a release server in its own namespace, then runs the
+repository's own program on the `local` stack under the real engine: `pulumi
+up`, `pulumi preview --expect-no-changes`, a second (no-op) `pulumi up`, and
+prints what the control plane sees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from lab import pki as labpki
+from lab.control_plane import ControlPlane
+from lab.doubles.llmgw import build_llmgw
+from lab.hosts import Lab
+from lab.release_server import publish_release
+from lab.stack import REPO, LabStack, engine_bin, engine_env
+
+CACHE = Path(os.environ.get("LLMGW_CACHE", "/var/cache/llmgw-pulumi"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keep", action="store_true", help="leave the hosts and agents running until Ctrl-C")
+    args = parser.parse_args()
+
+    config = yaml.safe_load((REPO / "stacks" / "Pulumi.local.yaml").read_text())["config"]
+    cfg = {k.split(":", 1)[1]: v for k, v in config.items()}
+    nodes = cfg["nodes"]
+    subnet = nodes[0]["address"].rsplit(".", 1)[0]
+    work = CACHE / "local"
+    pki_dir = Path(cfg["pkiDir"])
+    if not (pki_dir / "ca.pem").exists():
+        labpki.init_ca(pki_dir)
+
+    lab = Lab(name="l", subnet=subnet, workdir=CACHE / "lab-l")
+    shutil.rmtree(lab.workdir / "hosts", ignore_errors=True)
+    shutil.rmtree(work / "state", ignore_errors=True)  # every run starts from fresh hosts and an empty stack
+    lab.setup()
+    try:
+        t = time.monotonic()
+        hosts = [lab.prepare(int(n["address"].rsplit(".", 1)[1]) - 20, hostname=f"node{i + 1}") for i, n in enumerate(nodes)]
+        for h in hosts:
+            h.start()
+        print(f"booted {len(hosts)} hosts in {time.monotonic() - t:.1f}s: " + ", ".join(f"{h.hostname}@{h.addr}" for h in hosts))
+
+        host, port = cfg["servers"][0].rsplit(":", 1)
+        cp = ControlPlane(pki_dir, host, int(port)).start()
+        tag, url = cfg["agent"]["version"], cfg["agent"]["releaseUrl"]
+        publish_release(work / "releases", tag, {"amd64": build_llmgw(tag)})
+        rel_host = url.split("//")[1].split(":")[0]
+        cert, key = labpki.issue_server_cert(pki_dir, work / "release-tls", "releases", ips=[rel_host], dns=[])
+        rel = lab.run_in_netns([sys.executable, "-m", "lab.release_server", "--root", str(work / "releases"),
+                                "--bind", rel_host, "--port", url.rsplit(":", 1)[1], "--cert", str(cert), "--key", str(key)],
+                               addr_index=int(rel_host.rsplit(".", 1)[1]), cwd=str(REPO), stdout=subprocess.PIPE)
+        assert rel.stdout is not None and b"listening" in rel.stdout.readline()
+
+        stack = LabStack(REPO, "local", engine_env(engine_bin(), work / "pulumi-home", work / "state"))
+        up = stack.up()
+        print(up.output)
+        print(f"pulumi up: {'ok' if up.ok else 'FAILED'} in {up.seconds:.1f}s")
+        ok = up.ok
+        if ok:
+            ids = {n["id"] for n in nodes}
+            connected = cp.wait_for(ids, timeout=20)
+            print(f"control plane sees: {sorted(cp.connected())} ({'all' if connected else 'NOT all'} of {sorted(ids)})")
+            pv = stack.preview(expect_no_changes=True)
+            print(f"pulumi preview --expect-no-changes: {'no changes' if pv.ok else 'CHANGES'} in {pv.seconds:.1f}s")
+            before = sum(h.passive_tcp_opens() for h in hosts)
+            again = stack.up()
+            opened = sum(h.passive_tcp_opens() for h in hosts) - before
+            print(f"second pulumi up: {'ok' if again.ok else 'FAILED'} in {again.seconds:.1f}s, {opened} SSH connections")
+            ok = connected and pv.ok and again.ok and opened == 0
+        if args.keep and ok:
+            print("hosts and agents keep running; Ctrl-C to tear down")
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+        down = stack.destroy()
+        print(f"pulumi destroy: {'ok' if down.ok else 'FAILED'} in {down.seconds:.1f}s")
+        cp.stop()
+        return 0 if ok and down.ok else 1
+    finally:
+        lab.teardown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
