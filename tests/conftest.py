@@ -42,7 +42,9 @@ DEV_VERSION = "v1.4.2-3-gdeadbee"
 def lab() -> Iterator[Any]:
     from lab.hosts import Lab
 
-    lab = Lab(name="t", subnet="10.250.0", workdir=CACHE / "lab-t")
+    # LLMGW_TEST_LAB=name:subnet lets two test runs share a machine (default t:10.250.0).
+    name, _, subnet = os.environ.get("LLMGW_TEST_LAB", "t:10.250.0").partition(":")
+    lab = Lab(name=name, subnet=subnet, workdir=CACHE / f"lab-{name}")
     shutil.rmtree(lab.workdir / "hosts", ignore_errors=True)
     lab.setup()
     try:

@@ -84,10 +84,12 @@ def log(message: str) -> None:
 
 
 class AgentConfig:
-    def __init__(self, servers: list[tuple[str, int]], node_id: str, ssl_context: ssl.SSLContext):
+    def __init__(self, servers: list[tuple[str, int]], node_id: str, ssl_context: ssl.SSLContext,
+                 engines: list[str] | None = None):
         self.servers = servers
         self.node_id = node_id
         self.ssl_context = ssl_context
+        self.engines = engines or []
 
 
 def load_config(path: str) -> AgentConfig:
@@ -138,7 +140,9 @@ def load_config(path: str) -> AgentConfig:
         ctx.load_cert_chain(tls["cert"], tls["key"])
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"{path}: cannot load tls files ({tls['ca']}, {tls['cert']}, {tls['key']}): {exc}") from exc
-    return AgentConfig(servers, node_id, ctx)
+    engines = data.get("engines") or {}
+    paths = [p for conf in engines.values() if isinstance(conf, dict) for p in conf.values() if isinstance(p, str)]
+    return AgentConfig(servers, node_id, ctx, paths)
 
 
 def parse_address(path: str, address: object) -> tuple[str, int]:
@@ -151,10 +155,25 @@ def parse_address(path: str, address: object) -> tuple[str, int]:
     raise ConfigError(f"{path}: not a \"host:port\" address: {address!r}")
 
 
+def launch_engines(paths: list[str]) -> None:
+    """Start each configured engine as `<path> serve` in its own session, as the real agent starts
+    engines: they live in the agent's unit (cgroup) but outlive the agent, which KillMode=process keeps."""
+    import subprocess
+
+    for path in paths:
+        try:
+            proc = subprocess.Popen([path, "serve"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            log(f"launched engine {path} (pid {proc.pid})")
+        except OSError as exc:
+            log(f"cannot launch engine {path}: {exc}")
+
+
 def run_agent(config: AgentConfig) -> None:
     """Keep a stream to the first control plane that accepts us, forever."""
     names = ", ".join(fmt(s) for s in config.servers)
     log(f"agent {VERSION} starting as {config.node_id}; control planes: {names}")
+    launch_engines(config.engines)
     while True:
         for server in config.servers:
             session(config, server)
