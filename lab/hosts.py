@@ -184,6 +184,22 @@ def _parallel(fns: Iterable[Callable[[], T]]) -> list[T]:
     return [f.result() for f in futures]
 
 
+INOTIFY_LIMITS = {"max_user_instances": 8192, "max_user_watches": 1048576}
+
+
+def _raise_inotify_limits() -> None:
+    """Every container's systemd and journald take inotify instances from root's share.
+
+    With the kernel default of 128 instances per user, about 30 hosts exhaust
+    it and the next systemd-nspawn exits 255 without a word (inotify_init1:
+    EMFILE). Raise the limits; never lower them.
+    """
+    for name, want in INOTIFY_LIMITS.items():
+        path = Path("/proc/sys/fs/inotify") / name
+        if int(path.read_text()) < want:
+            path.write_text(str(want))
+
+
 def _mountinfo() -> list[tuple[str, str, str]]:
     """(mount point, fs type, source) of every mount in our mount namespace."""
     mounts = []
@@ -724,6 +740,7 @@ class Lab:
         """Sweep what an earlier run of this lab name left, then create bridge, key and base layer."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.teardown()
+        _raise_inotify_limits()
         self._check_subnet_free()
         _run(["ip", "link", "add", self.bridge, "type", "bridge"])
         _run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge])

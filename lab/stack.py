@@ -47,6 +47,8 @@ def engine_env(bin_dir: Path, home: Path, backend: Path) -> dict[str, str]:
         "PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK": "true",
         # The dynamic-provider plugin runs `<venv>/bin/python -m pulumi.dynamic`.
         "PULUMI_RUNTIME_VIRTUALENV": str(Path(sys.prefix)),
+        # Lab resources (lab.vm) are dynamic providers too: their module must import there.
+        "PYTHONPATH": str(REPO),
         "PULUMI_DEBUG_PROMISE_LEAKS": "false",
     }
 
@@ -133,7 +135,20 @@ class LabStack:
         return self._run("destroy", self.stack.destroy, **kw)
 
     def export(self) -> dict[str, Any]:
+        """The deployment with secrets decrypted (the Automation API exports with --show-secrets)."""
         return self.stack.export_stack().deployment
+
+    def export_raw(self) -> str:
+        """`pulumi stack export` as an operator runs it: secrets stay ciphertext."""
+        bin_dir = self.env["PATH"].split(":")[0]
+        out = subprocess.run([f"{bin_dir}/pulumi", "stack", "export", "--stack", self.name, "--cwd", str(self.work_dir)],
+                             env={**os.environ, **self.env}, capture_output=True, text=True, check=True)
+        return out.stdout
+
+    def state_files(self) -> list[Path]:
+        """The file backend's state and history for this stack: what is at rest on disk."""
+        root = Path(self.env["PULUMI_BACKEND_URL"].removeprefix("file://")) / ".pulumi"
+        return [p for p in root.rglob("*") if p.is_file() and self.name in p.name]
 
     def outputs(self) -> dict[str, Any]:
         return {k: v.value for k, v in self.stack.outputs().items()}

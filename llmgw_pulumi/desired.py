@@ -74,9 +74,14 @@ def agent_config(settings: AgentSettings, hostname: str) -> dict[str, object]:
     return doc
 
 
+def config_first_line(node_id: str) -> str:
+    """agent.yaml's first line; it also tells whose the file is (remote.remove_agent)."""
+    return f"# {node_id}, written by {WRITER}. Only overrides are written here:"
+
+
 def render_agent_yaml(settings: AgentSettings, hostname: str) -> str:
     header = (
-        f"# {settings.node_id}, written by {WRITER}. Only overrides are written here:\n"
+        config_first_line(settings.node_id) + "\n"
         "# the agent finds everything else out for itself. `pulumi up` rewrites this file.\n"
     )
     body = yaml.safe_dump(agent_config(settings, hostname), sort_keys=False, default_flow_style=False, allow_unicode=False)

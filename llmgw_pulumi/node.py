@@ -26,8 +26,8 @@ from .providers.identity import NodeIdentity, NodeIdentityArgs
 @dataclass
 class ConnectionArgs:
     host: pulumi.Input[str]
-    private_key: pulumi.Input[str]
-    """The SSH private key's contents. Wrap it with pulumi.Output.secret (the node component does)."""
+    private_key: Optional[pulumi.Input[str]]
+    """The SSH private key's contents, made secret by the component. None only for a preview without it."""
     user: pulumi.Input[str] = "root"
     port: pulumi.Input[int] = 22
     host_key: Optional[pulumi.Input[str]] = None
@@ -35,8 +35,9 @@ class ConnectionArgs:
     wait: pulumi.Input[float] = 120.0
 
     def to_input(self) -> dict[str, Any]:
-        out = {"host": self.host, "user": self.user, "port": self.port, "wait": self.wait,
-               "private_key": pulumi.Output.secret(self.private_key)}
+        out = {"host": self.host, "user": self.user, "port": self.port, "wait": self.wait}
+        if self.private_key is not None:
+            out["private_key"] = pulumi.Output.secret(self.private_key)
         if self.host_key is not None:
             out["host_key"] = self.host_key
         return out

@@ -47,6 +47,18 @@ class IssuedCertificate:
     fingerprint_sha256: str
 
 
+def ca_fingerprint(pki_dir: str) -> str | None:
+    """SHA-256 fingerprint of the CA certificate in the PKI dir, or None where it cannot be read here.
+
+    Public data, read locally: it lets a preview tell a rotated CA (every
+    certificate must be re-issued) from a PKI dir that merely moved.
+    """
+    try:
+        return fingerprint((Path(pki_dir) / "ca.pem").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def fingerprint(cert_pem: str) -> str:
     cert = x509.load_pem_x509_certificate(cert_pem.encode())
     return cert.fingerprint(hashes.SHA256()).hex()

@@ -53,13 +53,18 @@ def local_binary(path: str) -> tuple[str, str, str]:
     return str(p), words[-1], hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def ssh_private_key(spec: stack_config.StackSpec, secret: pulumi.Output[str] | None) -> pulumi.Output[str]:
+def ssh_private_key(spec: stack_config.StackSpec, secret: pulumi.Output[str] | None) -> pulumi.Output[str] | None:
+    """The operator's SSH key, as a secret. A preview may run without it (a reviewer's machine)."""
     if secret is not None:
         return secret
     path = Path(os.path.expanduser(spec.ssh_private_key_path or ""))
     try:
         return pulumi.Output.secret(path.read_text())
     except OSError as exc:
+        if pulumi.runtime.is_dry_run():
+            pulumi.log.warn(f"cannot read the SSH key {path} ({exc.strerror}): previewing without it; "
+                            "`pulumi up` needs it")
+            return None
         raise ConfigError("llmgw", "ssh.privateKeyPath", f"cannot read {path}: {exc.strerror}",
                           "point it at the operator's SSH private key, or set the llmgw:sshPrivateKey secret") from None
 

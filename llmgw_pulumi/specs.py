@@ -79,7 +79,8 @@ class Connection:
 
     host: str
     user: str
-    private_key: str = field(repr=False)
+    private_key: str | None = field(repr=False)
+    """None on a machine without the operator's key (a reviewer's preview); operations then refuse."""
     port: int = 22
     host_key: str | None = None
     """Pinned host key ('ssh-ed25519 AAAA...'). When absent the first key seen is trusted and recorded."""
@@ -104,9 +105,10 @@ class Connection:
         if props.get("host_key") is not None:
             problems.check(f"{prefix}.host_key", props.get("host_key"), validate.host_key)
         key = props.get("private_key")
-        if not is_unknown(key) and (not isinstance(key, str) or "PRIVATE KEY" not in key):
-            # Never echo the value: it is meant to be a secret.
-            problems.add(f"{prefix}.private_key", "is missing or is not a private key in PEM/OpenSSH format",
+        # Absent is allowed here: a reviewer previews without the operator's key;
+        # the first operation that needs it says it is missing. Never echo the value.
+        if key is not None and not is_unknown(key) and (not isinstance(key, str) or "PRIVATE KEY" not in key):
+            problems.add(f"{prefix}.private_key", "is not a private key in PEM/OpenSSH format",
                          "give the SSH private key's contents (as a secret), not its path")
 
     @classmethod
@@ -117,7 +119,7 @@ class Connection:
         return cls(
             host=props["host"],
             user=props.get("user", "root"),
-            private_key=props["private_key"],
+            private_key=props.get("private_key"),
             port=int(props.get("port", 22)),
             host_key=(props.get("host_key") or "").strip() or None,
             wait=float(props.get("wait", DEFAULT_SSH_WAIT)),

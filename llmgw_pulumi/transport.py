@@ -67,8 +67,11 @@ def fingerprint(host_key: str) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
-def load_private_key(text: str, node: str) -> paramiko.PKey:
+def load_private_key(text: str | None, node: str) -> paramiko.PKey:
     """Parse an SSH private key (OpenSSH or PEM). Errors never quote the key."""
+    if not text:
+        raise ConfigError(node, "connection.private_key", "is not available on this machine",
+                          "set llmgw:ssh.privateKeyPath to a readable key, or the llmgw:sshPrivateKey secret")
     data = text.encode()
     try:
         try:
@@ -140,6 +143,18 @@ class Session:
                                      "run `pulumi up` again; onboarding resumes where the node is") from exc
         finally:
             chan.close()
+        if rc == -1:
+            # paramiko's value when the channel closed without an exit status:
+            # the connection died (sshd killed, the node rebooting), or the
+            # command was killed by a signal. Either way it may have stopped
+            # half-way; the scripts undo or finish their change on the node.
+            if not self._transport.is_active():
+                raise RemoteCommandError(
+                    self.node, f"the SSH connection to {self.conn.target} broke while a command was running",
+                    "run `pulumi up` again; onboarding resumes where the node is")
+            raise RemoteCommandError(
+                self.node, f"a command on {self.conn.target} was killed before it finished (no exit status)",
+                "check the node's journal for what killed it (OOM killer, shutdown); run `pulumi up` again")
         return Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
 
     def _check_sudo(self) -> None:
@@ -247,7 +262,7 @@ _reaper_started = False
 
 
 def _pool_key(conn: Connection) -> tuple[str, int, str, str]:
-    return (conn.host, conn.port, conn.user, hashlib.sha256(conn.private_key.encode()).hexdigest())
+    return (conn.host, conn.port, conn.user, hashlib.sha256((conn.private_key or "").encode()).hexdigest())
 
 
 def _reap() -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
-from pulumi.dynamic import CheckFailure, CheckResult, DiffResult
+from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult
 
 from ..errors import LlmgwError
 from ..specs import Problems, is_unknown
@@ -24,6 +24,8 @@ from ..specs import Problems, is_unknown
 F = TypeVar("F", bound=Callable[..., Any])
 
 PROVIDER_KEY = "__provider"
+READ_WAIT = 15.0
+"""Seconds `pulumi refresh` waits for a node: a refresh meets onboarded machines, not booting ones."""
 CONNECTION_REPLACE_KEYS = ("host", "port")
 """A different address or port is a different machine: its resources are replaced, not updated."""
 
@@ -40,16 +42,37 @@ def normalise(value: Any) -> Any:
 
 
 def check(news: Mapping[str, Any], collect: Callable[[Mapping[str, Any], Problems], None],
-          defaults: Mapping[str, Any] | None = None, derive: Callable[[dict[str, Any]], None] | None = None) -> CheckResult:
-    """Validate ``news``; fill defaults so state shows what is in effect; add derived inputs."""
+          defaults: Mapping[str, Any] | None = None, derive: Callable[[dict[str, Any]], None] | None = None,
+          olds: Mapping[str, Any] | None = None, machine_facts: Iterable[str] = ()) -> CheckResult:
+    """Validate ``news``; fill defaults so state shows what is in effect; add derived inputs.
+
+    ``machine_facts`` are inputs that come from NodeIdentity's outputs (the
+    hostname, the host key). While NodeIdentity is being updated, a preview
+    cannot know them (a dynamic provider's update does not run in preview), yet
+    they cannot change as long as the machine is the same: the old values are
+    carried forward, so renewing a certificate does not show the agent as
+    changing too.
+    """
     node = news.get("node_id")
     problems = Problems(node if isinstance(node, str) else "?")
-    collect(news, problems)
-    failures = [CheckFailure("", f"{problems.node}: {name}: {problem}. Fix: {fix}") for name, problem, fix in problems]
     inputs = {**(defaults or {}), **{k: v for k, v in news.items() if v is not None}}
+    if olds and same_machine(olds, inputs):
+        for key in machine_facts:
+            if is_unknown(inputs.get(key)) and olds.get(key) is not None:
+                inputs[key] = olds[key]
+    collect(inputs, problems)
+    failures = [CheckFailure("", f"{problems.node}: {name}: {problem}. Fix: {fix}") for name, problem, fix in problems]
     if not failures and derive is not None:
         derive(inputs)
     return CheckResult(inputs, failures)
+
+
+def same_machine(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
+    """Both sides name the same, known, address and port."""
+    old, new = olds.get("connection"), news.get("connection")
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return False
+    return all(not is_unknown(new.get(k)) and normalise(old.get(k)) == normalise(new.get(k)) for k in CONNECTION_REPLACE_KEYS)
 
 
 def changed_keys(olds: Mapping[str, Any], news: Mapping[str, Any], keys: Iterable[str]) -> list[str]:
@@ -59,8 +82,10 @@ def changed_keys(olds: Mapping[str, Any], news: Mapping[str, Any], keys: Iterabl
         old, new = olds.get(key), news.get(key)
         if key == "connection" and isinstance(old, Mapping) and isinstance(new, Mapping):
             for sub in sorted(set(old) | set(new)):
-                if sub == "host_key" and new.get(sub) is None:
-                    continue  # an unpinned key is recorded in outputs, not compared
+                if sub in ("host_key", "private_key") and new.get(sub) is None:
+                    # An unpinned host key is recorded in outputs; a missing private key
+                    # is a reviewer's preview. Neither is a change to the node.
+                    continue
                 if is_unknown(new.get(sub)) or normalise(old.get(sub)) != normalise(new.get(sub)):
                     changed.append(f"connection.{sub}")
         elif is_unknown(new) or normalise(old) != normalise(new):
@@ -103,3 +128,13 @@ def operator_errors(fn: F) -> F:
             raise exc.with_traceback(None) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def gone(node: str, exc: Exception) -> ReadResult:
+    """What read() returns for a node that cannot be reached: the resource is gone from state.
+
+    `pulumi refresh` then shows it as deleted instead of failing, and the next
+    `pulumi up` onboards the machine afresh if it is still declared.
+    """
+    print(f"warning: {exc}; {node} is reported as gone", flush=True)
+    return ReadResult("", {})

@@ -9,6 +9,7 @@ release is verified against its checksums.txt again); nothing is re-issued.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -117,13 +118,13 @@ class AgentInstallProvider(ResourceProvider):
     # Pickled by reference (module + class name): the payload holds nothing secret.
     serialize_as_secret_always = False
 
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]):
-        return _glue.check(news, AgentSpec.collect, derive=derive)
+    def check(self, olds: dict[str, Any], news: dict[str, Any]):
+        return _glue.check(news, AgentSpec.collect, derive=derive, olds=olds, machine_facts=("hostname", "known_host_key"))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        changes = _glue.changed_keys(olds, news, INPUT_KEYS) + drift(olds, news)
-        same_host = not any(c in ("connection.host", "connection.port") for c in changes)
-        return _glue.diff_result(changes, REPLACE_KEYS, delete_before_replace=same_host)
+        # A replacement is created before the old one is deleted; the delete
+        # leaves the node alone once agent.yaml names another node id.
+        return _glue.diff_result(_glue.changed_keys(olds, news, INPUT_KEYS) + drift(olds, news), REPLACE_KEYS)
 
     @_glue.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -143,8 +144,12 @@ class AgentInstallProvider(ResourceProvider):
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         spec = AgentSpec.from_props(props)
-        with transport.session(spec.connection, spec.node_id, props.get("known_host_key")) as s:
-            res = s.run(remote.survey((desired.BINARY_PATH, desired.CONFIG_PATH, desired.UNIT_PATH)))
+        conn = dataclasses.replace(spec.connection, wait=min(spec.connection.wait, _glue.READ_WAIT))
+        try:
+            with transport.session(conn, spec.node_id, props.get("known_host_key")) as s:
+                res = s.run(remote.survey((desired.BINARY_PATH, desired.CONFIG_PATH, desired.UNIT_PATH)))
+        except UnreachableError as exc:
+            return _glue.gone(spec.node_id, exc)
         node = facts.parse_survey(res.stdout)
         state = {
             "binary_sha256": node.sha256(desired.BINARY_PATH) or "absent",
@@ -160,7 +165,7 @@ class AgentInstallProvider(ResourceProvider):
         spec = AgentSpec.from_props(props)
         try:
             with transport.session(spec.connection, spec.node_id, props.get("known_host_key")) as s:
-                res = s.run(remote.remove_agent())
+                res = s.run(remote.remove_agent(spec.node_id))
         except UnreachableError as exc:
             print(f"warning: {exc}; assuming the machine is gone, nothing was removed from it")
             return

@@ -21,7 +21,8 @@ from ..specs import DEFAULT_RENEW_BEFORE_HOURS, DEFAULT_VALIDITY_HOURS, Certific
 from . import _glue
 
 INPUT_KEYS = ("node_id", "pki_dir", "validity_hours", "renew_before_hours")
-REPLACE_KEYS = ("node_id", "pki_dir")
+REPLACE_KEYS = ("node_id", "ca_fingerprint")
+"""A new node id or another CA needs a new certificate; a PKI dir that moved does not."""
 OUTPUT_KEYS = ("cert_pem", "key_pem", "ca_pem", "ca_not_after", "serial", "not_after", "fingerprint_sha256")
 
 
@@ -46,12 +47,20 @@ class ClientCertificateProvider(ResourceProvider):
     serialize_as_secret_always = False
 
 
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]):
-        return _glue.check(news, CertificateSpec.collect,
+    def check(self, olds: dict[str, Any], news: dict[str, Any]):
+        def derive(inputs: dict[str, Any]) -> None:
+            # Where ca.pem cannot be read (a reviewer's machine), the CA is taken to be unchanged.
+            fp = pki.ca_fingerprint(inputs["pki_dir"]) if isinstance(inputs.get("pki_dir"), str) else None
+            if fp or olds.get("ca_fingerprint"):
+                inputs["ca_fingerprint"] = fp or olds["ca_fingerprint"]
+
+        return _glue.check(news, CertificateSpec.collect, derive=derive,
                            defaults={"validity_hours": DEFAULT_VALIDITY_HOURS, "renew_before_hours": DEFAULT_RENEW_BEFORE_HOURS})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         changes = _glue.changed_keys(olds, news, INPUT_KEYS)
+        if olds.get("ca_fingerprint") and news.get("ca_fingerprint") and olds["ca_fingerprint"] != news["ca_fingerprint"]:
+            changes.append("ca_fingerprint")
         if renewal_due(olds, news, _now()):
             changes.append("not_after")
         return _glue.diff_result(changes, (*REPLACE_KEYS, "not_after"))

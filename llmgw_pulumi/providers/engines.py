@@ -13,6 +13,7 @@ refresh` re-probes and shows an engine that stopped running as drift.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -20,7 +21,7 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
 from .. import facts, remote, transport
-from ..errors import EngineWillNotRunError, RemoteCommandError
+from ..errors import EngineWillNotRunError, RemoteCommandError, UnreachableError
 from ..specs import EngineCheckSpec
 from . import _glue
 
@@ -47,11 +48,16 @@ class EngineCheckProvider(ResourceProvider):
     # Pickled by reference (module + class name): the payload holds nothing secret.
     serialize_as_secret_always = False
 
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]):
-        return _glue.check(news, EngineCheckSpec.collect, defaults={"fail_on_problems": False})
+    def check(self, olds: dict[str, Any], news: dict[str, Any]):
+        return _glue.check(news, EngineCheckSpec.collect, defaults={"fail_on_problems": False},
+                           olds=olds, machine_facts=("known_host_key",))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         changes = _glue.changed_keys(olds, news, INPUT_KEYS)
+        if olds.get("problems"):
+            # Not converged while an engine will not run: every preview says so,
+            # and every `up` checks again (and warns again) until it is fixed.
+            changes.append("problems")
         return _glue.diff_result(changes, ("connection.host", "connection.port"))
 
     @_glue.operator_errors
@@ -68,7 +74,11 @@ class EngineCheckProvider(ResourceProvider):
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         spec = EngineCheckSpec.from_props({**props, "fail_on_problems": False})
-        return ReadResult(id_, {**props, **_probe(spec, props.get("known_host_key"))})
+        spec = dataclasses.replace(spec, connection=dataclasses.replace(spec.connection, wait=min(spec.connection.wait, _glue.READ_WAIT)))
+        try:
+            return ReadResult(id_, {**props, **_probe(spec, props.get("known_host_key"))})
+        except UnreachableError as exc:
+            return _glue.gone(spec.node_id, exc)
 
     @_glue.operator_errors
     def delete(self, _id: str, _props: dict[str, Any]) -> None:

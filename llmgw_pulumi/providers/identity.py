@@ -7,6 +7,7 @@ hostname and architecture are recorded for AgentInstall.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -60,10 +61,9 @@ class NodeIdentityProvider(ResourceProvider):
         want = desired_hashes(news)
         if want is not None and not {"ca_pem", "cert_pem", "key_pem"} & set(changes) and olds.get("files") != want:
             changes.append("files")
-        same_host = not any(c.startswith("connection.host") or c.startswith("connection.port") for c in changes)
-        # On the same host the old identity must go before the new one is
-        # written, or the old delete would remove the replacement's files.
-        return _glue.diff_result(changes, REPLACE_KEYS, delete_before_replace=same_host)
+        # A replacement is created before the old one is deleted; the delete
+        # leaves the node alone once it carries the replacement's certificate.
+        return _glue.diff_result(changes, REPLACE_KEYS)
 
     @_glue.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -81,8 +81,12 @@ class NodeIdentityProvider(ResourceProvider):
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         spec = IdentitySpec.from_props(props)
-        with transport.session(spec.connection, spec.node_id, props.get("host_key")) as s:
-            res = s.run(remote.survey())
+        conn = dataclasses.replace(spec.connection, wait=min(spec.connection.wait, _glue.READ_WAIT))
+        try:
+            with transport.session(conn, spec.node_id, props.get("host_key")) as s:
+                res = s.run(remote.survey())
+        except UnreachableError as exc:
+            return _glue.gone(spec.node_id, exc)
         node = facts.parse_survey(res.stdout)
         files = {p: node.sha256(p) or "absent" for p in (desired.CA_PATH, desired.CERT_PATH, desired.KEY_PATH, desired.TRUST_ANCHOR_PATH)}
         return ReadResult(id_, {**props, "files": files, "hostname": node.hostname, "arch": node.arch})

@@ -55,6 +55,19 @@ def test_certificate_replaced_for_a_new_node_id_and_inside_the_renewal_window():
     assert d.changes is False
 
 
+def test_certificate_replaced_for_another_ca_but_not_for_a_moved_pki_dir():
+    p = ClientCertificateProvider()
+    base = {"node_id": "gpu-01", "pki_dir": "/pki", "validity_hours": 100.0, "renew_before_hours": 10.0}
+    later = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=90)).isoformat()
+    olds = {**base, "ca_fingerprint": "aa", "not_after": later, "ca_not_after": later}
+    assert p.diff("id", olds, {**base, "ca_fingerprint": "bb"}).replaces == ["ca_fingerprint"]
+    moved = p.diff("id", olds, {**base, "pki_dir": "/srv/pki", "ca_fingerprint": "aa"})
+    assert moved.changes and moved.replaces == []
+    # A reviewer without ca.pem: the old fingerprint is carried forward.
+    res = p.check({**base, "ca_fingerprint": "aa"}, {**base, "pki_dir": "/nonexistent"})
+    assert res.inputs["ca_fingerprint"] == "aa"
+
+
 def test_certificate_validity_change_updates_without_reissuing():
     p = ClientCertificateProvider()
     base = {"node_id": "gpu-01", "pki_dir": "/pki", "validity_hours": 100.0, "renew_before_hours": 10.0}
@@ -91,10 +104,30 @@ def test_identity_new_host_is_a_replacement_created_before_the_old_is_deleted():
     assert d.replaces == ["connection.host"] and not d.delete_before_replace
 
 
-def test_identity_new_node_id_on_the_same_host_deletes_first():
+def test_identity_new_node_id_is_a_replacement_without_downtime():
+    # Created before the old is deleted; the old delete checks whose certificate the node carries.
     news, olds = identity_state()
     d = NodeIdentityProvider().diff("id", olds, {**news, "node_id": "gpu-09"})
-    assert d.replaces == ["node_id"] and d.delete_before_replace is True
+    assert d.replaces == ["node_id"] and not d.delete_before_replace
+
+
+def test_machine_facts_are_carried_forward_while_identity_updates_in_preview():
+    p = AgentInstallProvider()
+    olds = checked(p, AGENT)
+    res = p.check(olds, {**AGENT, "hostname": Unknown(), "known_host_key": Unknown()})
+    assert res.inputs["hostname"] == "gpu-01" and res.inputs["agent_yaml"] == olds["agent_yaml"]
+    assert p.diff("id", olds, res.inputs).changes is False
+    # Not for another machine.
+    moved = p.check(olds, {**AGENT, "connection": {**CONN, "host": "10.0.0.99"}, "hostname": Unknown()})
+    assert isinstance(moved.inputs["hostname"], Unknown)
+
+
+def test_outstanding_engine_problems_keep_the_check_open():
+    p = EngineCheckProvider()
+    news = checked(p, {"node_id": "gpu-01", "connection": CONN, "known_host_key": "k",
+                       "engines": {"vllm": {"bin": "/opt/vllm"}}})
+    assert p.diff("id", {**news, "problems": []}, news).changes is False
+    assert p.diff("id", {**news, "problems": [{"engine": "vllm"}]}, news).changes is True
 
 
 def test_identity_unknown_host_in_preview_means_replacement():

@@ -1,0 +1,317 @@
+"""Lifecycle under the real engine on real-systemd hosts: what operators run for years against the same nodes.
+
+Each scenario asserts the host state after each step and `pulumi preview
+--expect-no-changes` after each `up`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography import x509
+
+from lab.doubles.llmgw import build_llmgw
+from tests.conftest import NEXT_RELEASE, ssh, stack_config, wait_until
+
+pytestmark = [pytest.mark.hosts, pytest.mark.engine]
+
+TEST_ENGINE = "#!/bin/sh\n# a stand-in inference engine: answers --version, serves until killed\n" \
+              "case \"$1\" in --version) echo test-engine 1.0 ;; serve) sleep 100000 ;; *) exit 0 ;; esac\n"
+
+
+def up_clean(stack):
+    """`pulumi up`, then a preview that must find nothing to do."""
+    run = stack.up()
+    assert run.ok, run.output
+    preview = stack.preview(expect_no_changes=True)
+    assert preview.ok, preview.output
+    return run
+
+
+def serial_on(host) -> int:
+    return x509.load_pem_x509_certificate(host.read_file("/etc/llmgw/agent.pem")).serial_number
+
+
+def main_pid(host, cluster) -> str:
+    return ssh(host, cluster, "systemctl show -p MainPID --value llmgw-agent")[1].strip()
+
+
+def install_test_engine(host, cluster, path="/opt/engines/test-engine"):
+    rc, out = ssh(host, cluster, f"sudo mkdir -p /opt/engines && printf '%s' '{TEST_ENGINE}' | sudo tee {path} >/dev/null "
+                                 f"&& sudo chmod 755 {path}")
+    assert rc == 0, out
+    return path
+
+
+def test_preview_names_what_changes_and_updates_happen_in_place(cluster, hosts, new_stack):
+    a, b = hosts(2)
+    config = stack_config(cluster, [a, b])
+    stack = new_stack(config)
+    up_clean(stack)
+    serial, pid = serial_on(a), main_pid(a, cluster)
+
+    # Change only node a's settings: servers, engines, fabric, discovery and management overrides.
+    changed = dict(config["nodes"][0], servers=[cluster.standby.address, cluster.control_plane.address],
+                   engines={"llamacpp": {"bin": "/usr/bin/python3"}}, fabric={"name": "ib-west", "hcas": ["mlx5_2"]},
+                   discovery={"ibRoot": "/run/ib"}, mgmtAddr=a.addr, mgmtInterface="eth0")
+    stack.set_config({**config, "nodes": [changed, config["nodes"][1]]})
+    preview = stack.preview(diff=True)
+    assert preview.ok, preview.output
+    changes = preview.result.change_summary
+    assert changes.get("update") == 2 and "replace" not in changes and "create" not in changes, preview.output
+    assert f"llmgw:AgentInstall::{a.hostname}" in preview.output
+    assert f"llmgw:EngineCheck::{a.hostname}" in preview.output
+    assert f"::{b.hostname}]" not in preview.output, "node b's resources appear in the preview"
+    # The rendered agent.yaml is an input: the preview shows its change, as YAML.
+    assert re.search(r"~ agent_yaml\s*: \(yaml\)", preview.output), preview.output
+    assert '+ mgmt_interface: "eth0"' in preview.output
+
+    up_clean(stack)
+    doc = yaml.safe_load(a.read_file("/etc/llmgw/agent.yaml"))
+    assert doc["servers"] == [cluster.standby.address, cluster.control_plane.address]
+    assert doc["fabrics"] == [{"name": "ib-west", "hcas": ["mlx5_2"]}]
+    assert doc["discovery"] == {"ib_root": "/run/ib"} and doc["mgmt_interface"] == "eth0"
+    assert serial_on(a) == serial, "nothing re-issued"
+    assert main_pid(a, cluster) != pid, "agent restarted"
+    assert cluster.control_plane.wait_for({a.hostname}, timeout=15)
+
+    # A version change installs the new release, verified, and restarts the agent.
+    stack.set_config({**config, "agent": {"version": NEXT_RELEASE, "releaseUrl": cluster.release_url},
+                      "nodes": [changed, config["nodes"][1]]})
+    up_clean(stack)
+    for h in (a, b):
+        assert h.read_file("/usr/local/bin/llmgw") == build_llmgw(NEXT_RELEASE)
+        assert ssh(h, cluster, "/usr/local/bin/llmgw --version")[1].split()[-1] == NEXT_RELEASE
+
+
+def test_new_node_id_on_the_same_host_replaces_without_losing_files(cluster, hosts, new_stack):
+    (h,) = hosts(1)
+    config = stack_config(cluster, [h], ids=["gpu-old"])
+    stack = new_stack(config)
+    up_clean(stack)
+    stack.set_config(stack_config(cluster, [h], ids=["gpu-new"]))
+    run = up_clean(stack)
+    assert run.result.summary.resource_changes.get("delete") == 5, run.output  # the old node's component and four resources
+    cert = x509.load_pem_x509_certificate(h.read_file("/etc/llmgw/agent.pem"))
+    assert cert.subject.rfc4514_string() == "CN=gpu-new"
+    for path in ("/etc/llmgw/agent-key.pem", "/etc/llmgw/ca.pem", "/usr/local/bin/llmgw", "/etc/llmgw/agent.yaml",
+                 "/usr/local/share/ca-certificates/llmgw-ca.crt", "/etc/systemd/system/llmgw-agent.service"):
+        assert h.read_file(path) is not None, f"{path} was removed by the old node's delete"
+    assert yaml.safe_load(h.read_file("/etc/llmgw/agent.yaml"))["node_id"] == "gpu-new"
+    assert cluster.control_plane.wait_for({"gpu-new"}, timeout=15)
+
+
+def test_a_replaced_vm_is_onboarded_and_the_old_one_let_go(cluster, hosts, new_stack):
+    old, new = hosts(2)
+    config = stack_config(cluster, [old], ids=["gpu-vm"],
+                          ssh={"user": "deploy", "privateKeyPath": str(cluster.ssh_key_path), "wait": 5})
+    stack = new_stack(config)
+    up_clean(stack)
+    old.stop()  # the old VM is gone: new address, new host key
+    stack.set_config({**config, "nodes": [{"id": "gpu-vm", "address": new.addr}]})
+    preview = stack.preview()
+    assert preview.result.change_summary.get("replace") == 3, preview.output  # identity, agent, engine check
+    run = up_clean(stack)
+    assert "assuming the machine is gone" in run.output
+    assert x509.load_pem_x509_certificate(new.read_file("/etc/llmgw/agent.pem")).subject.rfc4514_string() == "CN=gpu-vm"
+    key = [r for r in stack.export()["resources"] if r["type"].endswith("NodeIdentity")][0]["outputs"]["host_key"]
+    assert key.split()[1] in new.read_file("/etc/ssh/ssh_host_ed25519_key.pub").decode()
+
+
+def test_certificate_renewal_inside_the_window(cluster, hosts, new_stack):
+    (h,) = hosts(1)
+    # 180 s certificates renewed in their last 170 s: due 10 s after issue.
+    config = stack_config(cluster, [h], certificate={"validityHours": 0.05, "renewBeforeHours": 0.0472})
+    stack = new_stack(config)
+    up_clean(stack)
+    first = serial_on(h)
+    time.sleep(11)
+    preview = stack.preview(diff=True)
+    summary = preview.result.change_summary
+    # The certificate is replaced and the identity updated; the agent is not shown as changing.
+    assert summary.get("replace") == 1 and summary.get("update") == 1, preview.output
+    assert "not_after" in preview.output
+    accepted_before = sum(1 for e in cluster.control_plane.events if e.node_id == h.hostname and e.outcome == "accepted")
+    up_clean(stack)
+    assert serial_on(h) != first
+    assert wait_until(lambda: sum(1 for e in cluster.control_plane.events
+                                  if e.node_id == h.hostname and e.outcome == "accepted") > accepted_before, 15), \
+        "the agent did not reconnect with the renewed identity"
+
+
+def test_refresh_shows_drift_and_up_repairs_exactly_that(cluster, hosts, new_stack):
+    (h,) = hosts(1)
+    engine = install_test_engine(h, cluster)
+    config = stack_config(cluster, [h], nodes=[{"id": h.hostname, "address": h.addr, "engines": {"llamacpp": {"bin": engine}}}])
+    stack = new_stack(config)
+    up_clean(stack)
+    good = {p: h.read_file(p) for p in ("/etc/llmgw/agent-key.pem", "/etc/llmgw/agent.yaml", "/usr/local/bin/llmgw")}
+
+    rc, out = ssh(h, cluster, "sudo rm /etc/llmgw/agent-key.pem && echo 'mgmt_addr: 1.2.3.4' | sudo tee -a /etc/llmgw/agent.yaml "
+                              "&& echo '# replaced' | sudo tee -a /usr/local/bin/llmgw && sudo systemctl disable --now llmgw-agent "
+                              f"&& sudo chmod 644 {engine}")
+    assert rc == 0, out
+    refresh = stack.refresh()
+    assert refresh.ok, refresh.output
+    assert refresh.result.summary.resource_changes.get("update") == 3, refresh.output  # identity, agent, engine check
+    checks = [r for r in stack.export()["resources"] if r["type"].endswith("EngineCheck")]
+    assert [p["status"] for p in checks[0]["outputs"]["problems"]] == ["not-executable"]
+
+    preview = stack.preview()
+    assert preview.result.change_summary.get("update") == 3, preview.output
+    # The engine is the operator's to fix; the rest `pulumi up` repairs.
+    assert ssh(h, cluster, f"sudo chmod 755 {engine}")[0] == 0
+    up_clean(stack)
+    for path, content in good.items():
+        assert h.read_file(path) == content, f"{path} not repaired"
+    assert ssh(h, cluster, "systemctl is-active llmgw-agent; systemctl is-enabled llmgw-agent")[1].split() == ["active", "enabled"]
+
+
+def test_refresh_reports_a_node_that_is_gone(cluster, hosts, new_stack):
+    (h,) = hosts(1)
+    stack = new_stack(stack_config(cluster, [h]))
+    up_clean(stack)
+    h.stop()
+    refresh = stack.refresh()
+    assert refresh.ok, refresh.output
+    # NodeIdentity and AgentInstall; the certificate lives in state, and an engine
+    # check with no engines configured has nothing on the node to find gone.
+    assert refresh.result.summary.resource_changes.get("delete") == 2, refresh.output
+    assert "is reported as gone" in refresh.output
+
+
+def test_destroy_removes_everything_and_leaves_engines_running(cluster, hosts, new_stack):
+    (h,) = hosts(1)
+    engine = install_test_engine(h, cluster)
+    stack = new_stack(stack_config(cluster, [h], nodes=[{"id": h.hostname, "address": h.addr, "engines": {"llamacpp": {"bin": engine}}}]))
+    up_clean(stack)
+    assert wait_until(lambda: ssh(h, cluster, f"pgrep -f '{engine} serve'")[0] == 0, 10), "agent did not launch the engine"
+    engine_pid = ssh(h, cluster, f"pgrep -f '{engine} serve'")[1].split()[0]
+
+    down = stack.destroy()
+    assert down.ok, down.output
+    for path in ("/usr/local/bin/llmgw", "/etc/llmgw/agent.yaml", "/etc/systemd/system/llmgw-agent.service",
+                 "/etc/llmgw/agent.pem", "/etc/llmgw/agent-key.pem", "/etc/llmgw/ca.pem", "/etc/llmgw",
+                 "/usr/local/share/ca-certificates/llmgw-ca.crt", "/etc/ssl/certs/llmgw-ca.pem",
+                 "/etc/systemd/system/multi-user.target.wants/llmgw-agent.service"):
+        assert h.read_file(path) is None and h.stat(path) is None, f"{path} left behind"
+    ca_line = (cluster.pki_dir / "ca.pem").read_text().splitlines()[1]
+    assert ca_line not in h.read_file("/etc/ssl/certs/ca-certificates.crt").decode(), "CA still trusted"
+    assert ssh(h, cluster, "systemctl is-active llmgw-agent")[1].strip() in ("inactive", "unknown")
+    assert ssh(h, cluster, f"test -d /proc/{engine_pid} && echo alive")[1].strip() == "alive", "destroy killed the engine"
+
+
+def test_a_vm_from_another_resource_previews_unknown_and_onboards_in_one_up(cluster, lab, new_stack, tmp_path):
+    import pulumi
+
+    from lab.vm import Hypervisor, TestVM
+    from llmgw_pulumi import ConnectionArgs, Node, NodeArgs
+    from tests.conftest import RELEASE, _indices, _indices_lock
+
+    with _indices_lock:
+        index = next(_indices)
+    hv = Hypervisor(lab, tmp_path / "hv.sock").start()
+    key = cluster.ssh_key_path.read_text()
+
+    def program() -> None:
+        vm = TestVM("vm1", index, "vm-one", str(hv.socket_path))
+        Node("gpu-vm1", NodeArgs(
+            node_id="gpu-vm1", connection=ConnectionArgs(host=vm.address, user="deploy", private_key=key, wait=60),
+            servers=[cluster.control_plane.address], pki_dir=str(cluster.pki_dir), version=RELEASE,
+            release_url=cluster.release_url), pulumi.ResourceOptions(depends_on=[vm]))
+
+    stack = new_stack({}, program=program)
+    try:
+        preview = stack.preview()
+        assert preview.ok, preview.output
+        assert preview.result.change_summary.get("create") == 7, preview.output  # stack, vm, node + 4
+        up_clean(stack)
+        assert cluster.control_plane.wait_for({"gpu-vm1"}, timeout=15)
+        assert stack.destroy().ok
+        assert not lab.hosts[index].running, "destroying the VM resource stopped the host"
+    finally:
+        hv.stop()
+        lab.hosts[index].stop()
+
+
+def test_preview_on_a_reviewers_machine_without_ssh_key_or_ca_key(cluster, hosts, new_stack, tmp_path):
+    import shutil
+
+    (h,) = hosts(1)
+    # The stack names the same PKI dir and key path for everyone; on a reviewer's
+    # machine the CA key and the SSH key are simply not there.
+    pki_dir, key_path = tmp_path / "pki", tmp_path / "id_ed25519"
+    shutil.copytree(cluster.pki_dir, pki_dir)
+    reviewer_pki = pki_dir
+    hidden = tmp_path / "ca-key.pem.elsewhere"
+    (pki_dir / "ca-key.pem").rename(hidden)
+    config = stack_config(cluster, [h], pkiDir=str(pki_dir),
+                          ssh={"user": "deploy", "privateKeyPath": str(key_path), "wait": 10})
+    stack = new_stack(config)
+    preview = stack.preview()
+    assert preview.ok, preview.output
+    assert preview.result.change_summary.get("create") == 6
+    assert "previewing without it" in preview.output
+    up = stack.up()
+    assert not up.ok
+    assert "ssh.privateKeyPath" in up.output and str(key_path) in up.output
+
+    # With the SSH key but still no CA key: creation fails, clearly, before the node is touched.
+    shutil.copy(cluster.ssh_key_path, key_path)
+    up = stack.up()
+    assert not up.ok
+    assert f"no authority in {reviewer_pki} (ca-key.pem missing); create one first" in up.output
+    assert h.read_file("/etc/llmgw/agent-key.pem") is None
+
+    # The operator onboards; then a reviewer's preview, without either key, shows no changes.
+    hidden.rename(pki_dir / "ca-key.pem")
+    up_clean(stack)
+    (pki_dir / "ca-key.pem").rename(hidden)
+    key_path.unlink()
+    preview = stack.preview(expect_no_changes=True)
+    assert preview.ok, preview.output
+
+
+def _key_bodies(*pems: str) -> list[str]:
+    """The base64 lines of PEM bodies: what would show if a key leaked."""
+    return [line for pem in pems for line in pem.splitlines() if line and not line.startswith("-----") and len(line) > 40]
+
+
+def test_no_private_key_or_passphrase_in_state_or_output(cluster, hosts, new_stack):
+    from lab.stack import PASSPHRASE
+
+    (h,) = hosts(1)
+    config = stack_config(cluster, [h])
+    stack = new_stack(config)
+    up_clean(stack)
+    stack.set_config({**config, "servers": [cluster.control_plane.address, cluster.standby.address]})
+    up_clean(stack)
+    assert stack.refresh().ok
+    exported = stack.export_raw()
+    at_rest = "\n".join(p.read_text(errors="replace") for p in stack.state_files())
+    assert '"ciphertext"' in exported and len(at_rest) > 1000
+    node_key = h.read_file("/etc/llmgw/agent-key.pem").decode()
+    secrets = _key_bodies((cluster.pki_dir / "ca-key.pem").read_text(), node_key, cluster.ssh_key_path.read_text())
+    assert secrets
+    state_bytes = len(exported)
+    for line in secrets:
+        assert line not in exported, "a private key is in plaintext in `pulumi stack export`"
+        assert line not in at_rest, "a private key is in plaintext in the state files"
+        assert line not in stack.all_output(), "a private key is in the CLI output"
+    assert PASSPHRASE not in exported and PASSPHRASE not in at_rest and PASSPHRASE not in stack.all_output()
+    providers = {r["inputs"].get("__provider") for r in stack.export()["resources"] if "__provider" in r.get("inputs", {})}
+    for p in providers:
+        decoded = base64.b64decode(p)
+        assert len(p) < 120 and b"llmgw_pulumi.providers" in decoded and b"/" not in decoded, "provider by reference"
+    print(f"\nstate: {state_bytes} bytes for 1 node")
+    assert stack.destroy().ok
+    at_rest = "\n".join(p.read_text(errors="replace") for p in stack.state_files())
+    for line in secrets:
+        assert line not in stack.all_output() and line not in at_rest
