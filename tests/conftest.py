@@ -182,3 +182,10 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
             return True
         time.sleep(interval)
     return predicate()
+
+
+def resource_count(node_ids: list[str]) -> int:
+    """Resources the program registers: the stack, one provider process per shard in use, five per node."""
+    from llmgw_pulumi.program import shard_of
+
+    return 1 + len({shard_of(n) for n in node_ids}) + 5 * len(node_ids)
