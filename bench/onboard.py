@@ -543,7 +543,7 @@ class Bench:
             waited = time.monotonic() - start
             hosts_quiet = hosts_quiet or d.hosts / d.wall < threshold or waited > max_wait
             other = (d.machine - d.operator - d.hosts) / d.wall
-            if hosts_quiet and (other < 0.25 or waited > max_wait + self.wait_quiet):
+            if hosts_quiet and (self.wait_quiet <= 0 or other < 0.25 or waited > max_wait + self.wait_quiet):
                 return d.machine / d.wall, (d.operator + d.hosts) / d.wall
 
     def wait_agents(self, node_ids: Sequence[str], since: float, timeout: float = AGENT_TIMEOUT) -> float | None:
@@ -1128,10 +1128,12 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["sudo .venv/bin/python -m bench.onboard", *(sys.argv[1:] if argv is None else argv)])
     machine = machine_description()
     print(f"machine: {machine}\nlogs: {log_dir}", flush=True)
+    fingerprint = "?"
     with own_cgroup():
         try:
             bench.setup()
-            bench.say(f"set up; package: {bench.package_fingerprint()}")
+            fingerprint = bench.package_fingerprint()
+            bench.say(f"set up; package: {fingerprint}")
             netem = bench.try_netem()
             if not netem:
                 print(f"skipping the runs with +{2 * DELAY_MS} ms round-trip delay: {bench.netem_skip_reason}",
@@ -1146,7 +1148,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             bench.teardown()
     seconds = time.monotonic() - t0
-    doc = render(bench, machine, bench.package_fingerprint(), started, seconds, command)
+    doc = render(bench, machine, fingerprint, started, seconds, command)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(doc)
     print("\n" + doc)

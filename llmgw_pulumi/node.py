@@ -26,8 +26,10 @@ from .providers.identity import NodeIdentity, NodeIdentityArgs
 @dataclass
 class ConnectionArgs:
     host: pulumi.Input[str]
-    private_key: Optional[pulumi.Input[str]]
-    """The SSH private key's contents, made secret by the component. None only for a preview without it."""
+    private_key: Optional[pulumi.Input[str]] = None
+    """The SSH private key's contents, made secret by the component; or give private_key_path."""
+    private_key_path: Optional[pulumi.Input[str]] = None
+    """The key's path on the machine running Pulumi: read at each operation, never stored in state."""
     user: pulumi.Input[str] = "root"
     port: pulumi.Input[int] = 22
     host_key: Optional[pulumi.Input[str]] = None
@@ -38,6 +40,8 @@ class ConnectionArgs:
         out = {"host": self.host, "user": self.user, "port": self.port, "wait": self.wait}
         if self.private_key is not None:
             out["private_key"] = pulumi.Output.secret(self.private_key)
+        if self.private_key_path is not None:
+            out["private_key_path"] = self.private_key_path
         if self.host_key is not None:
             out["host_key"] = self.host_key
         return out

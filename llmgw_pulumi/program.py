@@ -53,20 +53,24 @@ def local_binary(path: str) -> tuple[str, str, str]:
     return str(p), words[-1], hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def ssh_private_key(spec: stack_config.StackSpec, secret: pulumi.Output[str] | None) -> pulumi.Output[str] | None:
-    """The operator's SSH key, as a secret. A preview may run without it (a reviewer's machine)."""
+def ssh_credentials(spec: stack_config.StackSpec, secret: pulumi.Output[str] | None) -> dict[str, Any]:
+    """ConnectionArgs' key fields: the llmgw:sshPrivateKey secret, or the key's path.
+
+    A path keeps the key out of state entirely: the providers read it at each
+    operation. It must be readable for `pulumi up`; a preview may run without
+    it (a reviewer's machine), with a warning.
+    """
     if secret is not None:
-        return secret
-    path = Path(os.path.expanduser(spec.ssh_private_key_path or ""))
-    try:
-        return pulumi.Output.secret(path.read_text())
-    except OSError as exc:
+        return {"private_key": secret}
+    path = Path(os.path.expanduser(spec.ssh_private_key_path or "")).absolute()
+    if not os.access(path, os.R_OK):
+        reason = "it does not exist" if not path.exists() else "it is not readable by this user"
         if pulumi.runtime.is_dry_run():
-            pulumi.log.warn(f"cannot read the SSH key {path} ({exc.strerror}): previewing without it; "
-                            "`pulumi up` needs it")
-            return None
-        raise ConfigError("llmgw", "ssh.privateKeyPath", f"cannot read {path}: {exc.strerror}",
-                          "point it at the operator's SSH private key, or set the llmgw:sshPrivateKey secret") from None
+            pulumi.log.warn(f"cannot read the SSH key {path} ({reason}): previewing without it; `pulumi up` needs it")
+        else:
+            raise ConfigError("llmgw", "ssh.privateKeyPath", f"cannot read {path}: {reason}",
+                              "point it at the operator's SSH private key, or set the llmgw:sshPrivateKey secret")
+    return {"private_key_path": str(path)}
 
 
 def agent_inputs(source: stack_config.AgentSource) -> dict[str, str | None]:
@@ -115,15 +119,15 @@ def main() -> dict[str, Node]:
     raw, secret_key = _read_config()
     spec = stack_config.parse(raw, has_secret_key=secret_key is not None)
     stack_agent = agent_inputs(spec.agent)
-    key = ssh_private_key(spec, secret_key)
+    credentials = ssh_credentials(spec, secret_key)
     nodes: dict[str, Node] = {}
     shards = provider_shards([n.node_id for n in spec.nodes])
     for n in spec.nodes:
         agent = agent_inputs(n.agent) if n.agent else stack_agent
         nodes[n.node_id] = Node(n.node_id, NodeArgs(
             node_id=n.node_id,
-            connection=ConnectionArgs(host=n.address, port=n.port, user=n.user, private_key=key,
-                                      host_key=n.host_key, wait=spec.ssh_wait),
+            connection=ConnectionArgs(host=n.address, port=n.port, user=n.user, host_key=n.host_key,
+                                      wait=spec.ssh_wait, **credentials),
             servers=list(n.servers),
             pki_dir=os.path.abspath(os.path.expanduser(spec.pki_dir)),
             **agent,

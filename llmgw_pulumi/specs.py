@@ -80,12 +80,14 @@ class Connection:
     host: str
     user: str
     private_key: str | None = field(repr=False)
-    """None on a machine without the operator's key (a reviewer's preview); operations then refuse."""
+    """The key itself (a secret in state), or None when it is read from ``private_key_path``."""
     port: int = 22
     host_key: str | None = None
     """Pinned host key ('ssh-ed25519 AAAA...'). When absent the first key seen is trusted and recorded."""
     wait: float = DEFAULT_SSH_WAIT
     """Seconds to keep retrying while the node refuses SSH (cloud-init restarts sshd)."""
+    private_key_path: str | None = None
+    """Where the key is on the machine running Pulumi: then the key never enters state at all."""
 
     @property
     def target(self) -> str:
@@ -109,7 +111,10 @@ class Connection:
         # the first operation that needs it says it is missing. Never echo the value.
         if key is not None and not is_unknown(key) and (not isinstance(key, str) or "PRIVATE KEY" not in key):
             problems.add(f"{prefix}.private_key", "is not a private key in PEM/OpenSSH format",
-                         "give the SSH private key's contents (as a secret), not its path")
+                         "give the SSH private key's contents (as a secret), or its path as private_key_path")
+        if props.get("private_key_path") is not None:
+            problems.check(f"{prefix}.private_key_path", props.get("private_key_path"),
+                           lambda v: validate.abs_path(v, "path of the SSH private key"))
 
     @classmethod
     def from_props(cls, props: Mapping[str, Any], node: str) -> "Connection":
@@ -123,6 +128,7 @@ class Connection:
             port=int(props.get("port", 22)),
             host_key=(props.get("host_key") or "").strip() or None,
             wait=float(props.get("wait", DEFAULT_SSH_WAIT)),
+            private_key_path=props.get("private_key_path"),
         )
 
 

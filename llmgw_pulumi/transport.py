@@ -67,6 +67,21 @@ def fingerprint(host_key: str) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
+def private_key_text(conn: Connection, node: str) -> str:
+    """The SSH key: given inline (a secret input), or read now from its path on this machine."""
+    if conn.private_key:
+        return conn.private_key
+    if conn.private_key_path:
+        try:
+            with open(conn.private_key_path) as f:
+                return f.read()
+        except OSError as exc:
+            raise ConfigError(node, "connection.private_key_path", f"cannot read {conn.private_key_path}: {exc.strerror}",
+                              "run Pulumi where the operator's SSH key is, or fix llmgw:ssh.privateKeyPath") from None
+    raise ConfigError(node, "connection.private_key", "is not available on this machine",
+                      "set llmgw:ssh.privateKeyPath to a readable key, or the llmgw:sshPrivateKey secret")
+
+
 def load_private_key(text: str | None, node: str) -> paramiko.PKey:
     """Parse an SSH private key (OpenSSH or PEM). Errors never quote the key."""
     if not text:
@@ -232,7 +247,7 @@ def connect(conn: Connection, node: str, expected_host_key: str | None) -> Sessi
                 f"{conn.host} presented host key {fingerprint(presented)}, but {fingerprint(expected)} "
                 f"was {'pinned' if conn.host_key else 'recorded when the node was onboarded'}; refusing to connect",
             )
-        pkey = load_private_key(conn.private_key, node)
+        pkey = load_private_key(private_key_text(conn, node), node)
         try:
             transport.auth_publickey(conn.user, pkey)
         except paramiko.AuthenticationException:
@@ -262,7 +277,7 @@ _reaper_started = False
 
 
 def _pool_key(conn: Connection) -> tuple[str, int, str, str]:
-    return (conn.host, conn.port, conn.user, hashlib.sha256((conn.private_key or "").encode()).hexdigest())
+    return (conn.host, conn.port, conn.user, hashlib.sha256((conn.private_key or conn.private_key_path or "").encode()).hexdigest())
 
 
 def _reap() -> None:

@@ -82,9 +82,10 @@ def changed_keys(olds: Mapping[str, Any], news: Mapping[str, Any], keys: Iterabl
         old, new = olds.get(key), news.get(key)
         if key == "connection" and isinstance(old, Mapping) and isinstance(new, Mapping):
             for sub in sorted(set(old) | set(new)):
-                if sub in ("host_key", "private_key") and new.get(sub) is None:
+                if sub in ("host_key", "private_key") and new.get(sub) is None or sub == "private_key_path":
                     # An unpinned host key is recorded in outputs; a missing private key
-                    # is a reviewer's preview. Neither is a change to the node.
+                    # is a reviewer's preview; where the key file lies differs from one
+                    # operator's machine to the next. None is a change to the node.
                     continue
                 if is_unknown(new.get(sub)) or normalise(old.get(sub)) != normalise(new.get(sub)):
                     changed.append(f"connection.{sub}")

@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 BINARY = "/usr/local/bin/llmgw"
 CONFIG = "/etc/llmgw/agent.yaml"
 UNIT = "/etc/systemd/system/llmgw-agent.service"
-SLOW_DELAY = 5.0
+SLOW_DELAY = 3.0
 """Seconds the slow release server holds each response: an install then spends ~2x this downloading."""
 BROKEN_START = "v2.0.0"
 """A release whose agent exits 1 at once (published by the test that needs it)."""
