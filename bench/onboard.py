@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -97,6 +98,8 @@ SSH_USER = "deploy"
 SSH_WAIT = 60
 DELAY_MS = 25  # per direction: +50 ms round trip
 OWN_CGROUP = Path("/sys/fs/cgroup/unified/llmgw-bench-b")
+ENGINE_CGROUP = OWN_CGROUP / "engine"  # the wrapper `pulumi` moves itself here
+PROVIDER_CGROUP = OWN_CGROUP / "provider"  # the wrapper dynamic-provider plugin moves itself here
 HOSTS_CGROUP = Path(f"/sys/fs/cgroup/unified/lg{LAB_NAME}")
 BOOT_TIMEOUT = 180.0
 AGENT_TIMEOUT = 60.0
@@ -149,19 +152,28 @@ class Counters:
     wall: float
     machine: float
     operator: float
+    """This process and all its children (includes `engine` and `provider`)."""
     hosts: float
+    engine: float = 0.0
+    """The `pulumi` CLI processes (`up`, and the Automation API's `stack output`, ...)."""
+    provider: float = 0.0
+    """The dynamic-provider plugin process (the project's providers run there)."""
 
     @classmethod
     def now(cls) -> Counters:
-        return cls(time.monotonic(), machine_cpu(), cgroup_cpu(OWN_CGROUP), cgroup_cpu(HOSTS_CGROUP))
+        return cls(time.monotonic(), machine_cpu(), cgroup_cpu(OWN_CGROUP), cgroup_cpu(HOSTS_CGROUP),
+                   cgroup_cpu(ENGINE_CGROUP), cgroup_cpu(PROVIDER_CGROUP))
 
     def __sub__(self, other: Counters) -> Counters:
-        return Counters(self.wall - other.wall, self.machine - other.machine,
-                        self.operator - other.operator, self.hosts - other.hosts)
+        return Counters(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
 
     def __add__(self, other: Counters) -> Counters:
-        return Counters(self.wall + other.wall, self.machine + other.machine,
-                        self.operator + other.operator, self.hosts + other.hosts)
+        return Counters(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+    @property
+    def bench_process(self) -> float:
+        """This process (the program under the Automation API, control plane) and children other than the engine."""
+        return self.operator - self.engine - self.provider
 
 
 @contextlib.contextmanager
@@ -177,12 +189,15 @@ def own_cgroup() -> Iterator[None]:
     home = Path("/sys/fs/cgroup/unified") / root_rel.lstrip("/")
     OWN_CGROUP.mkdir(exist_ok=True)
     (OWN_CGROUP / "cgroup.procs").write_text(str(os.getpid()))
+    for sub in (ENGINE_CGROUP, PROVIDER_CGROUP):
+        sub.mkdir(exist_ok=True)
     try:
         yield
     finally:
         (home / "cgroup.procs").write_text(str(os.getpid()))
-        with contextlib.suppress(OSError):
-            OWN_CGROUP.rmdir()  # busy if a child outlived us; harmless, reused next time
+        with contextlib.suppress(OSError):  # busy if a child outlived us; harmless, reused next time
+            for d in (ENGINE_CGROUP, PROVIDER_CGROUP, OWN_CGROUP):
+                d.rmdir()
 
 
 # --------------------------------------------------------------------------- results
@@ -446,6 +461,7 @@ class Bench:
         script = wrap / "pulumi"
         script.write_text(
             "#!/bin/sh\n# bench/onboard.py: time every engine CLI call, then pass its status on.\n"
+            f"echo $$ > {ENGINE_CGROUP}/cgroup.procs 2>/dev/null\n"
             "start=$(date +%s.%N)\n"
             f'{self.engine_bin / "pulumi"} "$@"\n'
             "rc=$?\n"
@@ -453,6 +469,15 @@ class Bench:
             "exit $rc\n"
         )
         script.chmod(0o755)
+        # The engine finds a provider plugin on PATH first: this one moves itself into its
+        # own cgroup and becomes the real plugin (exec keeps the pid the engine waits for).
+        plugin = wrap / "pulumi-resource-pulumi-python"
+        plugin.write_text(
+            "#!/bin/sh\n# bench/onboard.py: count the dynamic provider's CPU apart from the engine's.\n"
+            f"echo $$ > {PROVIDER_CGROUP}/cgroup.procs 2>/dev/null\n"
+            f'exec {self.engine_bin / "pulumi-resource-pulumi-python"} "$@"\n'
+        )
+        plugin.chmod(0o755)
 
     def engine_calls(self, since: float, until: float) -> list[tuple[str, float, float]]:
         """(command, start s after `since`, seconds) of every engine CLI call between two wall-clock times.
@@ -897,8 +922,15 @@ def one_line(r: Result) -> str:
              if r.state else "")
     status = "" if r.ok else "  FAILED"
     note = f"  [{r.note}]" if r.note else ""
-    return (f"N={r.size} {r.scenario}: {r.wall:.2f}s wall, {r.ssh} SSH, CPU {r.cpu.machine:.1f}s machine, "
-            f"{r.cpu_own:.1f}s ours + hosts ({r.cpu.operator:.1f} + {r.cpu.hosts:.1f}){agents}{state}{status}{note}")
+    engine = f" (`pulumi` CLI {r.engine_s:.2f}s)" if r.engine_s is not None else ""
+    return (f"N={r.size} {r.scenario}: {r.wall:.2f}s wall{engine}, {r.ssh} SSH, CPU {r.cpu.machine:.1f}s machine, "
+            f"{r.cpu_own:.1f}s ours + hosts = {cpu_split(r.cpu)}{agents}{state}{status}{note}")
+
+
+def cpu_split(c: Counters) -> str:
+    """Where the CPU-s of ours + hosts went."""
+    return (f"this process & scripts/ssh {c.bench_process:.1f} + engine CLI {c.engine:.1f} "
+            f"+ provider {c.provider:.1f} + hosts {c.hosts:.1f}")
 
 
 def machine_description() -> dict[str, str]:
@@ -1032,6 +1064,19 @@ def where_time_goes(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
+def cpu_breakdown(results: Sequence[Result]) -> str:
+    """CPU-s of each run split by cgroup, and the rest of the machine."""
+    rows = ["| N | run | this process, scripts, ssh | engine CLI | provider | hosts | other work on the machine |",
+            "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        if r.scenario.startswith("floor: both"):
+            continue
+        c = r.cpu
+        rows.append(f"| {r.size} | {r.scenario} | {c.bench_process:.1f} | {c.engine:.1f} | {c.provider:.1f} "
+                    f"| {c.hosts:.1f} | {c.machine - r.cpu_own:.1f} |")
+    return "\n".join(rows)
+
+
 def state_breakdown(results: Sequence[Result]) -> str:
     lines = []
     for r in results:
@@ -1090,6 +1135,15 @@ resource type and operation; a step in flight may be waiting inside the provider
 Baseline: the script's own progress lines, mean seconds per node.
 
 {where_time_goes(bench.results)}
+
+## Where the CPU goes
+
+CPU-s per cgroup: this process (under the Automation API it runs the Pulumi program and
+the language host; also the control plane, the release server, and for the baseline the
+scripts, `ssh`/`scp` and `llmgw ctl`), the `pulumi` CLI processes, the dynamic-provider
+plugin (the project's providers), the lab hosts; and the rest of the machine.
+
+{cpu_breakdown(bench.results)}
 
 ## State
 

@@ -93,6 +93,18 @@ class EngineWillNotRunError(LlmgwError):
     fix = "fix the engine installation on the node (see the hint for each engine), or correct its path in the config"
 
 
+class NodeDiskFullError(LlmgwError):
+    """A file could not be written on the node; nothing was changed."""
+
+    fix = "free space on the node (`df -h /etc/llmgw /usr/local/bin /var/tmp`), then run `pulumi up` again"
+
+
+class NodeBusyError(LlmgwError):
+    """Another change by this package held the node's lock for too long."""
+
+    fix = "another `pulumi up` is changing this node: wait for it, or look for a stuck llmgw-pulumi script on the node"
+
+
 class RemoteCommandError(LlmgwError):
     """A command on the node failed in a way none of the other errors describe."""
 

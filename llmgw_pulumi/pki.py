@@ -87,7 +87,7 @@ def load_authority(pki_dir: str, node: str, now: dt.datetime | None = None) -> A
         raise AuthorityError(node, f"{cert_path} is not a PEM certificate") from exc
     try:
         key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError):
         # The exception text may quote key bytes; say only which file it was.
         raise AuthorityError(node, f"{key_path} is not an unencrypted PEM private key") from None
     if not _signs(cert, key):

@@ -208,8 +208,20 @@ def _feed(chan: paramiko.Channel, data: bytes) -> None:
         pass  # the reader reports the broken channel
 
 
-def _handshake(conn: Connection, node: str) -> paramiko.Transport:
-    """TCP connect + SSH key exchange, retried until the wait deadline."""
+UNREACHABLE_MEMORY = 30.0
+"""Seconds a node that could not be reached is reported unreachable at once, without waiting again:
+a refresh of a machine that is gone costs one wait, not one per resource."""
+_unreachable: dict[tuple[str, int], tuple[float, str]] = {}
+
+
+def _handshake(conn: Connection, node: str, key_type: str | None) -> paramiko.Transport:
+    """TCP connect + SSH key exchange, retried until the wait deadline.
+
+    ``key_type``: the type of the expected host key. Only that type is
+    negotiated, so a server that also holds keys of other types is checked
+    against the key that was pinned or recorded, not against whichever type
+    the client happens to prefer.
+    """
     deadline = time.monotonic() + conn.wait
     attempt = 0
     while True:
@@ -219,7 +231,18 @@ def _handshake(conn: Connection, node: str) -> paramiko.Transport:
             transport = paramiko.Transport(sock)
             transport.banner_timeout = CONNECT_TIMEOUT
             transport.handshake_timeout = CONNECT_TIMEOUT
-            transport.start_client(timeout=CONNECT_TIMEOUT)
+            if key_type:
+                # An RSA key is verified with SHA-2 signatures (OpenSSH refuses SHA-1 ones).
+                transport.get_security_options().key_types = (
+                    ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"] if key_type == "ssh-rsa" else [key_type])
+            try:
+                transport.start_client(timeout=CONNECT_TIMEOUT)
+            except paramiko.IncompatiblePeer:
+                transport.close()
+                raise HostKeyChangedError(
+                    node, f"{conn.host} no longer offers a {key_type} host key, the type that was pinned or recorded; "
+                          "refusing to connect") from None
+            _unreachable.pop((conn.host, conn.port), None)
             return transport
         except (OSError, paramiko.SSHException, EOFError) as exc:
             if sock is not None:
@@ -227,20 +250,23 @@ def _handshake(conn: Connection, node: str) -> paramiko.Transport:
             delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)]
             attempt += 1
             if time.monotonic() + delay >= deadline:
-                raise UnreachableError(
-                    node, f"cannot reach {conn.user}@{conn.host} over ssh after {conn.wait:.0f}s (last error: {exc or type(exc).__name__})"
-                ) from None
+                message = f"cannot reach {conn.user}@{conn.host} over ssh after {conn.wait:.0f}s (last error: {exc or type(exc).__name__})"
+                _unreachable[(conn.host, conn.port)] = (time.monotonic(), message)
+                raise UnreachableError(node, message) from None
             log.info("%s: ssh to %s not ready (%s); retrying", node, conn.host, exc)
             time.sleep(delay)
 
 
 def connect(conn: Connection, node: str, expected_host_key: str | None) -> Session:
     """A new authenticated session. ``expected_host_key``: pinned or recorded key, or None to trust on first use."""
-    transport = _handshake(conn, node)
+    expected = conn.host_key or expected_host_key
+    recent = _unreachable.get((conn.host, conn.port))
+    if recent and time.monotonic() - recent[0] < UNREACHABLE_MEMORY:
+        raise UnreachableError(node, recent[1])
+    transport = _handshake(conn, node, expected.split()[0] if expected else None)
     try:
         key = transport.get_remote_server_key()
         presented = f"{key.get_name()} {key.get_base64()}"
-        expected = conn.host_key or expected_host_key
         if expected and expected.split()[:2] != presented.split()[:2]:
             raise HostKeyChangedError(
                 node,

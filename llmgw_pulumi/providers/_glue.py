@@ -18,7 +18,9 @@ from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult
 
+from .. import errors
 from ..errors import LlmgwError
+from ..remote import Exit
 from ..specs import Problems, is_unknown
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -139,3 +141,27 @@ def gone(node: str, exc: Exception) -> ReadResult:
     """
     print(f"warning: {exc}; {node} is reported as gone", flush=True)
     return ReadResult("", {})
+
+
+_EXIT_ERRORS: dict[int, type[LlmgwError]] = {
+    Exit.RELEASE_FETCH: errors.ReleaseFetchError,
+    Exit.CHECKSUM: errors.ChecksumMismatchError,
+    Exit.AGENT_START: errors.AgentStartError,
+    Exit.WRITE: errors.NodeDiskFullError,
+    Exit.BUSY: errors.NodeBusyError,
+}
+
+
+def raise_for(res: Any, node: str, doing: str) -> None:
+    """Turn a failed remote script into the package error its exit code names."""
+    if res.rc == 0:
+        return
+    reason = res.stderr.strip()[-2000:]
+    if res.rc in _EXIT_ERRORS:
+        raise _EXIT_ERRORS[res.rc](node, reason)
+    raise errors.RemoteCommandError(node, f"{doing} failed (exit {res.rc}): {reason}")
+
+
+def gone_on_delete(exc: Exception) -> None:
+    """A delete that cannot reach its node: the machine is gone, and took its files with it."""
+    print(f"warning: {exc}; assuming the machine is gone, nothing was removed from it", flush=True)

@@ -19,14 +19,7 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, Resou
 from pulumi.output import Unknown
 
 from .. import desired, facts, remote, transport
-from ..errors import (
-    AgentStartError,
-    ChecksumMismatchError,
-    ConfigError,
-    ReleaseFetchError,
-    RemoteCommandError,
-    UnreachableError,
-)
+from ..errors import ConfigError, UnreachableError
 from ..specs import AgentSettings, AgentSpec, is_unknown
 from . import _glue
 
@@ -86,15 +79,7 @@ def _install(spec: AgentSpec, props: dict[str, Any], mode: str, recorded_host_ke
     )
     with transport.session(spec.connection, spec.node_id, recorded_host_key) as s:
         res = s.run(script)
-    reason = res.stderr.strip()[-2000:]
-    if res.rc == remote.Exit.RELEASE_FETCH:
-        raise ReleaseFetchError(spec.node_id, reason + "; the installed agent was left as it was")
-    if res.rc == remote.Exit.CHECKSUM:
-        raise ChecksumMismatchError(spec.node_id, reason)
-    if res.rc == remote.Exit.AGENT_START:
-        raise AgentStartError(spec.node_id, reason)
-    if res.rc != 0:
-        raise RemoteCommandError(spec.node_id, f"installing the agent on {spec.connection.host} failed (exit {res.rc}): {reason}")
+    _glue.raise_for(res, spec.node_id, f"installing the agent on {spec.connection.host}")
     kv = facts.key_values(res.stdout)
     sha = kv.get("binary_sha256", "")
     return {
@@ -167,10 +152,8 @@ class AgentInstallProvider(ResourceProvider):
             with transport.session(spec.connection, spec.node_id, props.get("known_host_key")) as s:
                 res = s.run(remote.remove_agent(spec.node_id))
         except UnreachableError as exc:
-            print(f"warning: {exc}; assuming the machine is gone, nothing was removed from it")
-            return
-        if res.rc != 0:
-            raise RemoteCommandError(spec.node_id, f"removing the agent from {spec.connection.host} failed: {res.stderr.strip()[-500:]}")
+            return _glue.gone_on_delete(exc)
+        _glue.raise_for(res, spec.node_id, f"removing the agent from {spec.connection.host}")
 
 
 @dataclass

@@ -21,7 +21,7 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
 from .. import facts, remote, transport
-from ..errors import EngineWillNotRunError, RemoteCommandError, UnreachableError
+from ..errors import EngineWillNotRunError, UnreachableError
 from ..specs import EngineCheckSpec
 from . import _glue
 
@@ -34,8 +34,7 @@ def _probe(spec: EngineCheckSpec, recorded_host_key: str | None) -> dict[str, An
         return {"problems": [], "engines_ok": True}
     with transport.session(spec.connection, spec.node_id, recorded_host_key) as s:
         res = s.run(remote.probe_engines(spec.engines), timeout=remote.ENGINE_PROBE_TIMEOUT * 2 + 30)
-    if res.rc != 0:
-        raise RemoteCommandError(spec.node_id, f"probing the engines on {spec.connection.host} failed: {res.stderr.strip()[-500:]}")
+    _glue.raise_for(res, spec.node_id, f"probing the engines on {spec.connection.host}")
     probes = facts.parse_engine_probes(res.stdout, spec.engines)
     problems = [p for p in (facts.engine_problem(pr, spec.node_id, spec.connection.target) for pr in probes) if p]
     if problems and spec.fail_on_problems:

@@ -15,7 +15,7 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
 from .. import desired, facts, remote, transport
-from ..errors import RemoteCommandError, UnreachableError
+from ..errors import UnreachableError
 from ..specs import IdentitySpec
 from . import _glue
 
@@ -36,8 +36,7 @@ def _apply(spec: IdentitySpec, recorded_host_key: str | None, restart_agent: boo
     files = desired.identity_files(spec.ca_pem, spec.cert_pem, spec.key_pem)
     with transport.session(spec.connection, spec.node_id, recorded_host_key) as s:
         res = s.run(remote.install_identity(files, restart_agent))
-        if res.rc != 0:
-            raise RemoteCommandError(spec.node_id, f"installing the identity on {spec.connection.host} failed: {res.stderr.strip()[-500:]}")
+        _glue.raise_for(res, spec.node_id, f"installing the identity on {spec.connection.host}")
         kv = facts.key_values(res.stdout)
         return {
             "host_key": s.host_key,
@@ -99,11 +98,8 @@ class NodeIdentityProvider(ResourceProvider):
             with transport.session(spec.connection, spec.node_id, props.get("host_key")) as s:
                 res = s.run(remote.remove_identity(owned))
         except UnreachableError as exc:
-            # A node that is gone took its files with it.
-            print(f"warning: {exc}; assuming the machine is gone, nothing was removed from it")
-            return
-        if res.rc != 0:
-            raise RemoteCommandError(spec.node_id, f"removing the identity from {spec.connection.host} failed: {res.stderr.strip()[-500:]}")
+            return _glue.gone_on_delete(exc)
+        _glue.raise_for(res, spec.node_id, f"removing the identity from {spec.connection.host}")
 
 
 @dataclass

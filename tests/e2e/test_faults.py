@@ -53,8 +53,6 @@ FATAL_LINE = "llmgw: fatal: simulated fault: cannot open the stream socket"
 # Ports of the extra release servers, next to the cluster's (8443) in the same netns.
 PORT_SLOW, PORT_STALLED, PORT_CORRUPT, PORT_DOWN = 8444, 8445, 8446, 8449
 
-TIMINGS: dict[str, float] = {}
-
 
 # --------------------------------------------------------------------------- node inspection
 
@@ -460,6 +458,34 @@ def test_a_reboot_in_the_middle_of_onboarding(cluster, hosts, new_stack, slow_re
     assert_state_clean(stack)
     report("reboot-mid-onboarding", saw=line, up_ok=up.ok, installed_after_fault=after_run,
            seconds=round(time.monotonic() - t0, 1), **timing)
+
+
+# --------------------------------------------------------------------------- 5b. a change killed outright
+
+
+def test_a_change_killed_outright_is_undone_by_the_next_run(cluster, hosts, new_stack):
+    """SIGKILL or a power cut cannot be trapped: the script leaves its change half-done, and the next run repairs it."""
+    t0 = time.monotonic()
+    (h,) = hosts(1)
+    config = stack_config(cluster, [h])
+    stack = new_stack(config)
+    assert stack.up().ok
+    # What an upgrade killed right after it replaced the binary leaves behind: the new (here: broken)
+    # binary in place, the previous one kept aside, a staged config, a staging dir.
+    rc, out = ssh(h, cluster, "sudo sh -c 'cd /usr/local/bin && ln -f llmgw llmgw.llmgw-prev && "
+                              "printf \"#!/bin/sh\\nexit 1\\n\" > llmgw.x && chmod 755 llmgw.x && mv -f llmgw.x llmgw && "
+                              "umask 077 && : > /etc/llmgw/agent.yaml.llmgw-new.Ab12Cd && mkdir /var/tmp/llmgw-stage.Zz99Yy'")
+    assert rc == 0, out
+    assert len(leftovers(h, cluster)) == 3
+
+    stack.set_config({**config, "servers": [cluster.control_plane.address, cluster.standby.address]})
+    up = stack.up()
+    assert up.ok, up.output
+    assert_agent_as(h, cluster, build_llmgw(RELEASE))
+    assert cluster.standby.address in ssh(h, cluster, f"sudo cat {CONFIG}")[1]
+    assert leftovers(h, cluster) == []
+    timing = converges(stack)
+    report("change-killed-outright", saw="(up succeeded)", seconds=round(time.monotonic() - t0, 1), **timing)
 
 
 # --------------------------------------------------------------------------- 6. pulumi up interrupted

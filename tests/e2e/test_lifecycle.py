@@ -7,11 +7,8 @@ Each scenario asserts the host state after each step and `pulumi preview
 from __future__ import annotations
 
 import base64
-import hashlib
-import json
 import re
 import time
-from pathlib import Path
 
 import pytest
 import yaml

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import paramiko
@@ -22,7 +21,7 @@ from cryptography.x509.oid import NameOID
 
 from lab.doubles.llmgw import build_llmgw
 from llmgw_pulumi import desired, pki
-from tests.conftest import RELEASE, TAMPERED_RELEASE, resource_count, ssh, stack_config, wait_until
+from tests.conftest import RELEASE, TAMPERED_RELEASE, resource_count, ssh, stack_config
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
@@ -221,3 +220,22 @@ def test_sudo_that_is_not_passwordless_is_a_clear_error(cluster, hosts, new_stac
     assert not up.ok
     assert words in up.output and "passwordless sudo" in up.output
     assert h.read_file("/etc/llmgw/agent-key.pem") is None
+
+
+def test_a_pinned_host_key_wins(cluster, hosts, new_stack):
+    a, b = hosts(2)
+    # Pinned as an operator copies it from the machine: its ECDSA key, the type the
+    # client would not pick first on its own.
+    a_key = " ".join(a.read_file("/etc/ssh/ssh_host_ecdsa_key.pub").decode().split()[:2])
+    b_key = " ".join(b.read_file("/etc/ssh/ssh_host_ecdsa_key.pub").decode().split()[:2])
+    stack = new_stack(stack_config(cluster, [a], nodes=[{"id": a.hostname, "address": a.addr, "hostKey": b_key}]))
+    up = stack.up()
+    assert not up.ok
+    assert "was pinned; refusing to connect" in up.output
+    assert a.read_file("/etc/llmgw/agent-key.pem") is None
+
+    stack.set_config(stack_config(cluster, [a], nodes=[{"id": a.hostname, "address": a.addr, "hostKey": a_key}]))
+    up = stack.up()
+    assert up.ok, up.output
+    recorded = [r for r in stack.export()["resources"] if r["type"].endswith("NodeIdentity")][0]["outputs"]["host_key"]
+    assert recorded == a_key

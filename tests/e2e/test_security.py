@@ -28,7 +28,7 @@ import yaml
 
 from lab.doubles.llmgw import build_llmgw
 from lab.release_server import publish_release, release_name
-from tests.conftest import RELEASE, TAMPERED_RELEASE, ssh, stack_config
+from tests.conftest import TAMPERED_RELEASE, ssh, stack_config
 from tests.e2e.test_faults import BINARY, CONFIG, UNIT, leftovers, report
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]

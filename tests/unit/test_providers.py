@@ -4,7 +4,6 @@ Values are shaped as the engine sends them: numbers as floats, unknowns as
 pulumi.output.Unknown during preview, old *outputs* as diff's olds.
 """
 
-import base64
 import datetime as dt
 
 import dill
