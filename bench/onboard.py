@@ -25,12 +25,14 @@ starts from a clean node:
 Per run it prints wall time, SSH connections the hosts accepted (TcpPassiveOpens
 deltas of their network namespaces; sshd is the only listener on a lab host),
 CPU-seconds of the whole machine (/proc/stat user+nice+system+irq+softirq over
-all CPUs / CLK_TCK, containers included), the same split into this process with
-its children (engine, provider, scripts, ssh, release server, control plane: a
-cgroup of its own) and the lab hosts (their cgroup), and for `pulumi up` the
-state bytes per node (exported deployment JSON / N, with and without PEM
-bodies). Then the ratios issue 6 sets targets for, and where the time went
-(per-resource step durations from the engine's events, the script's phases).
+all CPUs / CLK_TCK, containers included), the part of it that was ours, by
+cgroup: this process with its children (scripts, ssh, release server, control
+plane; the Pulumi program runs in this process under the Automation API), the
+`pulumi` CLI and the dynamic-provider plugin (wrappers move each into a cgroup
+of its own), and the lab hosts; and for `pulumi up` the state bytes per node
+(exported deployment JSON / N, with and without PEM bodies). Then the ratios
+issue 6 sets targets for, and where the time went (per-resource step durations
+from the engine's events, each engine CLI call, the script's phases).
 The results table, with the machine it ran on, is written to docs/benchmark.md
 (--quick: only printed, and written under the bench work dir).
 
@@ -335,6 +337,30 @@ class EngineSteps:
             peak = max(peak, level)
         return peak
 
+    def chains(self, idle_seconds: float) -> dict[str, float]:
+        """Per node, ClientCertificate -> NodeIdentity -> AgentInstall -> EngineCheck: how long, and the gaps.
+
+        A node whose AgentInstall starts more than the transport's idle time
+        after its NodeIdentity ended finds its pooled SSH connection closed and
+        opens another one.
+        """
+        nodes: dict[str, dict[str, Step]] = {}
+        for urn, steps in self.steps.items():
+            for s in steps:
+                if s.op in ("create", "update") and s.end is not None and s.type in ("ClientCertificate",) + REMOTE_TYPES:
+                    nodes.setdefault(urn.rsplit("::", 1)[-1], {})[s.type] = s
+        spans, gaps = [], []
+        for chain in nodes.values():
+            if "ClientCertificate" in chain and "EngineCheck" in chain:
+                spans.append(chain["EngineCheck"].end - chain["ClientCertificate"].start)  # type: ignore[operator]
+            if "NodeIdentity" in chain and "AgentInstall" in chain:
+                gaps.append(chain["AgentInstall"].start - chain["NodeIdentity"].end)  # type: ignore[operator]
+        if not spans and not gaps:
+            return {}
+        return {"chain_mean_s": statistics.fmean(spans) if spans else 0.0, "chain_max_s": max(spans, default=0.0),
+                "identity_to_agent_gap_max_s": max(gaps, default=0.0),
+                "gaps_over_idle": float(sum(1 for g in gaps if g > idle_seconds)), "idle_seconds": idle_seconds}
+
     def timeline(self) -> dict[str, float]:
         """Seconds from t0 to: the engine's prelude, the first step, the last step's end, the summary."""
         starts = [s.start for s in self.all_steps()]
@@ -343,6 +369,16 @@ class EngineSteps:
         return {k: v for k, v in {"prelude": rel(self.prelude), "first_step": rel(min(starts, default=None)),
                                   "last_step_end": rel(max(ends, default=None)),
                                   "summary": rel(self.summary)}.items() if v is not None}
+
+
+def transport_idle_seconds() -> float:
+    """How long the package keeps an idle pooled SSH connection (its transport's IDLE_SECONDS)."""
+    try:
+        from llmgw_pulumi import transport
+
+        return float(getattr(transport, "IDLE_SECONDS", float("inf")))
+    except ImportError:
+        return float("inf")
 
 
 def op_name(op: Any) -> str:
@@ -718,6 +754,7 @@ class Bench:
             "changes": steps.changes,
             "remote_ops": steps.remote_ops(),
             "timeline": steps.timeline(),
+            "chains": steps.chains(transport_idle_seconds()),
             "cli_calls": self.engine_calls(since, time.time()),
         }
         detail["engine_s"] = next((d for verb, _, d in detail["cli_calls"] if verb == command), None)
@@ -1030,6 +1067,15 @@ def ratios(results: Sequence[Result], sizes: Sequence[int]) -> list[Ratio]:
         "(info)", None, "floor: update-ca-certificates + starting the agent over 1 SSH connection, idle-corrected")
     add(f"baseline parallel CPU-s / floor CPU-s, {hi} nodes, ours + hosts", own(par),
         floor.cpu_own_net if floor else None, "(info)", None)
+    nproc = os.cpu_count() or 1
+    floor_wall = floor.cpu_own_net / nproc if floor else None
+    add(f"least possible up time at {hi} nodes from the floor's CPU alone / pulumi up time at {lo}", floor_wall,
+        cli(up_lo), "(info)", None, f"the hosts share this machine's {nproc} CPUs: floor CPU-s / {nproc} = "
+        + (f"{floor_wall:.1f}s" if floor_wall else "n/a") + "; compare with the <= 3 target above")
+    add(f"baseline sequential wall / least possible up time at {hi} nodes from the floor's CPU alone", wall(seq),
+        floor_wall, "(info)", None, "the most speed-up over the sequential baseline this machine allows (target >= 8)")
+    add(f"baseline parallel wall / least possible up time at {hi} nodes from the floor's CPU alone", wall(par),
+        floor_wall, "(info)", None, "the same against the parallel baseline (target >= 2)")
     return out
 
 
@@ -1053,8 +1099,14 @@ def where_time_goes(results: Sequence[Result]) -> str:
             lines.append(f"- N={r.size} {r.scenario}: {r.wall:.2f}s. Engine events at: {tl}. CLI calls (start+duration): "
                          f"{calls}. At most {r.detail.get('max_in_flight')} provider steps in flight; "
                          f"changes {r.detail.get('changes')}")
+            ch = r.detail.get("chains") or {}
+            if ch:
+                lines.append(f"  - per node, certificate -> engine check: mean {ch['chain_mean_s']:.1f}s, max "
+                             f"{ch['chain_max_s']:.1f}s; NodeIdentity end -> AgentInstall start: max "
+                             f"{ch['identity_to_agent_gap_max_s']:.1f}s, {ch['gaps_over_idle']:.0f} node(s) over the "
+                             f"transport's {ch['idle_seconds']:g}s idle limit (a pooled SSH connection closed)")
             for key, st in r.detail.get("steps", {}).items():
-                if key.split()[0] in ("Stack", "Node", "pulumi-python") or key.endswith(" same"):
+                if key.split()[0] in ("Stack", "Node", "pulumi-python"):
                     continue
                 lines.append(f"  - {key}: {st['count']:.0f} steps, mean {st['mean_s']:.2f}s, max {st['max_s']:.2f}s, "
                              f"from {st['first_start_s']:.1f}s to {st['last_end_s']:.1f}s")

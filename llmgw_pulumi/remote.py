@@ -291,10 +291,10 @@ case $MODE in
 release)
   name="llmgw-$TAG-linux-$arch"
   if ! err=$(fetch "$stage/bin" "$URL/$TAG/$name" 600); then
-    echo "cannot download $URL/$TAG/$name: $err" >&2; exit 71
+    echo "cannot download $URL/$TAG/$name: $err; the installed agent was left as it was" >&2; exit 71
   fi
   if ! err=$(fetch "$stage/sums" "$URL/$TAG/checksums.txt" 60); then
-    echo "cannot download $URL/$TAG/checksums.txt: $err" >&2; exit 71
+    echo "cannot download $URL/$TAG/checksums.txt: $err; the installed agent was left as it was" >&2; exit 71
   fi
   WANT=$(awk -v n="$name" '$2 == n || $2 == "*" n { print $1; exit }' "$stage/sums")
   if [ -z "$WANT" ]; then echo "checksums.txt of $TAG has no line for $name; nothing was installed" >&2; exit 72; fi

@@ -127,13 +127,17 @@ def test_a_replaced_vm_is_onboarded_and_the_old_one_let_go(cluster, hosts, new_s
 
 def test_certificate_renewal_inside_the_window(cluster, hosts, new_stack):
     (h,) = hosts(1)
-    # 180 s certificates renewed in their last 170 s: due 10 s after issue.
-    config = stack_config(cluster, [h], certificate={"validityHours": 0.05, "renewBeforeHours": 0.0472})
+    # 180 s certificates renewed in their last 150 s: due 30 s after issue, time
+    # enough for the first up and its clean preview even on a loaded machine.
+    renew_before = 150
+    config = stack_config(cluster, [h], certificate={"validityHours": 0.05, "renewBeforeHours": renew_before / 3600})
     stack = new_stack(config)
     up_clean(stack)
     first = serial_on(h)
-    time.sleep(11)
+    not_after = x509.load_pem_x509_certificate(h.read_file("/etc/llmgw/agent.pem")).not_valid_after_utc
+    time.sleep(max(0.0, (not_after.timestamp() - renew_before) - time.time()) + 1)
     preview = stack.preview(diff=True)
+    assert preview.ok, preview.output
     summary = preview.result.change_summary
     # The certificate is replaced and the identity updated; the agent is not shown as changing.
     assert summary.get("replace") == 1 and summary.get("update") == 1, preview.output
