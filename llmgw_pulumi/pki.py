@@ -10,7 +10,6 @@ input).
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,23 +44,6 @@ class IssuedCertificate:
     not_after: str
     """ISO 8601, UTC."""
     fingerprint_sha256: str
-
-
-def ca_fingerprint(pki_dir: str) -> str | None:
-    """SHA-256 fingerprint of the CA certificate in the PKI dir, or None where it cannot be read here.
-
-    Public data, read locally: it lets a preview tell a rotated CA (every
-    certificate must be re-issued) from a PKI dir that merely moved.
-    """
-    try:
-        return fingerprint((Path(pki_dir) / "ca.pem").read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def fingerprint(cert_pem: str) -> str:
-    cert = x509.load_pem_x509_certificate(cert_pem.encode())
-    return cert.fingerprint(hashes.SHA256()).hex()
 
 
 def _signs(ca_cert: x509.Certificate, ca_key: object) -> bool:
@@ -149,7 +131,7 @@ def issue(authority: Authority, node_id: str, validity: dt.timedelta, now: dt.da
 
 
 def verify_issued(ca_pem: str, cert_pem: str) -> bool:
-    """Was cert_pem signed by the CA in ca_pem? (Used by tests and by read().)"""
+    """Was cert_pem signed by the CA in ca_pem? (How a test checks what a node holds.)"""
     ca = x509.load_pem_x509_certificate(ca_pem.encode())
     cert = x509.load_pem_x509_certificate(cert_pem.encode())
     pub = ca.public_key()
@@ -165,11 +147,3 @@ def verify_issued(ca_pem: str, cert_pem: str) -> bool:
     except InvalidSignature:
         return False
     return True
-
-
-def renewal_due(not_after_iso: str, renew_before: dt.timedelta, now: dt.datetime) -> bool:
-    return dt.datetime.fromisoformat(not_after_iso) - renew_before <= now
-
-
-def sha256_hex(data: bytes | str) -> str:
-    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()

@@ -8,7 +8,10 @@ Pulumi facts this encodes (see docs/pulumi-dynamic-providers.md):
 - check and diff must not touch the network; they only compare values;
 - a CheckFailure with a property name makes the engine print the value, which
   may be secret, so every failure is reported under the empty property with the
-  field named in the reason.
+  field named in the reason;
+- every preview starts the provider processes and calls check and diff in
+  them, so what only create/update/read/delete need (paramiko, through the
+  transport) is imported on first use, not when a provider module loads.
 """
 
 from __future__ import annotations
@@ -165,3 +168,10 @@ def raise_for(res: Any, node: str, doing: str) -> None:
 def gone_on_delete(exc: Exception) -> None:
     """A delete that cannot reach its node: the machine is gone, and took its files with it."""
     print(f"warning: {exc}; assuming the machine is gone, nothing was removed from it", flush=True)
+
+
+def session(conn: Any, node: str, expected_host_key: str | None) -> Any:
+    """A pooled SSH session to the node (transport.session), importing the transport on first use."""
+    from .. import transport
+
+    return transport.session(conn, node, expected_host_key)

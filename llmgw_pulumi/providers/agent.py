@@ -18,7 +18,7 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 from pulumi.output import Unknown
 
-from .. import desired, facts, remote, transport
+from .. import desired, facts, remote
 from ..errors import ConfigError, UnreachableError
 from ..specs import AgentSettings, AgentSpec, is_unknown
 from . import _glue
@@ -77,7 +77,7 @@ def _install(spec: AgentSpec, props: dict[str, Any], mode: str, recorded_host_ke
         binary=binary,
         binary_sha256=spec.binary.binary_sha256 or "",
     )
-    with transport.session(spec.connection, spec.node_id, recorded_host_key) as s:
+    with _glue.session(spec.connection, spec.node_id, recorded_host_key) as s:
         res = s.run(script)
     _glue.raise_for(res, spec.node_id, f"installing the agent on {spec.connection.host}")
     kv = facts.key_values(res.stdout)
@@ -131,7 +131,7 @@ class AgentInstallProvider(ResourceProvider):
         spec = AgentSpec.from_props(props)
         conn = dataclasses.replace(spec.connection, wait=min(spec.connection.wait, _glue.READ_WAIT))
         try:
-            with transport.session(conn, spec.node_id, props.get("known_host_key")) as s:
+            with _glue.session(conn, spec.node_id, props.get("known_host_key")) as s:
                 res = s.run(remote.survey((desired.BINARY_PATH, desired.CONFIG_PATH, desired.UNIT_PATH)))
         except UnreachableError as exc:
             return _glue.gone(spec.node_id, exc)
@@ -149,7 +149,7 @@ class AgentInstallProvider(ResourceProvider):
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         spec = AgentSpec.from_props(props)
         try:
-            with transport.session(spec.connection, spec.node_id, props.get("known_host_key")) as s:
+            with _glue.session(spec.connection, spec.node_id, props.get("known_host_key")) as s:
                 res = s.run(remote.remove_agent(spec.node_id))
         except UnreachableError as exc:
             return _glue.gone_on_delete(exc)

@@ -9,14 +9,16 @@ as an in-place update.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
-from .. import pki
 from ..specs import DEFAULT_RENEW_BEFORE_HOURS, DEFAULT_VALIDITY_HOURS, CertificateSpec
 from . import _glue
 
@@ -38,7 +40,22 @@ def renewal_due(olds: dict[str, Any], news: dict[str, Any], now: dt.datetime) ->
         return False
     if isinstance(olds.get("ca_not_after"), str) and dt.datetime.fromisoformat(not_after) >= dt.datetime.fromisoformat(olds["ca_not_after"]):
         return False
-    return pki.renewal_due(not_after, dt.timedelta(hours=before), now)
+    return dt.datetime.fromisoformat(not_after) - dt.timedelta(hours=before) <= now
+
+
+def ca_fingerprint(pki_dir: str) -> str | None:
+    """SHA-256 of the CA certificate in the PKI dir (of its DER form), or None where it cannot be read here.
+
+    Public data, read locally: it lets a preview tell a rotated CA (every
+    certificate must be re-issued) from a PKI dir that merely moved. Plain
+    base64 and hashlib, so previews need not load cryptography.
+    """
+    try:
+        text = (Path(pki_dir) / "ca.pem").read_text()
+        body = text.split("-----BEGIN CERTIFICATE-----", 1)[1].split("-----END CERTIFICATE-----", 1)[0]
+        return hashlib.sha256(base64.b64decode(body)).hexdigest()
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 class ClientCertificateProvider(ResourceProvider):
@@ -50,7 +67,7 @@ class ClientCertificateProvider(ResourceProvider):
     def check(self, olds: dict[str, Any], news: dict[str, Any]):
         def derive(inputs: dict[str, Any]) -> None:
             # Where ca.pem cannot be read (a reviewer's machine), the CA is taken to be unchanged.
-            fp = pki.ca_fingerprint(inputs["pki_dir"]) if isinstance(inputs.get("pki_dir"), str) else None
+            fp = ca_fingerprint(inputs["pki_dir"]) if isinstance(inputs.get("pki_dir"), str) else None
             if fp or olds.get("ca_fingerprint"):
                 inputs["ca_fingerprint"] = fp or olds["ca_fingerprint"]
 
@@ -67,6 +84,8 @@ class ClientCertificateProvider(ResourceProvider):
 
     @_glue.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
+        from .. import pki  # cryptography: only when a certificate is issued
+
         spec = CertificateSpec.from_props(props)
         now = _now()
         authority = pki.load_authority(spec.pki_dir, spec.node_id, now)

@@ -20,7 +20,7 @@ from typing import Any, Optional
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
-from .. import facts, remote, transport
+from .. import facts, remote
 from ..errors import EngineWillNotRunError, UnreachableError
 from ..specs import EngineCheckSpec
 from . import _glue
@@ -32,7 +32,7 @@ OUTPUT_KEYS = ("problems", "engines_ok")
 def _probe(spec: EngineCheckSpec, recorded_host_key: str | None) -> dict[str, Any]:
     if not spec.engines:
         return {"problems": [], "engines_ok": True}
-    with transport.session(spec.connection, spec.node_id, recorded_host_key) as s:
+    with _glue.session(spec.connection, spec.node_id, recorded_host_key) as s:
         res = s.run(remote.probe_engines(spec.engines), timeout=remote.ENGINE_PROBE_TIMEOUT * 2 + 30)
     _glue.raise_for(res, spec.node_id, f"probing the engines on {spec.connection.host}")
     probes = facts.parse_engine_probes(res.stdout, spec.engines)

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
-from .. import desired, facts, remote, transport
+from .. import desired, facts, remote
 from ..errors import UnreachableError
 from ..specs import IdentitySpec
 from . import _glue
@@ -34,7 +34,7 @@ def desired_hashes(props: dict[str, Any]) -> dict[str, str] | None:
 
 def _apply(spec: IdentitySpec, recorded_host_key: str | None, restart_agent: bool) -> dict[str, Any]:
     files = desired.identity_files(spec.ca_pem, spec.cert_pem, spec.key_pem)
-    with transport.session(spec.connection, spec.node_id, recorded_host_key) as s:
+    with _glue.session(spec.connection, spec.node_id, recorded_host_key) as s:
         res = s.run(remote.install_identity(files, restart_agent))
         _glue.raise_for(res, spec.node_id, f"installing the identity on {spec.connection.host}")
         kv = facts.key_values(res.stdout)
@@ -82,7 +82,7 @@ class NodeIdentityProvider(ResourceProvider):
         spec = IdentitySpec.from_props(props)
         conn = dataclasses.replace(spec.connection, wait=min(spec.connection.wait, _glue.READ_WAIT))
         try:
-            with transport.session(conn, spec.node_id, props.get("host_key")) as s:
+            with _glue.session(conn, spec.node_id, props.get("host_key")) as s:
                 res = s.run(remote.survey())
         except UnreachableError as exc:
             return _glue.gone(spec.node_id, exc)
@@ -95,7 +95,7 @@ class NodeIdentityProvider(ResourceProvider):
         spec = IdentitySpec.from_props(props)
         owned = props.get("files") or desired_hashes(props) or {}
         try:
-            with transport.session(spec.connection, spec.node_id, props.get("host_key")) as s:
+            with _glue.session(spec.connection, spec.node_id, props.get("host_key")) as s:
                 res = s.run(remote.remove_identity(owned))
         except UnreachableError as exc:
             return _glue.gone_on_delete(exc)

@@ -72,9 +72,3 @@ def test_garbage_key_file_is_named_not_quoted(ca):
     with pytest.raises(AuthorityError) as err:
         pki.load_authority(str(ca), "gpu-01")
     assert "TOPSECRETBYTES" not in str(err.value) and "ca-key.pem" in str(err.value)
-
-
-def test_renewal_window():
-    soon = (NOW + dt.timedelta(hours=5)).isoformat()
-    assert pki.renewal_due(soon, dt.timedelta(hours=10), NOW)
-    assert not pki.renewal_due(soon, dt.timedelta(hours=1), NOW)
