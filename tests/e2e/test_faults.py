@@ -343,17 +343,21 @@ def _nothing(value: str) -> Iterator[str]:
     yield value
 
 
+def onboarded_node(cluster: Any, hosts: Any, new_stack: Any) -> tuple[Any, dict, Any, dict, str]:
+    """One freshly onboarded node: (host, config, stack, its agent facts, its agent.yaml)."""
+    (h,) = hosts(1)
+    config = stack_config(cluster, [h])
+    stack = new_stack(config)
+    assert stack.up().ok
+    return h, config, stack, agent_facts(h, cluster), ssh(h, cluster, f"sudo cat {CONFIG}")[1]
+
+
 # --------------------------------------------------------------------------- 3. disk full while writing config
 
 
 def test_disk_full_while_writing_the_config_keeps_the_previous_one(cluster, hosts, new_stack):
     t0 = time.monotonic()
-    (h,) = hosts(1)
-    config = stack_config(cluster, [h])
-    stack = new_stack(config)
-    assert stack.up().ok
-    before = agent_facts(h, cluster)
-    old_yaml = ssh(h, cluster, f"sudo cat {CONFIG}")[1]
+    h, config, stack, before, old_yaml = onboarded_node(cluster, hosts, new_stack)
 
     # /etc/llmgw becomes a tiny file system holding the same files, then fills up.
     rc, out = ssh(h, cluster, "sudo sh -c 'cp -a /etc/llmgw /root/llmgw-copy && "
@@ -398,12 +402,7 @@ def broken_start_release(cluster: Any) -> str:
 
 def test_an_agent_that_fails_to_start_after_an_upgrade_is_rolled_back(cluster, hosts, new_stack, broken_start_release):
     t0 = time.monotonic()
-    (h,) = hosts(1)
-    config = stack_config(cluster, [h])
-    stack = new_stack(config)
-    assert stack.up().ok
-    before = agent_facts(h, cluster)
-    old_yaml = ssh(h, cluster, f"sudo cat {CONFIG}")[1]
+    h, config, stack, before, old_yaml = onboarded_node(cluster, hosts, new_stack)
 
     # New version and new settings in one go: both must be undone.
     changed = {**config, "servers": [cluster.control_plane.address, cluster.standby.address],
