@@ -449,12 +449,17 @@ def test_a_reboot_in_the_middle_of_onboarding(cluster, hosts, new_stack, slow_re
     line = key_line(up.output, "RemoteCommandError", "UnreachableError", "error:") if not up.ok else "(up succeeded)"
     after_run = {p: h.read_file(p) is not None for p in (BINARY, CONFIG, UNIT)}
     assert len(set(after_run.values())) == 1, f"half an install after the reboot: {after_run}"
-    left = leftovers(h, cluster)
+    # A shutdown that SIGKILLs the script before its trap runs (seen on a loaded
+    # machine) may leave its staging dir in /var/tmp, which holds nothing in
+    # place; nothing may be left next to the installed files, and the next run
+    # sweeps the rest.
+    left = [p for p in leftovers(h, cluster) if not p.startswith("/var/tmp/llmgw-stage.")]
     assert left == [], left
 
     timing = converges(stack)
     assert_agent_as(h, cluster, build_llmgw(RELEASE))
     assert_state_clean(stack)
+    assert leftovers(h, cluster) == [], "the next run did not sweep what the reboot left"
     report("reboot-mid-onboarding", saw=line, up_ok=up.ok, installed_after_fault=after_run,
            seconds=round(time.monotonic() - t0, 1), **timing)
 
