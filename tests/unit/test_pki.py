@@ -11,6 +11,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from lab import pki as labpki
 from llmgw_pulumi import pki
 from llmgw_pulumi.errors import AuthorityError
+from tests.unit import fake_pem
 
 NOW = dt.datetime.now(dt.timezone.utc)
 
@@ -68,7 +69,7 @@ def test_expired_ca(ca):
 
 
 def test_garbage_key_file_is_named_not_quoted(ca):
-    (ca / "ca-key.pem").write_text("-----BEGIN PRIVATE KEY-----\nTOPSECRETBYTES\n-----END PRIVATE KEY-----\n")
+    (ca / "ca-key.pem").write_text(fake_pem("PRIVATE KEY", "TOPSECRETBYTES"))
     with pytest.raises(AuthorityError) as err:
         pki.load_authority(str(ca), "gpu-01")
     assert "TOPSECRETBYTES" not in str(err.value) and "ca-key.pem" in str(err.value)

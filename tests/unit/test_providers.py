@@ -14,11 +14,12 @@ from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider, desired_hashes
+from tests.unit import fake_pem
 
-KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nSSHKEYBODY\n-----END OPENSSH PRIVATE KEY-----\n"
+KEY = fake_pem("OPENSSH PRIVATE KEY", "SSHKEYBODY")
 CONN = {"host": "10.0.0.11", "user": "deploy", "port": 22.0, "wait": 120.0, "private_key": KEY}
 PEMS = {"ca_pem": "-----BEGIN CERTIFICATE-----\nCA\n", "cert_pem": "-----BEGIN CERTIFICATE-----\nC\n",
-        "key_pem": "-----BEGIN PRIVATE KEY-----\nNODEKEYBODY\n-----END PRIVATE KEY-----\n"}
+        "key_pem": fake_pem("PRIVATE KEY", "NODEKEYBODY")}
 AGENT = {"node_id": "gpu-01", "connection": CONN, "known_host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA",
          "hostname": "gpu-01", "servers": ["cp1:7443"], "version": "v1.2.3", "release_url": "https://r.example/llmgw"}
 

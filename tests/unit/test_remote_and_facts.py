@@ -7,6 +7,7 @@ import pytest
 
 from llmgw_pulumi import facts, remote
 from llmgw_pulumi.desired import File
+from tests.unit import fake_pem
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "nvidia-h200"
 
@@ -21,7 +22,7 @@ def test_a_hostile_engine_path_stays_one_argument():
 
 
 def test_file_contents_travel_on_stdin_not_on_the_command_line():
-    key = b"-----BEGIN PRIVATE KEY-----\nsecret\n-----END PRIVATE KEY-----\n"
+    key = fake_pem("PRIVATE KEY", "secret").encode()
     script = remote.install_identity([File("/etc/llmgw/agent-key.pem", 0o600, key)], restart_agent=False)
     assert b"secret" not in script.command(sudo=True).encode()
     assert script.stdin == key
