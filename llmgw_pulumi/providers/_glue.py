@@ -16,6 +16,7 @@ Pulumi facts this encodes (see docs/pulumi-dynamic-providers.md):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
@@ -31,6 +32,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 PROVIDER_KEY = "__provider"
 READ_WAIT = 15.0
 """Seconds `pulumi refresh` waits for a node: a refresh meets onboarded machines, not booting ones."""
+
+
+def for_read(conn: Any) -> Any:
+    """The connection as read() uses it: waiting at most READ_WAIT for the node."""
+    return dataclasses.replace(conn, wait=min(conn.wait, READ_WAIT))
 CONNECTION_REPLACE_KEYS = ("host", "port")
 """A different address or port is a different machine: its resources are replaced, not updated."""
 
@@ -99,13 +105,13 @@ def changed_keys(olds: Mapping[str, Any], news: Mapping[str, Any], keys: Iterabl
     return changed
 
 
-def diff_result(changes: list[str], replace_keys: Iterable[str], delete_before_replace: bool = False) -> DiffResult:
+def diff_result(changes: list[str], replace_keys: Iterable[str]) -> DiffResult:
+    """Changes, and the replacements among them (always created before the old one is deleted)."""
     replace = set(replace_keys)
     replaces = [c for c in changes if c in replace or c.split(".")[0] in replace]
     return DiffResult(
         changes=bool(changes),
         replaces=replaces,
-        delete_before_replace=delete_before_replace if replaces else None,
     )
 
 

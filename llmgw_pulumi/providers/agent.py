@@ -9,7 +9,6 @@ release is verified against its checksums.txt again); nothing is re-issued.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -129,7 +128,7 @@ class AgentInstallProvider(ResourceProvider):
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         spec = AgentSpec.from_props(props)
-        conn = dataclasses.replace(spec.connection, wait=min(spec.connection.wait, _glue.READ_WAIT))
+        conn = _glue.for_read(spec.connection)
         try:
             with _glue.session(conn, spec.node_id, props.get("known_host_key")) as s:
                 res = s.run(remote.survey((desired.BINARY_PATH, desired.CONFIG_PATH, desired.UNIT_PATH)))

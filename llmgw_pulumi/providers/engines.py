@@ -73,7 +73,7 @@ class EngineCheckProvider(ResourceProvider):
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         spec = EngineCheckSpec.from_props({**props, "fail_on_problems": False})
-        spec = dataclasses.replace(spec, connection=dataclasses.replace(spec.connection, wait=min(spec.connection.wait, _glue.READ_WAIT)))
+        spec = dataclasses.replace(spec, connection=_glue.for_read(spec.connection))
         try:
             return ReadResult(id_, {**props, **_probe(spec, props.get("known_host_key"))})
         except UnreachableError as exc:

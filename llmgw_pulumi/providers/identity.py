@@ -7,7 +7,6 @@ hostname and architecture are recorded for AgentInstall.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -80,7 +79,7 @@ class NodeIdentityProvider(ResourceProvider):
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         spec = IdentitySpec.from_props(props)
-        conn = dataclasses.replace(spec.connection, wait=min(spec.connection.wait, _glue.READ_WAIT))
+        conn = _glue.for_read(spec.connection)
         try:
             with _glue.session(conn, spec.node_id, props.get("host_key")) as s:
                 res = s.run(remote.survey())
