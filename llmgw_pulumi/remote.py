@@ -139,6 +139,9 @@ def _put_lines(files: Sequence[File]) -> tuple[list[str], bytes]:
 
 # --------------------------------------------------------------------------- identity
 
+# The trust anchor's hash before a change: _TRUST runs update-ca-certificates only if it changed.
+_ANCHOR_BEFORE = f"anchor_before=$(sha256sum < {shlex.quote(TRUST_ANCHOR_PATH)} 2>/dev/null | cut -d' ' -f1 || true)"
+
 _TRUST = r"""
 if [ "$anchor_before" != "$(sha256sum < {anchor} 2>/dev/null | cut -d' ' -f1)" ]; then
   if out=$(update-ca-certificates 2>&1); then kv trust updated
@@ -155,7 +158,7 @@ def install_identity(files: Sequence[File], restart_agent: bool) -> Script:
     puts, payload = _put_lines(files)
     text = "\n".join([
         _PRELUDE,
-        f"anchor_before=$(sha256sum < {shlex.quote(TRUST_ANCHOR_PATH)} 2>/dev/null | cut -d' ' -f1 || true)",
+        _ANCHOR_BEFORE,
         f"install -d -m 0755 -o root -g root {shlex.quote(IDENTITY_DIR)} /usr/local/share/ca-certificates",
         *puts,
         # A session that died while the files were staged ends the script here (SIGPIPE), before any changed.
@@ -182,7 +185,7 @@ def remove_identity(owned: dict[str, str]) -> Script:
     cert_sha = owned.get(CERT_PATH, "")
     lines = [
         _PRELUDE,
-        f"anchor_before=$(sha256sum < {shlex.quote(TRUST_ANCHOR_PATH)} 2>/dev/null | cut -d' ' -f1 || true)",
+        _ANCHOR_BEFORE,
         f'cert_now=$(sha256sum < {shlex.quote(CERT_PATH)} 2>/dev/null | cut -d" " -f1 || true)',
         f'if [ -n "$cert_now" ] && [ "$cert_now" != {shlex.quote(cert_sha)} ]; then',
         "  kv kept 'the node carries another identity now'",
