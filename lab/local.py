@@ -6,9 +6,10 @@
 Boots the hosts of stacks/Pulumi.local.yaml (lab "l" on 10.251.0.0/24; the
 third host's hostname differs from its node id), a control-plane test double
 on the bridge address and a release server in its own namespace, then runs the
-repository's own program on the `local` stack under the real engine: `pulumi
-up`, `pulumi preview --expect-no-changes`, a second (no-op) `pulumi up`, and
-prints what the control plane sees.
+repository's own project (Pulumi.yaml, __main__.py, stacks/) on the `local`
+stack with the `pulumi` CLI in this directory, showing the CLI's own output:
+`pulumi up`, `pulumi preview --expect-no-changes`, a second (no-op) `pulumi
+up`, what the control plane sees, and `pulumi destroy`.
 """
 
 from __future__ import annotations
@@ -69,9 +70,8 @@ def main() -> int:
                                addr_index=int(rel_host.rsplit(".", 1)[1]), cwd=str(REPO), stdout=subprocess.PIPE)
         assert rel.stdout is not None and b"listening" in rel.stdout.readline()
 
-        stack = LabStack(REPO, "local", engine_env(engine_bin(), work / "pulumi-home", work / "state"))
+        stack = LabStack(REPO, "local", engine_env(engine_bin(), work / "pulumi-home", work / "state"), echo=True)
         up = stack.up()
-        print(up.output)
         print(f"pulumi up: {'ok' if up.ok else 'FAILED'} in {up.seconds:.1f}s")
         ok = up.ok
         if ok:

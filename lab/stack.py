@@ -1,160 +1,286 @@
-"""Running the project's Pulumi program under the real engine, from tests and the local lab.
+"""Running a Pulumi project with the `pulumi` CLI, exactly as an operator types it, from tests and the local lab.
 
-The engine is the `pulumi` CLI built by scripts/engine.sh. The program runs as
-an Automation API program: the SDK's own language server hands the CLI the
-program over `--client`, so no separate `pulumi-language-python` plugin is
-needed (its Go module is not served by the module proxy these machines reach;
-see README). Dynamic providers run in the real `pulumi-resource-pulumi-python`
-plugin process with the project's virtualenv.
+A ``LabStack`` is one stack of one project directory (this repository, or one
+of ``examples/``): it runs ``pulumi stack init``, ``pulumi config set``,
+``pulumi preview``/``up``/``refresh``/``destroy``, ``pulumi stack output`` and
+``pulumi stack export`` as subprocesses in that directory. The CLI starts the
+Python language host, which runs the project's ``__main__.py`` in the venv
+named by ``Pulumi.yaml``; the dynamic providers run in the real
+``pulumi-resource-pulumi-python`` plugin. Nothing here imports the Pulumi SDK.
 
 Everything is local: a file backend, passphrase secrets, no update checks,
 no plugin downloads, no Pulumi Cloud.
+
+Besides the CLI's own output (what the operator reads), every engine command
+writes the engine's JSON event log (``--event-log``); a run's ``changes`` come
+from its summary event, and ``on_event`` callers see each event as the engine
+writes it (the benchmark times resource steps that way).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
-import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import yaml
-from pulumi import automation as auto
 
 REPO = Path(__file__).resolve().parent.parent
 PASSPHRASE = "llmgw-lab-passphrase"
 
 
 def engine_bin() -> Path:
-    """Build (once, cached) or find the engine; returns its bin directory."""
+    """Build (once, cached) or find the engine and its plugins; returns their bin directory."""
     out = subprocess.run([str(REPO / "scripts" / "engine.sh")], check=True, capture_output=True, text=True)
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+COMMAND_PLUGIN_VERSION = "v1.2.1"
+"""pulumi-command's provider, matching the pulumi-command Python package the constraints pin."""
+
+
 def engine_env(bin_dir: Path, home: Path, backend: Path) -> dict[str, str]:
+    """The environment of every CLI call: the engine first on PATH, a local file backend, passphrase secrets.
+
+    The PULUMI_HOME gets pulumi-command's provider in its plugin cache, with
+    `pulumi plugin install --file` (the provider scripts/engine.sh built).
+    """
     home.mkdir(parents=True, exist_ok=True)
     backend.mkdir(parents=True, exist_ok=True)
-    return {
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PULUMI_")}
+    env.update({
         "PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         "PULUMI_HOME": str(home),
         "PULUMI_BACKEND_URL": f"file://{backend}",
         "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE,
         "PULUMI_SKIP_UPDATE_CHECK": "true",
         "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
-        "PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK": "true",
-        # The dynamic-provider plugin runs `<venv>/bin/python -m pulumi.dynamic`.
-        "PULUMI_RUNTIME_VIRTUALENV": str(Path(sys.prefix)),
-        # Lab resources (lab.vm) are dynamic providers too: their module must import there.
-        "PYTHONPATH": str(REPO),
-        "PULUMI_DEBUG_PROMISE_LEAKS": "false",
-    }
+        # Unhides --event-log (the Automation API sets it for the same reason); the output is unchanged.
+        "PULUMI_DEBUG_COMMANDS": "true",
+    })
+    if not (home / "plugins" / f"resource-command-{COMMAND_PLUGIN_VERSION}").is_dir():
+        built = bin_dir.parent / "plugins" / "pulumi-resource-command"
+        subprocess.run([str(bin_dir / "pulumi"), "plugin", "install", "resource", "command", COMMAND_PLUGIN_VERSION,
+                        "--file", str(built), "--non-interactive"], env=env, check=True, capture_output=True)
+    return env
+
+
+# The keyword options a test may pass, and the CLI flag each one becomes.
+_FLAGS: dict[str, str] = {
+    "clear_pending_creates": "--clear-pending-creates",
+    "diff": "--diff",
+    "expect_no_changes": "--expect-no-changes",
+    "refresh": "--refresh",
+    "show_secrets": "--show-secrets",
+    "skip_preview": "--skip-preview",
+}
 
 
 @dataclass
 class Run:
-    """One CLI run: its full output (stdout + stderr as the operator sees it) and wall time."""
+    """One CLI command: the operator's view (its whole output) and the engine's (its event log)."""
 
-    command: str
+    command: list[str]
     output: str
     seconds: float
-    result: Any = None
-    error: Exception | None = None
+    returncode: int
+    events: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return self.error is None
+        return self.returncode == 0
+
+    @property
+    def changes(self) -> dict[str, int]:
+        """Resource changes by operation ("create", "update", "same", ...) from the engine's summary event."""
+        for event in reversed(self.events):
+            summary = event.get("summaryEvent")
+            if summary is not None:
+                return {op: int(n) for op, n in (summary.get("resourceChanges") or {}).items()}
+        return {}
+
+    @property
+    def result(self) -> SimpleNamespace:
+        """The same counts under the names the Automation API gave them (``summary.resource_changes``, ``change_summary``)."""
+        return SimpleNamespace(summary=SimpleNamespace(resource_changes=self.changes), change_summary=self.changes)
+
+    def diagnostics(self, severity: str | None = None) -> list[dict[str, Any]]:
+        """The engine's diagnostic events (``urn``, ``severity``, ``message``), optionally of one severity."""
+        found = [e["diagnosticEvent"] for e in self.events if "diagnosticEvent" in e]
+        return [d for d in found if severity is None or d.get("severity") == severity]
+
+
+class _EventTail(threading.Thread):
+    """Follows an event-log file while the CLI writes it, handing each event to a callback as it appears."""
+
+    def __init__(self, path: Path, callback: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__(daemon=True)
+        self.path, self.callback = path, callback
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.path.exists():
+            if self.done.wait(0.05):
+                return
+        with self.path.open() as f:
+            pending = ""
+            while True:
+                chunk = f.readline()
+                if chunk:
+                    pending += chunk
+                    if pending.endswith("\n"):
+                        self.callback(json.loads(pending))
+                        pending = ""
+                elif self.done.wait(0.05):
+                    for line in (pending + f.read()).splitlines():
+                        if line.strip():
+                            self.callback(json.loads(line))
+                    return
 
 
 @dataclass
 class LabStack:
-    """A stack of this project in its own work dir, with its config written as YAML."""
+    """One stack of a Pulumi project, driven by the `pulumi` CLI in the project's work dir.
+
+    ``work_dir`` is where the CLI runs. With ``project`` given (a directory
+    holding ``Pulumi.yaml`` and ``__main__.py``), the files at the project's top
+    level are copied there and ``.venv`` is linked to this repository's venv;
+    without it, ``work_dir`` is the project itself (the repository, for the
+    ``local`` stack).
+    """
 
     work_dir: Path
     name: str
     env: dict[str, str]
-    program: Callable[[], Any] | None = None
+    project: Path | None = None
+    echo: bool = False
+    """Also print each engine command and its output as it runs (the local main job does)."""
     runs: list[Run] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self.project is not None:
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+            for item in self.project.iterdir():  # Pulumi.yaml, __main__.py and whatever else the project keeps beside them
+                if item.is_file():
+                    shutil.copy2(item, self.work_dir / item.name)
+            venv = self.work_dir / ".venv"
+            if not venv.exists():
+                venv.symlink_to(REPO / ".venv")
         (self.work_dir / "stacks").mkdir(exist_ok=True)
-        if not (self.work_dir / "Pulumi.yaml").exists():  # a scratch project; the repo's own is used as it is
-            (self.work_dir / "Pulumi.yaml").write_text(yaml.safe_dump({
-                "name": "llmgw",
-                "runtime": {"name": "python", "options": {"virtualenv": str(Path(sys.prefix))}},
-                "stackConfigDir": "stacks",
-            }))
-        if self.program is None:
-            from llmgw_pulumi.program import main
+        # The engine's event logs go beside the state, not into the project.
+        self.logs = Path(self.env["PULUMI_BACKEND_URL"].removeprefix("file://")) / "events" / self.name
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.cli("stack", "select", "--create", self.name, "--secrets-provider", "passphrase")
 
-            self.program = main
-        os.environ.update(self.env)  # the Automation API reads some of these from the process
-        bin_dir = Path(self.env["PATH"].split(":")[0])
-        cmd = auto.PulumiCommand(root=str(bin_dir.parent), skip_version_check=True)
-        opts = auto.LocalWorkspaceOptions(work_dir=str(self.work_dir), env_vars=self.env, pulumi_command=cmd,
-                                          secrets_provider="passphrase")
-        self.stack = auto.create_or_select_stack(self.name, project_name="llmgw", program=self.program, opts=opts)
+    # ------------------------------------------------------------------ plain CLI calls
+
+    def cli(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """``pulumi <args>`` in the work dir, non-interactive; raises with the CLI's output when ``check`` and it fails."""
+        done = subprocess.run(["pulumi", *args, "--non-interactive"], cwd=self.work_dir, env=self.env, input=input,
+                              capture_output=True, text=True)
+        if check and done.returncode != 0:
+            raise RuntimeError(f"pulumi {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}")
+        return done
 
     @property
     def config_path(self) -> Path:
         return self.work_dir / "stacks" / f"Pulumi.{self.name}.yaml"
 
-    def set_config(self, config: dict[str, Any]) -> None:
-        """Write the stack's config file: keys without the llmgw: namespace, values as YAML data."""
+    def set_config(self, config: dict[str, Any], namespace: str = "llmgw") -> None:
+        """Write the stack's config file: keys without the namespace, values as YAML data (replaces all config)."""
         existing = yaml.safe_load(self.config_path.read_text()) if self.config_path.exists() else {}
         existing = existing or {}
-        existing["config"] = {f"llmgw:{k}": v for k, v in config.items()}
+        existing["config"] = {f"{namespace}:{k}": v for k, v in config.items()}
         self.config_path.write_text(yaml.safe_dump(existing, sort_keys=False))
 
-    def _run(self, command: str, fn: Callable[..., Any], **kwargs: Any) -> Run:
-        lines: list[str] = []
+    def config_set(self, key: str, value: str, *, secret: bool = False, path: bool = False) -> None:
+        """``pulumi config set [--secret] [--path] KEY`` with the value on standard input, as an operator does."""
+        flags = [*(["--secret"] if secret else []), *(["--path"] if path else [])]
+        self.cli("config", "set", key, *flags, input=value)
+
+    # ------------------------------------------------------------------ engine commands
+
+    def _engine(self, verb: list[str], on_event: Callable[[dict[str, Any]], None] | None, **kwargs: Any) -> Run:
+        unknown = set(kwargs) - set(_FLAGS)
+        if unknown:
+            raise TypeError(f"LabStack.{verb[0]}: no CLI flag for {sorted(unknown)}; known: {sorted(_FLAGS)}")
+        flags = [_FLAGS[k] for k, v in kwargs.items() if v]
+        log = self.logs / f"events-{len(self.runs)}.jsonl"
+        log.unlink(missing_ok=True)
+        events: list[dict[str, Any]] = []
+
+        def record(event: dict[str, Any]) -> None:
+            events.append(event)
+            if on_event is not None:
+                on_event(event)
+
+        tail = _EventTail(log, record)
+        tail.start()
+        command = ["pulumi", *verb, "--stack", self.name, "--color", "never", "--event-log", str(log), *flags]
+        if self.echo:
+            print(f"$ {' '.join(command[:command.index('--stack') + 2] + flags)}", flush=True)
         start = time.monotonic()
-        result, error = None, None
-        try:
-            result = fn(on_output=lines.append, color="never", **kwargs)
-        except auto.errors.CommandError as exc:
-            error = exc
-            lines.append(str(exc))
-        run = Run(command, "\n".join(lines), time.monotonic() - start, result, error)
+        lines: list[str] = []
+        with subprocess.Popen([*command, "--non-interactive"], cwd=self.work_dir, env=self.env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line)
+                if self.echo:
+                    print(line, end="", flush=True)
+        seconds = time.monotonic() - start
+        tail.done.set()
+        tail.join()
+        run = Run(command, "".join(lines), seconds, proc.returncode, events)
         self.runs.append(run)
         return run
 
-    def up(self, **kw: Any) -> Run:
-        return self._run("up", self.stack.up, **kw)
+    def up(self, on_event: Callable[[dict[str, Any]], None] | None = None, **kw: Any) -> Run:
+        return self._engine(["up", "--yes", "--skip-preview"], on_event, **kw)
 
-    def preview(self, **kw: Any) -> Run:
-        return self._run("preview", self.stack.preview, **kw)
+    def preview(self, on_event: Callable[[dict[str, Any]], None] | None = None, **kw: Any) -> Run:
+        return self._engine(["preview"], on_event, **kw)
 
-    def refresh(self, **kw: Any) -> Run:
-        return self._run("refresh", self.stack.refresh, **kw)
+    def refresh(self, on_event: Callable[[dict[str, Any]], None] | None = None, **kw: Any) -> Run:
+        return self._engine(["refresh", "--yes", "--skip-preview"], on_event, **kw)
 
-    def destroy(self, **kw: Any) -> Run:
-        return self._run("destroy", self.stack.destroy, **kw)
+    def destroy(self, on_event: Callable[[dict[str, Any]], None] | None = None, **kw: Any) -> Run:
+        return self._engine(["destroy", "--yes", "--skip-preview"], on_event, **kw)
+
+    # ------------------------------------------------------------------ reading the stack
+
+    def outputs(self) -> dict[str, Any]:
+        """``pulumi stack output --json --show-secrets``."""
+        out: dict[str, Any] = json.loads(self.cli("stack", "output", "--json", "--show-secrets").stdout or "{}")
+        return out
 
     def export(self) -> dict[str, Any]:
-        """The deployment with secrets decrypted (the Automation API exports with --show-secrets)."""
-        return self.stack.export_stack().deployment
+        """The deployment with secrets decrypted (``pulumi stack export --show-secrets``)."""
+        deployment: dict[str, Any] = json.loads(self.cli("stack", "export", "--show-secrets").stdout)["deployment"]
+        return deployment
 
     def export_raw(self) -> str:
-        """`pulumi stack export` as an operator runs it: secrets stay ciphertext."""
-        bin_dir = self.env["PATH"].split(":")[0]
-        out = subprocess.run([f"{bin_dir}/pulumi", "stack", "export", "--stack", self.name, "--cwd", str(self.work_dir)],
-                             env={**os.environ, **self.env}, capture_output=True, text=True, check=True)
-        return out.stdout
+        """``pulumi stack export`` as an operator runs it: secrets stay ciphertext."""
+        return self.cli("stack", "export").stdout
 
     def state_files(self) -> list[Path]:
         """The file backend's state and history for this stack: what is at rest on disk."""
         root = Path(self.env["PULUMI_BACKEND_URL"].removeprefix("file://")) / ".pulumi"
         return [p for p in root.rglob("*") if p.is_file() and self.name in p.name]
 
-    def outputs(self) -> dict[str, Any]:
-        return {k: v.value for k, v in self.stack.outputs().items()}
+    def cancel(self) -> None:
+        """``pulumi cancel``: release the lock an interrupted update left."""
+        self.cli("cancel", "--yes")
 
     def remove(self) -> None:
-        self.stack.workspace.remove_stack(self.name, force=True)
+        self.cli("stack", "rm", self.name, "--yes", "--force")
 
     def all_output(self) -> str:
         return "\n".join(r.output for r in self.runs)

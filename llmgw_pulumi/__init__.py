@@ -4,7 +4,13 @@
 
 chained by the ``Node`` component. See SPEC.md for what must hold on a node
 after `pulumi up`, and README.md for how to run it.
+
+A program of your own builds nodes with ``Node(name, NodeArgs(..., connection=ConnectionArgs(...)))``;
+every error it may raise is importable from here.
 """
+
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _dist_version
 
 from .errors import (
     AgentStartError,
@@ -15,6 +21,8 @@ from .errors import (
     EngineWillNotRunError,
     HostKeyChangedError,
     LlmgwError,
+    NodeBusyError,
+    NodeDiskFullError,
     ReleaseFetchError,
     RemoteCommandError,
     SudoUnavailableError,
@@ -25,11 +33,17 @@ from .providers.agent import AgentInstall, AgentInstallArgs
 from .providers.certificate import ClientCertificate, ClientCertificateArgs
 from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
+from .stack_config import StackConfigError
+
+try:
+    __version__: str = _dist_version("llmgw-pulumi")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "AgentInstall", "AgentInstallArgs", "AgentStartError", "AuthenticationError", "AuthorityError",
     "ChecksumMismatchError", "ClientCertificate", "ClientCertificateArgs", "ConfigError", "ConnectionArgs",
     "EngineCheck", "EngineCheckArgs", "EngineWillNotRunError", "HostKeyChangedError", "LlmgwError", "Node",
-    "NodeArgs", "NodeIdentity", "NodeIdentityArgs", "ReleaseFetchError", "RemoteCommandError",
-    "SudoUnavailableError", "UnreachableError",
+    "NodeArgs", "NodeBusyError", "NodeDiskFullError", "NodeIdentity", "NodeIdentityArgs", "ReleaseFetchError",
+    "RemoteCommandError", "StackConfigError", "SudoUnavailableError", "UnreachableError",
 ]

@@ -7,9 +7,16 @@ boundary where they happen, and chained with ``raise ... from``.
 
 Messages never contain key material: callers pass names, paths and
 fingerprints, never PEM bodies.
+
+Fix texts name settings as the stack config spells them (``llmgw:ssh.wait``,
+``hostKey``) and, where a program builds nodes itself, as the Args field
+(``ConnectionArgs.wait``); tests/unit/test_fix_texts.py checks that each
+exists.
 """
 
 from __future__ import annotations
+
+from pulumi import RunError
 
 
 class LlmgwError(Exception):
@@ -28,8 +35,13 @@ class LlmgwError(Exception):
         super().__init__(text)
 
 
-class ConfigError(LlmgwError):
-    """A value in the stack config or in a resource's inputs is not acceptable."""
+class ConfigError(LlmgwError, RunError):
+    """A value in the stack config or in a resource's inputs is not acceptable.
+
+    Also a ``pulumi.RunError``: raised by a Pulumi program, the Python language
+    host prints its message as an error and no traceback; there is nothing in
+    the program's frames for an operator to fix.
+    """
 
     def __init__(self, node: str, field: str, problem: str, fix: str) -> None:
         self.field = field
@@ -39,20 +51,26 @@ class ConfigError(LlmgwError):
 class AuthorityError(LlmgwError):
     """The cluster CA is missing, unreadable, mismatched or expired."""
 
-    fix = "create one with 'llmgw ctl cert init-ca --dir <pki dir>', or point pkiDir at the right directory"
+    fix = (
+        "create one with 'llmgw ctl cert init-ca --dir <pki dir>', "
+        "or point llmgw:pkiDir (NodeArgs.pki_dir) at the right directory"
+    )
 
 
 class UnreachableError(LlmgwError):
     """No SSH connection could be made before the wait deadline."""
 
-    fix = "check the address, that sshd runs and that nothing filters port 22; raise sshWait for slow boots"
+    fix = (
+        "check the address, that sshd runs and that nothing filters the SSH port; "
+        "raise llmgw:ssh.wait (ConnectionArgs.wait) for slow boots"
+    )
 
 
 class HostKeyChangedError(LlmgwError):
     """The node presented a different SSH host key from the one recorded or pinned."""
 
     fix = (
-        "if the machine was legitimately replaced, set the node's hostKey to the new key "
+        "if the machine was legitimately replaced, set the node's hostKey (ConnectionArgs.host_key) to the new key "
         "(or replace the node); otherwise treat it as a substituted machine"
     )
 
@@ -60,7 +78,10 @@ class HostKeyChangedError(LlmgwError):
 class AuthenticationError(LlmgwError):
     """The node refused the SSH key."""
 
-    fix = "add the operator's public key to the user's ~/.ssh/authorized_keys on the node, or fix sshUser/sshKey"
+    fix = (
+        "add the operator's public key to the user's ~/.ssh/authorized_keys on the node, or fix "
+        "llmgw:ssh.user / llmgw:ssh.privateKeyPath (ConnectionArgs.user / private_key_path)"
+    )
 
 
 class SudoUnavailableError(LlmgwError):
@@ -72,7 +93,7 @@ class SudoUnavailableError(LlmgwError):
 class ReleaseFetchError(LlmgwError):
     """The node could not download the release binary or its checksums."""
 
-    fix = "check releaseUrl and that the node can reach it (and trusts its certificate)"
+    fix = "check agent.releaseUrl and that the node can reach it (and trusts its certificate)"
 
 
 class ChecksumMismatchError(LlmgwError):

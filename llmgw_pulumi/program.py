@@ -1,7 +1,6 @@
 """The Pulumi program: stack config -> one Node component per configured node.
 
-`__main__.py` calls ``main()``; the tests and the local lab run the same
-function as an Automation API program.
+`__main__.py` calls ``run()``: `pulumi up` in the project directory runs it.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
+from pulumi.runtime import config as runtime_config
 
 from . import stack_config, validate
 from .errors import ConfigError
@@ -22,10 +22,31 @@ from .node import ConnectionArgs, Node, NodeArgs
 CONFIG_NAMESPACE = "llmgw"
 
 
-def _read_config() -> tuple[dict[str, Any], pulumi.Output[str] | None]:
+def config_keys(namespace: str = CONFIG_NAMESPACE) -> list[str]:
+    """Every key set in this stack's config under ``namespace`` (without it), known or not.
+
+    ``pulumi.Config`` reads one key at a time and has no listing, so a
+    misspelled key would go unseen. The whole config is in the SDK's runtime:
+    ``get_config_env()`` (public: PULUMI_CONFIG, as the language host passes it)
+    and ``CONFIG``, the map the language host, the Automation API or the test
+    mocks set (``set_all_config``; not exported, hence both).
+    """
+    keys = set(pulumi.runtime.get_config_env()) | set(runtime_config.CONFIG.get())
+    prefix = f"{namespace}:"
+    return sorted(k[len(prefix):] for k in keys if k.startswith(prefix))
+
+
+def _read_config() -> tuple[dict[str, Any], list[str], pulumi.Output[str] | None]:
+    """(the llmgw:* values but secrets, the names of other secret keys, the llmgw:sshPrivateKey secret)."""
     cfg = pulumi.Config(CONFIG_NAMESPACE)
     raw: dict[str, Any] = {}
-    for key in stack_config.TOP_KEYS - {"sshPrivateKey"}:
+    secret_names: list[str] = []
+    for key in config_keys():
+        if key == stack_config.SECRET_KEY:
+            continue
+        if pulumi.runtime.is_config_secret(cfg.full_key(key)):
+            secret_names.append(key)  # never read: its value must not reach a message
+            continue
         # Structured values are stored as JSON, plain strings as they are.
         try:
             value = cfg.get_object(key)
@@ -33,8 +54,7 @@ def _read_config() -> tuple[dict[str, Any], pulumi.Output[str] | None]:
             value = cfg.get(key)
         if value is not None:
             raw[key] = value
-    secret_key = cfg.get_secret("sshPrivateKey")
-    return raw, secret_key
+    return raw, secret_names, cfg.get_secret(stack_config.SECRET_KEY)
 
 
 @functools.lru_cache(maxsize=None)
@@ -115,9 +135,48 @@ def provider_shards(node_ids: list[str]) -> dict[str, pulumi.ProviderResource]:
     return out
 
 
+NEXT_STEPS_OUTPUT = "nextSteps"
+"""The stack output telling the operator what to check (SPEC step 9); not a DNS label, so never a node id."""
+
+
+def next_steps(node_ids: list[str]) -> dict[str, Any]:
+    """What the operator should see in the cluster once `pulumi up` has onboarded ``node_ids`` (SPEC step 9).
+
+    A mapping, not one sentence: the CLI cuts a string output at 150
+    characters, and shows a list one item per line, so any number of nodes fits.
+    """
+    return {
+        "expect": "within seconds, `llmgw ctl nodes` lists each of these node ids",
+        "nodeIds": list(node_ids),
+        "refused": "an agent whose node id differs from its certificate's CN, by design "
+                   "(each certificate issued here has CN = its node id)",
+    }
+
+
+LANGUAGE_HOST_SHOWN_EXIT = 32
+"""The exit code by which a program tells pulumi-language-python it already showed the operator an actionable
+error (``pythonProcessExitedAfterShowingUserActionableMessage``), so the host adds none of its own."""
+
+
+def run() -> None:
+    """`__main__.py`'s entry point: ``main()``, with a configuration error as the only error `pulumi up` shows.
+
+    Raised, a ConfigError (a pulumi.RunError) is printed without a traceback,
+    but the language host then adds "an unhandled error occurred: program
+    exited with non-zero exit code: 1". Logged, then exiting with
+    LANGUAGE_HOST_SHOWN_EXIT, the list of problems stands alone.
+    """
+    try:
+        main()
+    except ConfigError as exc:
+        pulumi.log.error(str(exc))
+        raise SystemExit(LANGUAGE_HOST_SHOWN_EXIT) from None
+
+
 def main() -> dict[str, Node]:
-    raw, secret_key = _read_config()
-    spec = stack_config.parse(raw, has_secret_key=secret_key is not None)
+    """Onboard the nodes of this stack's config. Bad config raises StackConfigError before any resource exists."""
+    raw, secret_names, secret_key = _read_config()
+    spec = stack_config.parse(raw, has_secret_key=secret_key is not None, secret_keys=secret_names)
     stack_agent = agent_inputs(spec.agent)
     credentials = ssh_credentials(spec, secret_key)
     nodes: dict[str, Node] = {}
@@ -145,4 +204,5 @@ def main() -> dict[str, Node]:
             "certificate_not_after": nodes[n.node_id].certificate.not_after,
             "engine_problems": nodes[n.node_id].engine_check.problems,
         })
+    pulumi.export(NEXT_STEPS_OUTPUT, next_steps(list(nodes)))
     return nodes

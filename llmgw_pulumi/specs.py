@@ -83,7 +83,7 @@ class Connection:
     """The key itself (a secret in state), or None when it is read from ``private_key_path``."""
     port: int = 22
     host_key: str | None = None
-    """Pinned host key ('ssh-ed25519 AAAA...'). When absent the first key seen is trusted and recorded."""
+    """Pinned host key as 'TYPE BASE64' (a .pub file's comment dropped). When absent the first key seen is trusted and recorded."""
     wait: float = DEFAULT_SSH_WAIT
     """Seconds to keep retrying while the node refuses SSH (cloud-init restarts sshd)."""
     private_key_path: str | None = None
@@ -126,7 +126,7 @@ class Connection:
             user=props.get("user", "root"),
             private_key=props.get("private_key"),
             port=int(props.get("port", 22)),
-            host_key=(props.get("host_key") or "").strip() or None,
+            host_key=validate.normalise_host_key(props["host_key"]) if props.get("host_key") else None,
             wait=float(props.get("wait", DEFAULT_SSH_WAIT)),
             private_key_path=props.get("private_key_path"),
         )

@@ -21,23 +21,60 @@ file in one pass. Reading secrets and local files happens in program.py.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from . import validate
-from .errors import ConfigError
+from .errors import ConfigError, LlmgwError
 from .specs import (
     DEFAULT_RENEW_BEFORE_HOURS,
     DEFAULT_SSH_WAIT,
     DEFAULT_VALIDITY_HOURS,
+    ENGINE_KEYS,
     Problems,
     collect_engines,
     collect_fabrics,
 )
 
-NODE_KEYS = {"id", "address", "port", "user", "hostKey", "servers", "mgmtAddr", "mgmtInterface",
-             "fabric", "fabrics", "discovery", "engines", "failOnEngineProblems", "agent"}
-TOP_KEYS = {"pkiDir", "servers", "agent", "ssh", "sshPrivateKey", "certificate", "failOnEngineProblems", "nodes"}
+Schema = Mapping[str, "Schema | list[Schema] | None"]
+"""A setting's sub-settings: None for a value, a mapping for nested settings, [mapping] for a list of them."""
+
+AGENT_SCHEMA: Schema = {"version": None, "releaseUrl": None, "binary": None}
+SSH_SCHEMA: Schema = {"user": None, "privateKeyPath": None, "wait": None, "port": None}
+CERTIFICATE_SCHEMA: Schema = {"validityHours": None, "renewBeforeHours": None}
+FABRIC_SCHEMA: Schema = {"name": None, "hcas": None}
+DISCOVERY_KEYS = {"nvidiaSmi": "nvidia_smi", "ibRoot": "ib_root"}
+"""Stack-config discovery keys -> AgentInstall's discovery keys."""
+NODE_SCHEMA: Schema = {
+    "id": None, "address": None, "port": None, "user": None, "hostKey": None, "servers": None,
+    "mgmtAddr": None, "mgmtInterface": None, "fabric": FABRIC_SCHEMA, "fabrics": [FABRIC_SCHEMA],
+    "discovery": dict.fromkeys(DISCOVERY_KEYS), "failOnEngineProblems": None, "agent": AGENT_SCHEMA,
+    "engines": {engine: {key: None} for engine, key in ENGINE_KEYS.items()},
+}
+SCHEMA: Schema = {
+    "pkiDir": None, "servers": None, "agent": AGENT_SCHEMA,
+    "ssh": SSH_SCHEMA, "sshPrivateKey": None, "certificate": CERTIFICATE_SCHEMA,
+    "failOnEngineProblems": None, "nodes": [NODE_SCHEMA],
+}
+"""Every setting of the llmgw namespace; anything else in a stack's config is refused by name."""
+SECRET_KEY = "sshPrivateKey"
+"""The one setting read as a secret (`pulumi config set --secret llmgw:sshPrivateKey < key`)."""
+TOP_KEYS = set(SCHEMA)
+NODE_KEYS = set(NODE_SCHEMA)
+
+
+def key_paths(schema: Schema = SCHEMA, prefix: str = "") -> set[str]:
+    """Every setting as a dotted path ('ssh.wait', 'nodes.hostKey', 'nodes.engines.vllm.bin')."""
+    paths: set[str] = set()
+    for key, sub in schema.items():
+        path = prefix + key
+        paths.add(path)
+        if isinstance(sub, list):
+            sub = sub[0]
+        if sub is not None:
+            paths |= key_paths(sub, path + ".")
+    return paths
 
 
 @dataclass(frozen=True)
@@ -77,13 +114,25 @@ class StackSpec:
 
 
 class StackConfigError(ConfigError):
-    """Every problem in the stack config at once."""
+    """Every problem in the stack config at once, printed as a list (a pulumi.RunError: no traceback)."""
 
     def __init__(self, problems: list[tuple[str, str, str, str]]) -> None:
         self.problems = problems
-        lines = [f"  {node}: {name}: {problem}\n    fix: {fix}" for node, name, problem, fix in problems]
-        super().__init__("stack config", "llmgw:*", f"{len(problems)} problem(s):\n" + "\n".join(lines),
-                         "edit stacks/Pulumi.<stack>.yaml as each fix says")
+        self.field = "llmgw:*"
+        LlmgwError.__init__(self, "", problems_text(problems), "")
+
+
+def problems_text(problems: list[tuple[str, str, str, str]]) -> str:
+    """'stack config has N problems:' and one entry per (node, field, problem, fix), with its fix below."""
+    head = f"stack config has {len(problems)} problem{'s' if len(problems) != 1 else ''}:"
+    return "\n".join([head, *(f"  {node}: {name}: {problem}\n    fix: {fix}" for node, name, problem, fix in problems)])
+
+
+def _unknown_keys(given: Mapping[str, Any], valid: Collection[str], where: str, what: str, p: Problems) -> None:
+    """A problem for each key of ``given`` that is not one of ``valid``, with the nearest valid one."""
+    for key in given:
+        if key not in valid:
+            p.add(f"{where}.{key}" if where else str(key), f"is not {what}", validate.did_you_mean(str(key), valid))
 
 
 def _mapping(value: Any, name: str, p: Problems) -> Mapping[str, Any]:
@@ -98,9 +147,7 @@ def _mapping(value: Any, name: str, p: Problems) -> Mapping[str, Any]:
 def _agent_source(value: Any, name: str, p: Problems, fallback: AgentSource | None = None) -> AgentSource:
     """{version, releaseUrl} for a release, or {binary} for a local build (whose --version decides)."""
     agent = _mapping(value, name, p)
-    for key in agent:
-        if key not in ("version", "releaseUrl", "binary"):
-            p.add(f"{name}.{key}", "is not an agent setting", "use version, releaseUrl or binary")
+    _unknown_keys(agent, AGENT_SCHEMA, name, "an agent setting", p)
     version, binary = agent.get("version"), agent.get("binary")
     release_url = agent.get("releaseUrl", fallback.release_url if fallback else None)
     if version is None and binary is None:
@@ -118,13 +165,17 @@ def _agent_source(value: Any, name: str, p: Problems, fallback: AgentSource | No
     return AgentSource(version=version, release_url=release_url, binary=binary)
 
 
-def parse(config: Mapping[str, Any], has_secret_key: bool = False) -> StackSpec:
-    """``config``: the llmgw:* keys without their namespace, values as YAML data."""
+def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: Collection[str] = ()) -> StackSpec:
+    """``config``: the llmgw:* keys without their namespace, values as YAML data.
+
+    ``secret_keys``: other keys the stack holds as secrets, by name only (their
+    values are not read, so they cannot appear in a message).
+    """
     everyone: list[tuple[str, str, str, str]] = []
     top = Problems("llmgw")
-    for key in config:
-        if key not in TOP_KEYS:
-            top.add(key, "is not a setting of this project", f"use one of {', '.join(sorted(TOP_KEYS))}")
+    _unknown_keys({**config, **dict.fromkeys(secret_keys)}, SCHEMA, "", "a setting of this project", top)
+    # A setting held as a secret is not read: say so, rather than that it is missing.
+    unread = [key for key in secret_keys if key in SCHEMA and key != SECRET_KEY]
     top.check("pkiDir", config.get("pkiDir"), lambda v: validate.abs_path(v, "PKI directory (holding ca.pem and ca-key.pem)"))
     servers = config.get("servers")
     if not isinstance(servers, list) or not servers:
@@ -134,9 +185,7 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False) -> StackSpec:
         top.check(f"servers[{i}]", s, validate.server)
     agent = _agent_source(config.get("agent"), "agent", top)
     ssh = _mapping(config.get("ssh"), "ssh", top)
-    for key in ssh:
-        if key not in ("user", "privateKeyPath", "wait", "port"):
-            top.add(f"ssh.{key}", "is not an ssh setting", "use user, privateKeyPath, wait or port")
+    _unknown_keys(ssh, SSH_SCHEMA, "ssh", "an ssh setting", top)
     top.check("ssh.user", ssh.get("user", "root"), validate.ssh_user)
     top.check("ssh.wait", ssh.get("wait", DEFAULT_SSH_WAIT), validate.ssh_wait)
     top.check("ssh.port", ssh.get("port", 22), validate.port)
@@ -144,9 +193,7 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False) -> StackSpec:
         top.add("ssh.privateKeyPath", "is missing and no llmgw:sshPrivateKey secret is set",
                 "set ssh.privateKeyPath, or `pulumi config set --secret llmgw:sshPrivateKey < key`")
     cert = _mapping(config.get("certificate"), "certificate", top)
-    for key in cert:
-        if key not in ("validityHours", "renewBeforeHours"):
-            top.add(f"certificate.{key}", "is not a certificate setting", "use validityHours or renewBeforeHours")
+    _unknown_keys(cert, CERTIFICATE_SCHEMA, "certificate", "a certificate setting", top)
     validity = cert.get("validityHours", DEFAULT_VALIDITY_HOURS)
     renew = cert.get("renewBeforeHours", DEFAULT_RENEW_BEFORE_HOURS)
     top.check("certificate.validityHours", validity, validate.hours)
@@ -154,11 +201,14 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False) -> StackSpec:
     if isinstance(validity, (int, float)) and isinstance(renew, (int, float)) and renew >= validity:
         top.add("certificate.renewBeforeHours", f"{renew:g} is not shorter than validityHours ({validity:g})",
                 "renew some time before expiry, e.g. a tenth of the validity")
-    everyone += [("llmgw", *item) for item in top]
+    everyone += [("llmgw", *item) for item in top if re.split(r"[.\[]", item[0])[0] not in unread]
+    everyone += [("llmgw", key, f"is set as a secret, but only {SECRET_KEY} is read as one",
+                  f"set it again without --secret: `pulumi config set llmgw:{key} ...`") for key in unread]
 
     raw_nodes = config.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
-        everyone.append(("llmgw", "nodes", "is empty or missing", "list the nodes to onboard: - {id: gpu-01, address: 10.0.0.11}"))
+        if "nodes" not in unread:
+            everyone.append(("llmgw", "nodes", "is empty or missing", "list the nodes to onboard: - {id: gpu-01, address: 10.0.0.11}"))
         raw_nodes = []
     nodes: list[NodeConfig] = []
     seen_ids: dict[str, int] = {}
@@ -172,9 +222,7 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False) -> StackSpec:
             p.add("", "is not a mapping", "write each node as {id: ..., address: ...}")
             everyone += [(p.node, *item) for item in p]
             continue
-        for key in raw:
-            if key not in NODE_KEYS:
-                p.add(key, "is not a node setting", f"use one of {', '.join(sorted(NODE_KEYS))}")
+        _unknown_keys(raw, NODE_SCHEMA, "", "a node setting", p)
         p.check("id", raw.get("id"), validate.node_id)
         p.check("address", raw.get("address"), validate.address)
         p.check("port", raw.get("port", default_port), validate.port)
@@ -197,16 +245,19 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False) -> StackSpec:
         single = "fabric" in raw and "fabrics" not in raw
         fabrics_raw = [raw["fabric"]] if single else raw.get("fabrics")
         collect_fabrics(fabrics_raw, p, "fabric" if single else "fabrics")
+        for i_fab, fab in enumerate(fabrics_raw if isinstance(fabrics_raw, list) else []):
+            if isinstance(fab, Mapping):
+                _unknown_keys(fab, FABRIC_SCHEMA, "fabric" if single else f"fabrics[{i_fab}]", "a fabric setting", p)
         fabrics = [{"name": f.get("name"), "hcas": list(f.get("hcas") or [])}
                    for f in (fabrics_raw if isinstance(fabrics_raw, list) else []) if isinstance(f, Mapping)]
         discovery = _mapping(raw.get("discovery"), "discovery", p)
         disc_out: dict[str, str] = {}
+        _unknown_keys(discovery, DISCOVERY_KEYS, "discovery", "a discovery setting", p)
         for key, val in discovery.items():
-            snake = {"nvidiaSmi": "nvidia_smi", "ibRoot": "ib_root"}.get(key)
+            snake = DISCOVERY_KEYS.get(key)
             if snake is None:
-                p.add(f"discovery.{key}", "is not a discovery setting", "use nvidiaSmi or ibRoot")
                 continue
-            p.check(f"discovery.{key}", val, lambda v: validate.abs_path(v, key))
+            p.check(f"discovery.{key}", val, lambda v: validate.abs_path(v, key, on_node=True))
             if isinstance(val, str):
                 disc_out[snake] = val
         engines = raw.get("engines")
@@ -232,7 +283,7 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False) -> StackSpec:
                 address=addr,
                 port=int(port_v),
                 user=raw.get("user", ssh.get("user", "root")),
-                host_key=raw.get("hostKey"),
+                host_key=validate.normalise_host_key(raw["hostKey"]) if raw.get("hostKey") is not None else None,
                 servers=tuple(node_servers),
                 mgmt_addr=raw.get("mgmtAddr"),
                 mgmt_interface=raw.get("mgmtInterface"),

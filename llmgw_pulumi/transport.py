@@ -224,7 +224,8 @@ def _handshake(conn: Connection, node: str, key_type: str | None) -> paramiko.Tr
     against the key that was pinned or recorded, not against whichever type
     the client happens to prefer.
     """
-    deadline = time.monotonic() + conn.wait
+    started = time.monotonic()
+    deadline = started + conn.wait
     attempt = 0
     while True:
         sock = None
@@ -245,6 +246,8 @@ def _handshake(conn: Connection, node: str, key_type: str | None) -> paramiko.Tr
                     node, f"{conn.host} no longer offers a {key_type} host key, the type that was pinned or recorded; "
                           "refusing to connect") from None
             _unreachable.pop((conn.host, conn.port), None)
+            if attempt:
+                log.info("%s: ssh to %s answered after %.0fs", node, conn.target, time.monotonic() - started)
             return transport
         except (OSError, paramiko.SSHException, EOFError) as exc:
             if sock is not None:
@@ -255,7 +258,8 @@ def _handshake(conn: Connection, node: str, key_type: str | None) -> paramiko.Tr
                 message = f"cannot reach {conn.user}@{conn.host} over ssh after {conn.wait:.0f}s (last error: {exc or type(exc).__name__})"
                 _unreachable[(conn.host, conn.port)] = (time.monotonic(), message)
                 raise UnreachableError(node, message) from None
-            log.info("%s: ssh to %s not ready (%s); retrying", node, conn.host, exc)
+            if attempt == 1:  # once per wait: the operator sees that, and why, this node is waited for
+                log.info("%s: waiting up to %.0fs for ssh to %s (%s)", node, conn.wait, conn.target, exc or type(exc).__name__)
             time.sleep(delay)
 
 

@@ -7,8 +7,13 @@ They never echo secret values, and they never touch the network or the disk.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import difflib
 import ipaddress
 import re
+import struct
+from typing import Iterable
 from urllib.parse import urlsplit
 
 Problem = tuple[str, str] | None
@@ -22,7 +27,8 @@ _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_-]{0,127}$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 _HCA = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_SSH_PUBLIC_KEY = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/]+={0,3}$")
+HOST_KEY_TYPES = {"ssh-ed25519": 2, "ssh-rsa": 3, "ecdsa-sha2-nistp256": 3, "ecdsa-sha2-nistp384": 3, "ecdsa-sha2-nistp521": 3}
+"""Host-key types a pin may have, and how many strings their public key blob holds (RFC 4253, 5656, 8709)."""
 
 MAX_SSH_WAIT = 3600.0
 
@@ -85,13 +91,14 @@ def server(value: object) -> Problem:
     return None
 
 
-def abs_path(value: object, what: str = "path") -> Problem:
+def abs_path(value: object, what: str = "path", on_node: bool = False) -> Problem:
+    """An absolute path; ``on_node``: it is a path on the node, not on the machine running Pulumi."""
     if not isinstance(value, str) or not value:
         return "is empty", f"give the absolute {what}"
     if _CONTROL.search(value):
         return "contains a newline or control character", f"give the {what} on one line"
     if not value.startswith("/"):
-        return f"{value!r} is relative", f"give the absolute {what} on the node, e.g. /opt/llama/bin/llama-server"
+        return f"{value!r} is relative", f"give the absolute {what}" + (" on the node" if on_node else "") + ", starting with /"
     if "/../" in value + "/" or value.endswith("/.."):
         return f"{value!r} contains '..'", f"give the {what} without '..'"
     return None
@@ -134,10 +141,71 @@ def ssh_user(value: object) -> Problem:
     return None
 
 
+def _ssh_strings(blob: bytes) -> list[bytes] | None:
+    """The length-prefixed strings an SSH public key blob is made of, or None if it is cut short."""
+    strings, i = [], 0
+    while i < len(blob):
+        if i + 4 > len(blob):
+            return None
+        (length,) = struct.unpack_from(">I", blob, i)
+        i += 4 + length
+        if i > len(blob):
+            return None
+        strings.append(blob[i - length:i])
+    return strings
+
+
+def _host_key_words(value: object) -> tuple[str, str] | None:
+    """(type, base64 blob) of an SSH public key line 'TYPE BASE64 [COMMENT]' as in a host's .pub file, or None.
+
+    The blob must be whole: the type it names is the line's, and it holds that
+    type's fields (an ed25519 key of 32 bytes; an ECDSA key on the curve its
+    type names), which catches a truncated or mispasted key.
+    """
+    if not isinstance(value, str):
+        return None
+    words = value.split()
+    if len(words) < 2 or words[0] not in HOST_KEY_TYPES:
+        return None
+    key_type = words[0]
+    try:
+        strings = _ssh_strings(base64.b64decode(words[1], validate=True))
+    except (binascii.Error, ValueError):
+        return None
+    if not strings or strings[0] != key_type.encode() or len(strings) != HOST_KEY_TYPES[key_type]:
+        return None
+    if key_type == "ssh-ed25519" and len(strings[1]) != 32:
+        return None
+    if key_type.startswith("ecdsa-") and strings[1] != key_type.rsplit("-", 1)[1].encode():
+        return None
+    return key_type, words[1]
+
+
 def host_key(value: object) -> Problem:
-    if not isinstance(value, str) or not _SSH_PUBLIC_KEY.match(value.strip()):
-        return "is not an SSH public key", "write it as in known_hosts, without the host: e.g. 'ssh-ed25519 AAAAC3...'"
+    if _host_key_words(value) is None:
+        return ("is not an SSH public key",
+                "paste the node's /etc/ssh/ssh_host_ed25519_key.pub (a trailing comment is dropped), "
+                "or a known_hosts line without the host: 'ssh-ed25519 AAAAC3...'")
     return None
+
+
+def normalise_host_key(value: str) -> str:
+    """A valid host-key pin as 'TYPE BASE64': a .pub file's trailing comment and extra spaces dropped.
+
+    The one normalisation of a pinned key, used by the stack config and by the
+    providers' Connection spec, so both compare the same text.
+    """
+    words = _host_key_words(value)
+    if words is None:
+        raise ValueError("not an SSH public key")  # callers validate with host_key() first
+    return " ".join(words)
+
+
+def did_you_mean(key: str, valid: Iterable[str]) -> str:
+    """The fix for an unknown setting: the nearest valid key, or the list of them."""
+    valid = sorted(valid)
+    close = difflib.get_close_matches(key, valid, n=1)
+    return f"did you mean {close[0]}?" if close else f"use one of {', '.join(valid)}"
 
 
 def interface(value: object) -> Problem:

@@ -23,13 +23,14 @@ if [ -n "$missing" ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >&2
 fi
 
-# The venv is rebuilt when pyproject.toml changes; pip's cache keeps that quick.
+# The venv is rebuilt when pyproject.toml or constraints.txt changes; pip's cache keeps that quick.
+# pyproject.toml has ranges; constraints.txt pins the exact versions the lab runs.
 stamp=.venv/.llmgw-installed
-want=$(sha256sum pyproject.toml | cut -c1-16)
+want=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "python virtualenv .venv"
   python3 -m venv .venv
-  PIP_CACHE_DIR=$LLMGW_CACHE/pip .venv/bin/pip install -q --disable-pip-version-check -e '.[test]' >&2
+  PIP_CACHE_DIR=$LLMGW_CACHE/pip .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]' >&2
   echo "$want" > "$stamp"
 fi
 

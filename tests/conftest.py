@@ -10,8 +10,9 @@ and built on first use, so `pytest tests/unit` stays instant.
 - ``cluster``: the cluster CA, a control plane and a standby (in this process,
   on the bridge address), and a release server in its own netns publishing
   llmgw test-double releases; plus a local dev build of the double.
-- ``new_stack``: a stack of this project under the real Pulumi engine, in a
-  temp work dir with a local file backend and passphrase secrets.
+- ``new_stack``: a stack of this project (or of an example project) driven by
+  the `pulumi` CLI, in a temp copy of the project directory with a local file
+  backend and passphrase secrets.
 """
 
 from __future__ import annotations
@@ -131,14 +132,15 @@ def cluster(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clus
 
 @pytest.fixture
 def new_stack(cluster: Cluster, tmp_path: Path) -> Callable[..., Any]:
-    """``new_stack(config)`` -> a LabStack under the real engine, its config written to stacks/."""
+    """``new_stack(config, name, project)`` -> a stack of ``project`` (default: this repository) driven by the
+    `pulumi` CLI in a temp copy of the project directory, its config written to stacks/Pulumi.<name>.yaml."""
     from lab.stack import LabStack, engine_env
 
     made: list[Any] = []
 
-    def make(config: dict[str, Any], name: str = "test", program: Callable[[], Any] | None = None) -> Any:
+    def make(config: dict[str, Any], name: str = "test", project: Path = REPO) -> Any:
         env = engine_env(cluster.engine_bin, tmp_path / "pulumi-home", tmp_path / "state")
-        stack = LabStack(tmp_path / f"project-{len(made)}", name, env, program)
+        stack = LabStack(tmp_path / f"project-{len(made)}", name, env, project)
         stack.set_config(config)
         made.append(stack)
         return stack

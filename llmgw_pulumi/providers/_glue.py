@@ -18,16 +18,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
+import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult
 
 from .. import errors
 from ..errors import LlmgwError
 from ..remote import Exit
 from ..specs import Problems, is_unknown
+from . import _diagnostics
 
 F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger(__name__)
 
 PROVIDER_KEY = "__provider"
 READ_WAIT = 15.0
@@ -126,20 +130,31 @@ def node_of(props: Mapping[str, Any]) -> str:
 
 
 def operator_errors(fn: F) -> F:
-    """Raise the package's errors with a one-frame traceback.
+    """Wrap a provider's create/update/read/delete: what it logs is shown under its resource, and the
+    package's errors carry a one-frame traceback.
 
-    The engine shows a provider's whole traceback; for an error that already
-    says what happened and what to do, the frames inside the package are noise.
+    The last argument of each of those calls is the resource's properties
+    (``props``, or ``news`` for update), which name the resource's URN. The
+    engine shows a provider's whole traceback; for an error that already says
+    what happened and what to do, the frames inside the package are noise.
     """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _diagnostics.install()
         try:
-            return fn(*args, **kwargs)
+            with _diagnostics.about(args[-1] if args else None):
+                return fn(*args, **kwargs)
         except LlmgwError as exc:
             raise exc.with_traceback(None) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def with_urn(resource: type, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None) -> dict[str, Any]:
+    """``props`` plus the hidden ``__urn`` input: the URN the engine will give this resource."""
+    resource_type = f"pulumi-python:{resource._resource_type_name}"  # type: ignore[attr-defined]
+    return {**props, _diagnostics.URN_KEY: _diagnostics.resource_urn(name, resource_type, opts)}
 
 
 def gone(node: str, exc: Exception) -> ReadResult:
@@ -148,7 +163,7 @@ def gone(node: str, exc: Exception) -> ReadResult:
     `pulumi refresh` then shows it as deleted instead of failing, and the next
     `pulumi up` onboards the machine afresh if it is still declared.
     """
-    print(f"warning: {exc}; {node} is reported as gone", flush=True)
+    log.warning("%s; %s is reported as gone", exc, node)
     return ReadResult("", {})
 
 
@@ -173,7 +188,7 @@ def raise_for(res: Any, node: str, doing: str) -> None:
 
 def gone_on_delete(exc: Exception) -> None:
     """A delete that cannot reach its node: the machine is gone, and took its files with it."""
-    print(f"warning: {exc}; assuming the machine is gone, nothing was removed from it", flush=True)
+    log.warning("%s; assuming the machine is gone, nothing was removed from it", exc)
 
 
 def session(conn: Any, node: str, expected_host_key: str | None) -> Any:

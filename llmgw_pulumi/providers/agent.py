@@ -9,6 +9,7 @@ release is verified against its checksums.txt again); nothing is re-issued.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -27,6 +28,7 @@ BINARY_KEYS = ("version", "release_url", "binary_path", "binary_sha256")
 INPUT_KEYS = ("connection", "known_host_key", "hostname", *SETTINGS_KEYS, *BINARY_KEYS, "agent_yaml", "unit")
 REPLACE_KEYS = ("node_id", "connection.host", "connection.port")
 OUTPUT_KEYS = ("installed_sha256", "arch", "node_state")
+log = logging.getLogger(__name__)
 
 
 def derive(inputs: dict[str, Any]) -> None:
@@ -76,6 +78,9 @@ def _install(spec: AgentSpec, props: dict[str, Any], mode: str, recorded_host_ke
         binary=binary,
         binary_sha256=spec.binary.binary_sha256 or "",
     )
+    if mode == "release":
+        log.info("%s: the node fetches llmgw %s from %s and verifies it against checksums.txt",
+                 spec.node_id, spec.binary.version, spec.binary.release_url)
     with _glue.session(spec.connection, spec.node_id, recorded_host_key) as s:
         res = s.run(script)
     _glue.raise_for(res, spec.node_id, f"installing the agent on {spec.connection.host}")
@@ -184,5 +189,5 @@ class AgentInstall(Resource, module="llmgw", name="AgentInstall"):
 
     def __init__(self, name: str, args: AgentInstallArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
         props = {**vars(args), "agent_yaml": None, "unit": None, **{k: None for k in OUTPUT_KEYS}}
-        super().__init__(AgentInstallProvider(), name, props, opts)
+        super().__init__(AgentInstallProvider(), name, _glue.with_urn(type(self), name, props, opts), opts)
 

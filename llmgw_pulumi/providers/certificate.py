@@ -140,4 +140,4 @@ class ClientCertificate(Resource, module="llmgw", name="ClientCertificate"):
     def __init__(self, name: str, args: ClientCertificateArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
         props = {**vars(args), **{k: None for k in OUTPUT_KEYS}}
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key_pem"]))
-        super().__init__(ClientCertificateProvider(), name, props, opts)
+        super().__init__(ClientCertificateProvider(), name, _glue.with_urn(type(self), name, props, opts), opts)

@@ -101,4 +101,4 @@ class EngineCheck(Resource, module="llmgw", name="EngineCheck"):
 
     def __init__(self, name: str, args: EngineCheckArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
         props = {**vars(args), **{k: None for k in OUTPUT_KEYS}}
-        super().__init__(EngineCheckProvider(), name, props, opts)
+        super().__init__(EngineCheckProvider(), name, _glue.with_urn(type(self), name, props, opts), opts)

@@ -121,4 +121,4 @@ class NodeIdentity(Resource, module="llmgw", name="NodeIdentity"):
     def __init__(self, name: str, args: NodeIdentityArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
         props = {**vars(args), **{k: None for k in OUTPUT_KEYS}}
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key_pem"]))
-        super().__init__(NodeIdentityProvider(), name, props, opts)
+        super().__init__(NodeIdentityProvider(), name, _glue.with_urn(type(self), name, props, opts), opts)

@@ -567,7 +567,7 @@ def test_pulumi_up_interrupted_mid_deployment(sig, cluster, hosts, new_stack, sl
         refresh = stack.refresh()
         if not refresh.ok and "locked" in refresh.output:
             steps.append("pulumi cancel")
-            stack.stack.cancel()
+            stack.cancel()
             refresh = stack.refresh()
         assert refresh.ok, refresh.output
         if state_summary(stack)["pending"]:

@@ -2,9 +2,11 @@
 
 import copy
 
+import pulumi
 import pytest
 
 from llmgw_pulumi import stack_config
+from llmgw_pulumi.errors import ConfigError
 from llmgw_pulumi.stack_config import StackConfigError
 
 GOOD = {
@@ -119,3 +121,97 @@ def test_every_problem_is_reported_at_once():
         stack_config.parse(cfg)
     fields = {p[1] for p in err.value.problems}
     assert {"servers", "id"} <= fields
+
+
+# (case, path into the config, misspelled key's value, node named, field named, the fix)
+MISSPELLED = [
+    ("top level", ("sever",), ["cp1.example.net:7443"], "llmgw", "sever", "did you mean servers?"),
+    ("top level, case", ("PkiDir",), "/srv/llmgw/pki", "llmgw", "PkiDir", "did you mean pkiDir?"),
+    ("ssh", ("ssh", "wiat"), 30, "llmgw", "ssh.wiat", "did you mean wait?"),
+    ("ssh key path", ("ssh", "privateKeyFile"), "/k", "llmgw", "ssh.privateKeyFile", "did you mean privateKeyPath?"),
+    ("agent", ("agent", "releaseURL"), "https://x.example.net", "llmgw", "agent.releaseURL", "did you mean releaseUrl?"),
+    ("certificate", ("certificate",), {"validityHour": 10}, "llmgw", "certificate.validityHour", "did you mean validityHours?"),
+    ("node", ("nodes", 0, "adress"), "10.0.0.1", "node gpu-01", "adress", "did you mean address?"),
+    ("node host key", ("nodes", 0, "hostkey"), "x", "node gpu-01", "hostkey", "did you mean hostKey?"),
+    ("node agent", ("nodes", 0, "agent"), {"version": "v1.5.0", "verison": "v1"}, "node gpu-01", "agent.verison", "did you mean version?"),
+    ("fabric", ("nodes", 1, "fabric"), {"name": "ib-east", "hcas": ["mlx5_0"], "hca": ["mlx5_1"]},
+     "node gpu-02", "fabric.hca", "did you mean hcas?"),
+    ("fabrics", ("nodes", 1, "fabrics"), [{"name": "ib-east", "hcas": ["mlx5_0"], "nme": "x"}],
+     "node gpu-02", "fabrics[0].nme", "did you mean name?"),
+    ("discovery", ("nodes", 0, "discovery"), {"nvidiaSMI": "/usr/bin/nvidia-smi"}, "node gpu-01", "discovery.nvidiaSMI",
+     "did you mean nvidiaSmi?"),
+    ("nothing close", ("zzz",), 1, "llmgw", "zzz", "use one of agent, certificate, failOnEngineProblems, nodes, pkiDir, "
+                                                     "servers, ssh, sshPrivateKey"),
+]
+
+
+@pytest.mark.parametrize("case,path,value,node,field,fix", MISSPELLED, ids=[m[0] for m in MISSPELLED])
+def test_a_misspelled_key_is_refused_with_the_nearest_valid_one(case, path, value, node, field, fix):
+    cfg = mutate(path, value)
+    if path == ("nodes", 1, "fabrics"):
+        del cfg["nodes"][1]["fabric"]
+    with pytest.raises(StackConfigError) as err:
+        stack_config.parse(cfg)
+    matching = [p for p in err.value.problems if p[:2] == (node, field)]
+    assert len(matching) == 1, err.value.problems
+    assert matching[0][2].startswith("is not a") and matching[0][3] == fix
+
+
+def test_the_problems_print_as_a_clean_list():
+    cfg = mutate(("nodes", 0, "address"), "10.0.0.300")
+    cfg["sever"] = ["cp2.example.net:7443"]
+    with pytest.raises(StackConfigError) as err:
+        stack_config.parse(cfg)
+    assert str(err.value) == (
+        "stack config has 2 problems:\n"
+        "  llmgw: sever: is not a setting of this project\n"
+        "    fix: did you mean servers?\n"
+        "  node gpu-01: address: '10.0.0.300' is not an IP address or a DNS name\n"
+        "    fix: write e.g. 10.0.0.12 or gpu01.example.net"
+    )
+
+
+def test_one_problem_is_one_problem():
+    with pytest.raises(StackConfigError) as err:
+        stack_config.parse(mutate(("ssh", "wait"), -1))
+    assert str(err.value).splitlines()[0] == "stack config has 1 problem:"
+
+
+def test_config_errors_are_what_the_python_language_host_prints_without_a_traceback():
+    # pulumi-language-python-exec: `except pulumi.RunError as e: pulumi.log.error(str(e))`;
+    # any other exception is printed with "Program failed with an unhandled exception:" and its traceback.
+    with pytest.raises(pulumi.RunError) as err:
+        stack_config.parse(mutate(("sever",), []))
+    assert isinstance(err.value, ConfigError)
+    assert "Traceback" not in str(err.value)
+    assert issubclass(ConfigError, pulumi.RunError)  # also the single errors program.py raises
+
+
+def test_a_secret_other_than_the_ssh_key_is_named_not_read():
+    with pytest.raises(StackConfigError) as err:
+        stack_config.parse(GOOD, secret_keys=["servers", "sshPrivatKey"])
+    problems = {p[1]: p for p in err.value.problems}
+    assert problems["servers"][2] == "is set as a secret, but only sshPrivateKey is read as one"
+    assert problems["sshPrivatKey"][3] == "did you mean sshPrivateKey?"
+
+
+def test_paths_on_the_operators_machine_are_not_called_paths_on_the_node():
+    with pytest.raises(StackConfigError) as err:
+        stack_config.parse(mutate(("pkiDir",), "pki"))
+    (fix,) = [p[3] for p in err.value.problems if p[1] == "pkiDir"]
+    assert "on the node" not in fix and fix.startswith("give the absolute PKI directory")
+    with pytest.raises(StackConfigError) as err:
+        stack_config.parse(mutate(("nodes", 0, "discovery"), {"nvidiaSmi": "bin/nvidia-smi"}))
+    (fix,) = [p[3] for p in err.value.problems if p[1] == "discovery.nvidiaSmi"]
+    assert "on the node" in fix
+
+
+def test_a_setting_held_as_a_secret_is_not_also_called_missing():
+    cfg = {k: v for k, v in GOOD.items() if k not in ("pkiDir", "ssh", "nodes")}
+    with pytest.raises(StackConfigError) as err:
+        stack_config.parse(cfg, secret_keys=["pkiDir", "ssh", "nodes"])
+    assert [p[1:3] for p in err.value.problems] == [
+        ("pkiDir", "is set as a secret, but only sshPrivateKey is read as one"),
+        ("ssh", "is set as a secret, but only sshPrivateKey is read as one"),
+        ("nodes", "is set as a secret, but only sshPrivateKey is read as one"),
+    ]

@@ -1,0 +1,81 @@
+"""What an operator types and reads: `pulumi config set`, and what `pulumi up` shows under each node's resources."""
+
+import re
+import threading
+
+import pytest
+
+from tests.conftest import stack_config, ssh
+
+pytestmark = [pytest.mark.hosts, pytest.mark.engine]
+
+
+def diagnostics_section(output: str) -> dict[str, list[str]]:
+    """The CLI's "Diagnostics:" section: resource heading -> the message lines printed under it."""
+    found: dict[str, list[str]] = {}
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Diagnostics:"))
+    heading = None
+    for line in lines[start + 1:]:
+        if line and not line.startswith(" "):
+            break  # the next section (Outputs:, Resources:, ...)
+        if re.match(r"^  \S", line):
+            heading = line.strip().rstrip(":")
+            found[heading] = []
+        elif heading and line.strip():
+            found[heading].append(line.strip())
+    return found
+
+
+def test_waits_and_warnings_are_shown_under_the_nodes_resources(cluster, hosts, new_stack):
+    (h,) = hosts(1, start=False)
+    node = h.hostname
+    config = stack_config(cluster, [h], ssh={"user": "deploy", "privateKeyPath": str(cluster.ssh_key_path), "wait": 90},
+                          nodes=[{"id": node, "address": h.addr, "engines": {"vllm": {"bin": "/opt/vllm/bin/vllm"}}}])
+    stack = new_stack(config)
+    timer = threading.Timer(6, h.start)
+    timer.start()
+    up = stack.up()
+    timer.join()
+    assert up.ok, up.output
+
+    # The engine received each message with the URN of the resource it is about.
+    by_urn: dict[str, list[str]] = {}
+    for d in up.diagnostics():
+        if d.get("severity") == "debug":
+            continue  # the SDK's own trace of registrations
+        by_urn.setdefault(d.get("urn", ""), []).append(d["message"])
+    identity = next(u for u in by_urn if u.endswith(f"llmgw:NodeIdentity::{node}"))
+    agent = next(u for u in by_urn if u.endswith(f"llmgw:AgentInstall::{node}"))
+    check = next(u for u in by_urn if u.endswith(f"llmgw:EngineCheck::{node}"))
+    assert any(f"waiting up to 90s for ssh to deploy@{h.addr}" in m for m in by_urn[identity]), by_urn[identity]
+    assert any("answered after" in m for m in by_urn[identity]), by_urn[identity]
+    assert any("fetches llmgw v1.4.2" in m for m in by_urn[agent]), by_urn[agent]
+    assert any("vllm" in m and "/opt/vllm/bin/vllm" in m for m in by_urn[check]), by_urn[check]
+    assert not [m for m in by_urn.get("", []) if node in m], "messages about the node that belong to no resource"
+
+    # And the CLI prints them under the resource's heading, as the operator reads them.
+    section = diagnostics_section(up.output)
+    assert any("waiting up to 90s for ssh" in line for line in section[f"pulumi-python:dynamic/llmgw:NodeIdentity ({node})"])
+    assert any("fetches llmgw v1.4.2" in line for line in section[f"pulumi-python:dynamic/llmgw:AgentInstall ({node})"])
+    assert any(line.startswith("warning:") and "vllm" in line
+               for line in section[f"pulumi-python:dynamic/llmgw:EngineCheck ({node})"])
+
+
+def test_config_set_with_path_and_secret_as_an_operator_types_it(cluster, hosts, new_stack):
+    (h,) = hosts(1)
+    config = stack_config(cluster, [h])
+    del config["ssh"]["privateKeyPath"]
+    config["nodes"] = []
+    stack = new_stack(config)
+    # The SSH key as a secret from standard input, the node by path.
+    stack.config_set("llmgw:sshPrivateKey", cluster.ssh_key_path.read_text(), secret=True)
+    stack.config_set("llmgw:nodes[0].id", h.hostname, path=True)
+    stack.config_set("llmgw:nodes[0].address", h.addr, path=True)
+    stored = stack.config_path.read_text()
+    assert "secure:" in stored and "PRIVATE KEY" not in stored
+
+    up = stack.up()
+    assert up.ok, up.output
+    assert ssh(h, cluster, "systemctl is-active llmgw-agent")[1].strip() == "active"
+    assert cluster.control_plane.wait_for({h.hostname}, timeout=15)

@@ -1,0 +1,121 @@
+"""The program reads every llmgw:* key of the stack, refuses unknown ones, and tells the operator what to check."""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import pulumi
+import pytest
+
+from llmgw_pulumi import program
+from llmgw_pulumi.stack_config import StackConfigError
+
+STACK = {
+    "llmgw:pkiDir": "/srv/llmgw/pki",
+    "llmgw:servers": json.dumps(["cp1.example.net:7443"]),
+    "llmgw:agent": json.dumps({"version": "v1.4.2", "releaseUrl": "https://releases.example.net/llmgw"}),
+    "llmgw:ssh": json.dumps({"user": "deploy", "privateKeyPath": "/home/op/.ssh/id_ed25519"}),
+    "llmgw:nodes": json.dumps([{"id": "gpu-01", "address": "10.0.0.11"}]),
+    "aws:region": "eu-west-1",  # another namespace: not ours to judge
+}
+
+NEXT_STEPS_FOR_TWO = {
+    "expect": "within seconds, `llmgw ctl nodes` lists each of these node ids",
+    "nodeIds": ["gpu-01", "gpu-02"],
+    "refused": "an agent whose node id differs from its certificate's CN, by design "
+               "(each certificate issued here has CN = its node id)",
+}
+
+
+@pytest.fixture
+def stack_config(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv("PULUMI_CONFIG", raising=False)
+    yield
+    pulumi.runtime.set_all_config({}, [])
+
+
+def problems_of(config: dict[str, str], secret_keys: list[str] | None = None) -> list[tuple[str, str, str, str]]:
+    pulumi.runtime.set_all_config(config, secret_keys or [])
+    with pytest.raises(StackConfigError) as err:
+        program.main()
+    return err.value.problems
+
+
+def test_a_misspelled_top_level_key_is_an_error(stack_config: None) -> None:
+    problems = problems_of({**STACK, "llmgw:sever": json.dumps(["cp2.example.net:7443"])})
+    assert problems == [("llmgw", "sever", "is not a setting of this project", "did you mean servers?")]
+
+
+def test_a_misspelled_nested_key_is_an_error(stack_config: None) -> None:
+    problems = problems_of({**STACK, "llmgw:ssh": json.dumps({"user": "deploy", "privateKeyPath": "/k", "wiat": 5})})
+    assert problems == [("llmgw", "ssh.wiat", "is not an ssh setting", "did you mean wait?")]
+
+
+def test_keys_passed_in_the_environment_are_read_too(stack_config: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The language host hands the config to the program as PULUMI_CONFIG (JSON).
+    monkeypatch.setenv("PULUMI_CONFIG", json.dumps({"llmgw:certificat": "{}"}))
+    assert program.config_keys() == ["certificat"]
+    problems = problems_of(STACK)
+    assert [p[1] for p in problems] == ["certificat"]
+
+
+def test_a_secret_value_never_reaches_a_message(stack_config: None) -> None:
+    secret = "not-an-address-but-a-s3cret"
+    problems = problems_of({**STACK, "llmgw:servers": json.dumps([secret]), "llmgw:sshPrivateKey": secret},
+                           secret_keys=["llmgw:servers", "llmgw:sshPrivateKey"])
+    assert ("llmgw", "servers", "is set as a secret, but only sshPrivateKey is read as one") in [p[:3] for p in problems]
+    assert secret not in repr(problems)
+
+
+def test_next_steps_name_the_nodes_and_the_cn_rule() -> None:
+    assert program.next_steps(["gpu-01", "gpu-02"]) == NEXT_STEPS_FOR_TWO
+
+
+def test_next_steps_are_not_cut_by_the_cli() -> None:
+    # The CLI shows at most 150 characters of a line of a string output, then "...".
+    steps = program.next_steps([f"gpu-{i:03d}" for i in range(200)])
+    assert len(steps["nodeIds"]) == 200
+    texts = [v for v in steps.values() if isinstance(v, str)]
+    assert len(texts) == 2 and max(len(t) for t in texts) <= 150 and not any("\n" in t for t in texts)
+
+
+def test_the_next_steps_output_cannot_collide_with_a_node_id() -> None:
+    from llmgw_pulumi import validate
+
+    assert validate.node_id(program.NEXT_STEPS_OUTPUT) is not None
+
+
+def test_run_shows_a_config_error_as_the_only_error(stack_config: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under `pulumi up`, exit code 32 tells pulumi-language-python the operator already has the message
+    # (checked with the CLI: no "an unhandled error occurred" line after the list).
+    shown: list[str] = []
+    monkeypatch.setattr(pulumi.log, "error", lambda message, *a, **k: shown.append(message))
+    pulumi.runtime.set_all_config({**STACK, "llmgw:sever": "[]"}, [])
+    with pytest.raises(SystemExit) as exited:
+        program.run()
+    assert exited.value.code == 32
+    assert shown == ["stack config has 1 problem:\n  llmgw: sever: is not a setting of this project\n"
+                     "    fix: did you mean servers?"]
+
+
+def test_up_exports_the_next_steps(stack_config: None, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    class Mocks(pulumi.runtime.Mocks):
+        def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
+            return f"{args.name}-id", dict(args.inputs)
+
+        def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list]:
+            return {}, []
+
+    key = tmp_path / "id_ed25519"
+    key.write_text("not read in this test")
+    exported: dict[str, object] = {}
+    monkeypatch.setattr(pulumi, "export", lambda name, value: exported.__setitem__(name, value))
+    pulumi.runtime.set_mocks(Mocks(), preview=False)
+    pulumi.runtime.set_all_config({
+        **STACK,
+        "llmgw:ssh": json.dumps({"user": "deploy", "privateKeyPath": str(key)}),
+        "llmgw:nodes": json.dumps([{"id": "gpu-01", "address": "10.0.0.11"}, {"id": "gpu-02", "address": "10.0.0.12"}]),
+    }, [])
+    program.main()
+    assert exported["nextSteps"] == NEXT_STEPS_FOR_TWO
