@@ -13,10 +13,12 @@ starts from a clean node:
    python as shebang so `ctl cert issue-client` works; the nodes download the
    release from the lab release server), one node after another ("sequential")
    and all N at once ("parallel");
-2. `pulumi up` of the project's program (llmgw_pulumi.program.main) onboarding
-   the N nodes from an empty state, then on the onboarded fleet a no-op
-   `pulumi up`, `pulumi preview` and `pulumi refresh`, and `pulumi up` of an
-   empty program (registers nothing) as the engine's own floor;
+2. the `pulumi` CLI in a project directory, as an operator types it (lab.stack.LabStack):
+   `pulumi up` of this repository's project (its Pulumi.yaml and __main__.py)
+   onboarding the N nodes from an empty state, then on the onboarded fleet a
+   no-op `pulumi up`, `pulumi preview` and `pulumi refresh`, and `pulumi up` of
+   an empty project (a Pulumi.yaml like the repository's and a __main__.py that
+   registers nothing) as the engine's own floor;
 3. the floor: what the hosts must spend anyway, measured on fresh hosts with
    every file staged from outside: one SSH connection per host running `true`,
    then `update-ca-certificates` (the CA is new to the host), then
@@ -27,12 +29,12 @@ deltas of their network namespaces; sshd is the only listener on a lab host),
 CPU-seconds of the whole machine (/proc/stat user+nice+system+irq+softirq over
 all CPUs / CLK_TCK, containers included), the part of it that was ours, by
 cgroup: this process with its children (scripts, ssh, release server, control
-plane; the Pulumi program runs in this process under the Automation API), the
-`pulumi` CLI and the dynamic-provider plugin (wrappers move each into a cgroup
-of its own), and the lab hosts; and for `pulumi up` the state bytes per node
-(exported deployment JSON / N, with and without PEM bodies). Then the ratios
-issue 6 sets targets for, and where the time went (per-resource step durations
-from the engine's events, each engine CLI call, the script's phases).
+plane), the `pulumi` CLI (the engine), the Python language host with the
+program's python, and the dynamic-provider plugin (wrappers move each of the
+last three into a cgroup of its own), and the lab hosts; and for `pulumi up`
+the state bytes per node (exported deployment JSON / N, with and without PEM
+bodies). Then the ratios issue 6 sets targets for, and where the time went
+(per-resource step durations from the engine's event log, the script's phases).
 The results table, with the machine it ran on, is written to docs/benchmark.md
 (--quick: only printed, and written under the bench work dir); every figure of
 every run, as JSON, and the logs of each command go to
@@ -53,14 +55,25 @@ Why it is built this way:
   nothing else about OpenSSH's behaviour changes and /root/.ssh stays untouched.
 - The package is copied once at start and put first on PYTHONPATH, so an edit
   of the working tree during the run cannot mix two versions in one table.
-- The Automation API wraps each `pulumi up` in further CLI calls (`stack
-  output`, ...), about 2 s that an operator's `pulumi up` does not pay. A
-  wrapper `pulumi` (it runs the real one) times every CLI call, so the tables
-  show the `pulumi up` call itself next to the Automation API's wall time, and
-  the ratios use the former. (Under the Automation API the program runs in
-  this process: a plain `pulumi up` also starts the Python language host.)
+  The CLI passes its environment on to the language host, which runs the
+  program's python, and to the provider plugin, so both import the copy; setup
+  checks that with an unmeasured `pulumi preview` whose two pythons record the
+  files they import (PYTHONPYCACHEPREFIX, one directory per process kind).
+- CPU is split the way the processes are: the engine (`pulumi`), the language
+  host `pulumi-language-python` with the pythons it starts (the program, which
+  builds the resource graph, and its own queries of the venv: `pip list`,
+  `pip --version`, ...), and `pulumi-resource-pulumi-python` (the providers:
+  SSH, the nodes' work). The engine finds a plugin on PATH first, then beside the
+  running `pulumi`; the bench's engine directory holds a `pulumi` wrapper, the
+  real binary hard-linked beside it as `pulumi.real`, and a wrapper for each of
+  the two plugins that moves itself into its cgroup and execs the real plugin.
+  As the plugins are beside the binary that runs, the CLI sees a regular
+  install (no "using ... from $PATH" warning for them) and every child of a wrapper
+  (the language host's python, the provider's python) is counted with it.
+- Every engine run is one CLI call: its wall time is the `pulumi up` (preview,
+  refresh) an operator waits for, from start to the last line of output.
 - State is measured as `pulumi stack export` prints it, secrets encrypted, as
-  stored; the Automation API's export adds --show-secrets.
+  stored.
 - Other developers' labs may share the machine: the table shows their CPU
   rate during each run; --wait-quiet waits for it to stop before each run.
 - 50 ms added round-trip delay needs the netem qdisc; where the kernel lacks it
@@ -89,7 +102,10 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from lab.stack import LabStack
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("LLMGW_CACHE", "/var/cache/llmgw-pulumi"))
@@ -103,7 +119,10 @@ SSH_WAIT = 60
 DELAY_MS = 25  # per direction: +50 ms round trip
 OWN_CGROUP = Path("/sys/fs/cgroup/unified/llmgw-bench-b")
 ENGINE_CGROUP = OWN_CGROUP / "engine"  # the wrapper `pulumi` moves itself here
+PROGRAM_CGROUP = OWN_CGROUP / "program"  # the wrapper language host moves itself here; the program's python follows
 PROVIDER_CGROUP = OWN_CGROUP / "provider"  # the wrapper dynamic-provider plugin moves itself here
+#: Set for check_imports' preview only: the plugin wrappers then point PYTHONPYCACHEPREFIX at <it>/<kind>.
+IMPORT_RECORD_VAR = "LLMGW_BENCH_IMPORT_RECORD"
 HOSTS_CGROUP = Path(f"/sys/fs/cgroup/unified/lg{LAB_NAME}")
 BOOT_TIMEOUT = 180.0
 AGENT_TIMEOUT = 60.0
@@ -159,14 +178,16 @@ class Counters:
     """This process and all its children (includes `engine` and `provider`)."""
     hosts: float
     engine: float = 0.0
-    """The `pulumi` CLI processes (`up`, and the Automation API's `stack output`, ...)."""
+    """The `pulumi` CLI processes: the engine (`up`, `preview`, ...; also `stack select`, `stack export`)."""
     provider: float = 0.0
-    """The dynamic-provider plugin process (the project's providers run there)."""
+    """The dynamic-provider plugin processes (the project's providers run there)."""
+    program: float = 0.0
+    """The Python language host and the program's python it starts (`__main__.py`: the resource graph)."""
 
     @classmethod
     def now(cls) -> Counters:
         return cls(time.monotonic(), machine_cpu(), cgroup_cpu(OWN_CGROUP), cgroup_cpu(HOSTS_CGROUP),
-                   cgroup_cpu(ENGINE_CGROUP), cgroup_cpu(PROVIDER_CGROUP))
+                   cgroup_cpu(ENGINE_CGROUP), cgroup_cpu(PROVIDER_CGROUP), cgroup_cpu(PROGRAM_CGROUP))
 
     def __sub__(self, other: Counters) -> Counters:
         return Counters(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
@@ -176,15 +197,15 @@ class Counters:
 
     @property
     def bench_process(self) -> float:
-        """This process (the program under the Automation API, control plane) and children other than the engine."""
-        return self.operator - self.engine - self.provider
+        """This process (control plane, release server) and its children other than the CLI and its plugins."""
+        return self.operator - self.engine - self.provider - self.program
 
 
 @contextlib.contextmanager
 def own_cgroup() -> Iterator[None]:
     """Run this process (and every child started from now on) in a cgroup of its own.
 
-    Its CPU usage then separates our side (engine, provider, scripts, ssh,
+    Its CPU usage then separates our side (engine, program, provider, scripts, ssh,
     release server, control plane) from the lab hosts and from whatever else
     the machine runs. Not below lg<lab>: a lab sweep kills everything there.
     """
@@ -193,14 +214,14 @@ def own_cgroup() -> Iterator[None]:
     home = Path("/sys/fs/cgroup/unified") / root_rel.lstrip("/")
     OWN_CGROUP.mkdir(exist_ok=True)
     (OWN_CGROUP / "cgroup.procs").write_text(str(os.getpid()))
-    for sub in (ENGINE_CGROUP, PROVIDER_CGROUP):
+    for sub in (ENGINE_CGROUP, PROGRAM_CGROUP, PROVIDER_CGROUP):
         sub.mkdir(exist_ok=True)
     try:
         yield
     finally:
         (home / "cgroup.procs").write_text(str(os.getpid()))
         with contextlib.suppress(OSError):  # busy if a child outlived us; harmless, reused next time
-            for d in (ENGINE_CGROUP, PROVIDER_CGROUP, OWN_CGROUP):
+            for d in (ENGINE_CGROUP, PROGRAM_CGROUP, PROVIDER_CGROUP, OWN_CGROUP):
                 d.rmdir()
 
 
@@ -241,8 +262,6 @@ class Result:
     """Seconds from the start until every agent's stream was accepted (onboarding runs)."""
     remote_ops: int | None = None
     """Resource operations that reach a node (pulumi runs)."""
-    engine_s: float | None = None
-    """Seconds of the engine CLI call itself (`pulumi up`), without the Automation API's calls around it."""
     state: StateSize | None = None
     note: str = ""
     detail: dict[str, Any] = field(default_factory=dict)
@@ -269,9 +288,12 @@ class Step:
 class EngineSteps:
     """Start and end of every resource step of one engine run, as seen from this process.
 
-    The Automation API tails the engine's event log and calls back within about
-    0.1 s of each event: a ResourcePreEvent when a step starts (the provider call
-    follows), a ResOutputsEvent when it ends, a SummaryEvent when the engine is done.
+    LabStack tails the event log the CLI writes (``--event-log``) and calls back
+    within about 0.05 s of each event, a JSON object with one event field
+    (camelCase): ``resourcePreEvent`` when a step starts (the provider call
+    follows), ``resOutputsEvent`` or ``resOpFailedEvent`` when it ends,
+    ``summaryEvent`` when the engine is done. A step's ``metadata`` carries its
+    ``urn``, ``type`` and ``op`` ("create", "same", "update", "refresh", ...).
     """
 
     def __init__(self) -> None:
@@ -282,22 +304,22 @@ class EngineSteps:
         self.summary: float | None = None
         self._lock = threading.Lock()
 
-    def __call__(self, event: Any) -> None:
+    def __call__(self, event: dict[str, Any]) -> None:
         now = time.monotonic()
         with self._lock:
-            if event.prelude_event is not None:
+            if "preludeEvent" in event:
                 self.prelude = now
-            elif event.resource_pre_event is not None:
-                m = event.resource_pre_event.metadata
-                self.steps.setdefault(m.urn, []).append(Step(short_type(m.type), op_name(m.op), now))
-            elif event.res_outputs_event is not None or event.res_op_failed_event is not None:
-                m = (event.res_outputs_event or event.res_op_failed_event).metadata
-                open_steps = [s for s in self.steps.get(m.urn, []) if s.end is None]
+            elif "resourcePreEvent" in event:
+                m = event["resourcePreEvent"]["metadata"]
+                self.steps.setdefault(m["urn"], []).append(Step(short_type(m["type"]), m["op"], now))
+            elif "resOutputsEvent" in event or "resOpFailedEvent" in event:
+                m = (event.get("resOutputsEvent") or event["resOpFailedEvent"])["metadata"]
+                open_steps = [s for s in self.steps.get(m["urn"], []) if s.end is None]
                 if open_steps:
                     open_steps[0].end = now
-            elif event.summary_event is not None:
+            elif "summaryEvent" in event:
                 self.summary = now
-                self.changes = {op_name(k): int(v) for k, v in (event.summary_event.resource_changes or {}).items()}
+                self.changes = {op: int(n) for op, n in (event["summaryEvent"].get("resourceChanges") or {}).items()}
 
     def all_steps(self) -> list[Step]:
         return [s for steps in self.steps.values() for s in steps]
@@ -383,11 +405,6 @@ def transport_idle_seconds() -> float:
         return float("inf")
 
 
-def op_name(op: Any) -> str:
-    """The engine's op as a plain word ('create', 'same', ...); the SDK gives an enum."""
-    return str(getattr(op, "value", op))
-
-
 def short_type(type_: str) -> str:
     """'pulumi-python:dynamic/llmgw:NodeIdentity' -> 'NodeIdentity'."""
     return str(type_).rsplit(":", 1)[-1]
@@ -419,6 +436,8 @@ class Bench:
     delay_ms: int = 0
     wait_quiet: float = 0.0
     """Seconds to wait at most, before each run, for other work on the machine to stop."""
+    imports: str = ""
+    """What check_imports found: which copy of the package the engine's pythons import, and the CPU split."""
     started: float = field(default_factory=time.monotonic)
 
     # ----------------------------------------------------------------- paths
@@ -480,74 +499,102 @@ class Bench:
             raise RuntimeError(f"the release server did not start; see {self.log_dir / 'release-server.log'}")
         self.control_plane = ControlPlane(self.pki_dir, self.lab.gateway).start()
         self.engine_bin = engine_bin()
-        self._engine_wrapper()
+        self._engine_wrappers()
         self._snapshot_package()
+        self.imports = self.check_imports()
 
     @property
-    def engine_calls_log(self) -> Path:
-        return self.log_dir / "engine-calls.log"
+    def engine_dir(self) -> Path:
+        """The engine as the bench runs it: the real `pulumi` binary and wrappers of it and two plugins, side by side."""
+        return WORK / "engine-wrap" / "bin"
 
-    def _engine_wrapper(self) -> None:
-        """A `pulumi` that runs the real one and logs each call's start, end and verb.
+    def _engine_wrappers(self) -> None:
+        """`pulumi`, `pulumi-language-python` and `pulumi-resource-pulumi-python` that each count in a cgroup of their own.
 
-        The Automation API runs several CLI commands per operation (`up`, then
-        `stack output`, ...); the log shows which of them the wall time is.
+        Each wrapper moves itself into its cgroup and execs the real program
+        (same pid, so the CLI waits for and signals the real one; children such
+        as the language host's and the provider's pythons stay in the cgroup).
+        The engine looks a plugin up on PATH first and beside the running
+        `pulumi` binary second, and warns when the two differ; the real binary
+        is hard-linked here as `pulumi.real`, so both lookups find the wrappers.
+        The language host finds its `pulumi-language-python-exec` beside the
+        real binary it becomes.
         """
         assert self.engine_bin is not None
-        wrap = WORK / "engine-wrap" / "bin"
-        wrap.mkdir(parents=True, exist_ok=True)
-        script = wrap / "pulumi"
-        script.write_text(
-            "#!/bin/sh\n# bench/onboard.py: time every engine CLI call, then pass its status on.\n"
-            f"echo $$ > {ENGINE_CGROUP}/cgroup.procs 2>/dev/null\n"
-            "start=$(date +%s.%N)\n"
-            f'{self.engine_bin / "pulumi"} "$@"\n'
-            "rc=$?\n"
-            f'printf \'%s %s %s %s\\n\' "$start" "$(date +%s.%N)" "$rc" "$*" >> {self.engine_calls_log}\n'
-            "exit $rc\n"
-        )
-        script.chmod(0o755)
-        # The engine finds a provider plugin on PATH first: this one moves itself into its
-        # own cgroup and becomes the real plugin (exec keeps the pid the engine waits for).
-        plugin = wrap / "pulumi-resource-pulumi-python"
-        plugin.write_text(
-            "#!/bin/sh\n# bench/onboard.py: count the dynamic provider's CPU apart from the engine's.\n"
-            f"echo $$ > {PROVIDER_CGROUP}/cgroup.procs 2>/dev/null\n"
-            f'exec {self.engine_bin / "pulumi-resource-pulumi-python"} "$@"\n'
-        )
-        plugin.chmod(0o755)
-
-    def engine_calls(self, since: float, until: float) -> list[tuple[str, float, float]]:
-        """(command, start s after `since`, seconds) of every engine CLI call between two wall-clock times.
-
-        The command is the CLI's words up to its first option ('up', 'stack output', ...).
-        """
-        calls = []
-        with contextlib.suppress(OSError):
-            for line in self.engine_calls_log.read_text().splitlines():
-                start, end, _rc, *args = line.split()
-                words = [a for a in args if a != "--non-interactive"]
-                verb = " ".join(words[:next((i for i, w in enumerate(words) if w.startswith("-")), len(words))])
-                if since - 0.05 <= float(start) <= until:
-                    calls.append((verb, float(start) - since, float(end) - float(start)))
-        return calls
-
-    def export_state(self, stack: Any) -> dict[str, Any]:
-        """The deployment as `pulumi stack export` shows it: secrets stay encrypted, as in the stored state.
-
-        (The Automation API's export_stack adds --show-secrets, which would measure plaintext.)
-        """
-        out = subprocess.run(["pulumi", "stack", "export", "--stack", stack.name],
-                             cwd=stack.work_dir, env=stack.env, capture_output=True, text=True, check=True).stdout
-        deployment: dict[str, Any] = json.loads(out)["deployment"]
-        return deployment
+        d = self.engine_dir
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        real = d / "pulumi.real"
+        try:
+            os.link(self.engine_bin / "pulumi", real)
+        except OSError:  # another file system
+            shutil.copy2(self.engine_bin / "pulumi", real)
+        wrappers: dict[str, tuple[Path, Path, str | None]] = {
+            "pulumi": (ENGINE_CGROUP, real, None),
+            "pulumi-language-python": (PROGRAM_CGROUP, self.engine_bin / "pulumi-language-python", "program"),
+            "pulumi-resource-pulumi-python": (PROVIDER_CGROUP, self.engine_bin / "pulumi-resource-pulumi-python",
+                                              "provider"),
+        }
+        for name, (cgroup, target, kind) in wrappers.items():
+            lines = ["#!/bin/sh", f"# bench/onboard.py: count {name} (and its children) in {cgroup.name}/.",
+                     f"echo $$ > {cgroup}/cgroup.procs 2>/dev/null"]
+            if kind is not None:  # check_imports: each kind of python records its imports apart
+                lines.append(f'if [ -n "${{{IMPORT_RECORD_VAR}:-}}" ]; then unset PYTHONDONTWRITEBYTECODE; '
+                             f'PYTHONPYCACHEPREFIX="${IMPORT_RECORD_VAR}/{kind}"; export PYTHONPYCACHEPREFIX; fi')
+            lines.append(f'exec {target} "$@"')
+            script = d / name
+            script.write_text("\n".join(lines) + "\n")
+            script.chmod(0o755)
 
     def _snapshot_package(self) -> None:
-        """Freeze the package as it is now; the engine's provider process and this one import the copy."""
+        """Freeze the package as it is now; the program's and the providers' pythons and this one import the copy."""
         shutil.rmtree(self.snapshot, ignore_errors=True)
         shutil.copytree(REPO / "llmgw_pulumi", self.snapshot / "llmgw_pulumi",
                         ignore=shutil.ignore_patterns("__pycache__"))
         sys.path.insert(0, str(self.snapshot))
+
+    def check_imports(self) -> str:
+        """Prove, with an unmeasured `pulumi preview`, that the engine's pythons import the snapshot and the CPU split holds.
+
+        The preview of one node (an unused address: a preview only checks the
+        inputs, in the provider, and contacts no node) runs with
+        PYTHONPYCACHEPREFIX set by the plugin wrappers to one directory per kind
+        of process (and PYTHONDONTWRITEBYTECODE unset), where each python writes
+        the bytecode of every module it imports under the source file's absolute
+        path: a record of which copy of the package the program and the
+        providers really imported. The preview's CPU must also show in each of
+        the three cgroups.
+        """
+        record = WORK / "import-record"
+        shutil.rmtree(record, ignore_errors=True)
+        stack = self.new_stack("import-check", extra_env={IMPORT_RECORD_VAR: str(record)})
+        stack.set_config(self.stack_config([("import-check", f"{LAB_SUBNET}.250")]))
+        c0 = Counters.now()
+        run = stack.preview()
+        cpu = Counters.now() - c0
+        (self.log_dir / "import-check-preview.log").write_text(run.output)
+        if not run.ok:
+            raise RuntimeError(f"the import check's `pulumi preview` failed:\n{run.output[-2000:]}")
+        problems = []
+        found: dict[str, list[str]] = {}
+        for kind, must in (("program", "llmgw_pulumi/program"), ("provider", "llmgw_pulumi/providers/")):
+            imported = [p.relative_to(record / kind) for p in (record / kind).rglob("*.pyc") if "llmgw_pulumi" in p.parts]
+            snapshot = self.snapshot.relative_to("/")
+            elsewhere = ["/" + p.as_posix() for p in imported if not p.is_relative_to(snapshot)]
+            found[kind] = sorted(p.relative_to(snapshot).as_posix() for p in imported if p.is_relative_to(snapshot))
+            if elsewhere:
+                problems.append(f"the {kind} imported another copy of the package: {elsewhere[:3]}")
+            if not any(m.startswith(must) for m in found[kind]):
+                problems.append(f"the {kind} did not import {must}* from {self.snapshot}")
+        for part in ("engine", "program", "provider"):
+            if getattr(cpu, part) <= 0:
+                problems.append(f"no CPU counted for the {part} (its wrapper did not take effect)")
+        if problems:
+            raise RuntimeError("import check (see %s): %s" % (self.log_dir / "import-check-preview.log",
+                                                               "; ".join(problems)))
+        return (f"the program imported {len(found['program'])} and the provider {len(found['provider'])} modules "
+                f"of llmgw_pulumi, all from {self.snapshot}; preview CPU-s: engine {cpu.engine:.2f}, "
+                f"language host + program {cpu.program:.2f}, provider {cpu.provider:.2f}")
 
     def package_fingerprint(self) -> str:
         """git HEAD, whether the package differs from it, and a hash of the measured package files."""
@@ -643,8 +690,7 @@ class Bench:
         ssh = self.ssh_opens(hosts) - opens0
         label = f"{scenario} (+{2 * self.delay_ms} ms RTT)" if self.delay_ms else scenario
         result = Result(size, label, ok, wall, ssh, cpu, idle, idle_own, agents_up=agents_up,
-                        remote_ops=detail.pop("remote_ops", None), engine_s=detail.pop("engine_s", None),
-                        note=detail.pop("note", ""), detail=detail)
+                        remote_ops=detail.pop("remote_ops", None), note=detail.pop("note", ""), detail=detail)
         self.results.append(result)
         self.say(one_line(result))
         return result
@@ -724,32 +770,43 @@ class Bench:
 
     # ----------------------------------------------------------------- pulumi
 
-    def new_stack(self, name: str, program: Callable[[], Any] | None = None) -> Any:
+    def new_stack(self, name: str, project: Path = REPO, extra_env: dict[str, str] | None = None) -> LabStack:
+        """A stack of `project` in its own work dir, run by the bench's engine with the package snapshot first."""
         from lab.stack import LabStack, engine_env
 
         assert self.engine_bin is not None
-        wrap = WORK / "engine-wrap" / "bin"
-        env = engine_env(wrap, WORK / "pulumi-home", WORK / "state")
-        env["PATH"] = f"{wrap}:{self.engine_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-        env["PYTHONPATH"] = f"{self.snapshot}:{REPO}"
-        return LabStack(WORK / "projects" / name, name, env, program)
+        env = engine_env(self.engine_bin, WORK / "pulumi-home", WORK / "state")
+        env["PATH"] = f"{self.engine_dir}:{env['PATH']}"  # the wrappers before the real engine
+        env["PYTHONPATH"] = str(self.snapshot)
+        env.update(extra_env or {})
+        return LabStack(WORK / "projects" / name, name, env, project=project)
 
-    def stack_config(self, hosts: Sequence[Any]) -> dict[str, Any]:
-        """Like stacks/Pulumi.local.yaml, for this lab's hosts."""
+    def empty_project(self) -> Path:
+        """The repository's Pulumi.yaml beside a __main__.py that registers nothing: the engine's own floor."""
+        project = WORK / "empty-project"
+        shutil.rmtree(project, ignore_errors=True)
+        project.mkdir(parents=True)
+        shutil.copy2(REPO / "Pulumi.yaml", project / "Pulumi.yaml")
+        (project / "__main__.py").write_text(
+            '"""Registers nothing (bench/onboard.py): `pulumi up` of it is what the engine costs on its own."""\n')
+        return project
+
+    def stack_config(self, nodes: Sequence[tuple[str, str]]) -> dict[str, Any]:
+        """Like stacks/Pulumi.local.yaml, for (node id, address) pairs of this lab."""
         return {
             "pkiDir": str(self.pki_dir),
             "servers": [self.control_plane.address],
             "agent": {"version": RELEASE, "releaseUrl": self.release_url},
             "ssh": {"user": SSH_USER, "privateKeyPath": str(self.lab.ssh_key_path), "wait": SSH_WAIT},
-            "nodes": [{"id": h.hostname, "address": h.addr} for h in hosts],
+            "nodes": [{"id": node_id, "address": address} for node_id, address in nodes],
         }
 
-    def engine_run(self, stack: Any, command: str, log_name: str, **kwargs: Any) -> tuple[bool, dict[str, Any]]:
-        """One engine command on `stack`, with its per-step timing; the output goes to a log file."""
-        since = time.time()
+    def engine_run(self, stack: LabStack, command: str, log_name: str) -> tuple[bool, dict[str, Any]]:
+        """One engine command (`pulumi <command>`) on `stack`, with its per-step timing; output and events go to logs."""
         steps = EngineSteps()
-        run = getattr(stack, command)(on_event=steps, **kwargs)
+        run = getattr(stack, command)(on_event=steps)
         (self.log_dir / f"{log_name}.log").write_text(run.output)
+        (self.log_dir / f"{log_name}.events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in run.events))
         detail: dict[str, Any] = {
             "steps": steps.by_type(),
             "max_in_flight": steps.max_in_flight(),
@@ -757,9 +814,7 @@ class Bench:
             "remote_ops": steps.remote_ops(),
             "timeline": steps.timeline(),
             "chains": steps.chains(transport_idle_seconds()),
-            "cli_calls": self.engine_calls(since, time.time()),
         }
-        detail["engine_s"] = next((d for verb, _, d in detail["cli_calls"] if verb == command), None)
         if not run.ok:
             detail["note"] = f"FAILED (see {self.log_dir / (log_name + '.log')}): " + run.output.strip()[-300:]
         return run.ok, detail
@@ -767,16 +822,17 @@ class Bench:
     def pulumi_runs(self, size: int, hosts: Sequence[Any]) -> None:
         tag = f"n{size}" + (f"d{self.delay_ms}" if self.delay_ms else "")
         stack = self.new_stack(f"bench-{tag}")
-        stack.set_config(self.stack_config(hosts))
+        stack.set_config(self.stack_config([(h.hostname, h.addr) for h in hosts]))
         up = self.measure(size, "pulumi up, from scratch", hosts,
                           lambda: self.engine_run(stack, "up", f"{tag}-up"), agents=True)
         if not up.ok:
             return
-        up.state = state_size(self.export_state(stack), size)
+        # As `pulumi stack export` prints it: secrets stay encrypted, as in the stored state.
+        up.state = state_size(json.loads(stack.export_raw())["deployment"], size)
         self.repeated(size, "pulumi up, no-op", hosts, lambda i: self.engine_run(stack, "up", f"{tag}-noop-{i}"))
         self.measure(size, "pulumi preview", hosts, lambda: self.engine_run(stack, "preview", f"{tag}-preview"))
         self.measure(size, "pulumi refresh", hosts, lambda: self.engine_run(stack, "refresh", f"{tag}-refresh"))
-        empty = self.new_stack(f"empty-{tag}", program=empty_program)
+        empty = self.new_stack(f"empty-{tag}", project=self.empty_project())
         first = empty.up()  # creates the stack resource; the measured ups after it change nothing, like a no-op up
         if not first.ok:
             print(f"  empty stack: first up FAILED: {first.output[-300:]}")
@@ -790,11 +846,11 @@ class Bench:
         for i in range(self.repeats):
             runs.append(self.measure(size, f"{scenario} #{i + 1}", hosts, lambda i=i: action(i)))
             self.results.pop()
-        runs.sort(key=lambda r: r.engine_s if r.engine_s is not None else r.wall)
+        runs.sort(key=lambda r: r.wall)
         chosen = runs[len(runs) // 2]
         chosen.scenario = chosen.scenario.rsplit(" #", 1)[0]
         if len(runs) > 1:
-            times = ", ".join(f"{r.engine_s if r.engine_s is not None else r.wall:.2f}" for r in runs)
+            times = ", ".join(f"{r.wall:.2f}" for r in runs)
             chosen.note = (chosen.note + f" median of {len(runs)}: {times} s").strip()
         chosen.detail["all_walls"] = [r.wall for r in runs]
         self.results.append(chosen)
@@ -896,10 +952,6 @@ class Bench:
         return True
 
 
-def empty_program() -> None:
-    """Registers nothing: `pulumi up` of it is what the engine costs on its own."""
-
-
 def seed_unit() -> str:
     """The llmgw-agent unit exactly as the seed script writes it (its heredoc)."""
     text = SEED_SCRIPT.read_text()
@@ -961,15 +1013,14 @@ def one_line(r: Result) -> str:
              if r.state else "")
     status = "" if r.ok else "  FAILED"
     note = f"  [{r.note}]" if r.note else ""
-    engine = f" (`pulumi` CLI {r.engine_s:.2f}s)" if r.engine_s is not None else ""
-    return (f"N={r.size} {r.scenario}: {r.wall:.2f}s wall{engine}, {r.ssh} SSH, CPU {r.cpu.machine:.1f}s machine, "
+    return (f"N={r.size} {r.scenario}: {r.wall:.2f}s wall, {r.ssh} SSH, CPU {r.cpu.machine:.1f}s machine, "
             f"{r.cpu_own:.1f}s ours + hosts = {cpu_split(r.cpu)}{agents}{state}{status}{note}")
 
 
 def cpu_split(c: Counters) -> str:
     """Where the CPU-s of ours + hosts went."""
     return (f"this process & scripts/ssh {c.bench_process:.1f} + engine CLI {c.engine:.1f} "
-            f"+ provider {c.provider:.1f} + hosts {c.hosts:.1f}")
+            f"+ language host & program {c.program:.1f} + provider {c.provider:.1f} + hosts {c.hosts:.1f}")
 
 
 def machine_description() -> dict[str, str]:
@@ -992,17 +1043,16 @@ def own_cpu(r: Result) -> float:
 
 
 def table(results: Sequence[Result]) -> str:
-    rows = ["| N | run | wall s | `pulumi` CLI s | SSH conns | SSH/node | CPU-s machine | CPU-s ours + hosts "
+    rows = ["| N | run | wall s | SSH conns | SSH/node | CPU-s machine | CPU-s ours + hosts "
             "| CPU-s/node (ours + hosts) | other work CPU-s/s | agents up s | state B/node (w/o PEM) | notes |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         mark = "*" if is_floor(r) else ""
         state = f"{r.state.per_node:,.0f} ({r.state.per_node_no_pem:,.0f})" if r.state else ""
         agents = f"{r.agents_up:.1f}" if r.agents_up is not None else ""
-        engine = f"{r.engine_s:.2f}" if r.engine_s is not None else ""
         other = (r.cpu.machine - r.cpu_own) / r.cpu.wall if r.cpu.wall > 0 else 0.0
         note = ("FAILED " if not r.ok else "") + r.note.replace("|", "/")
-        rows.append(f"| {r.size} | {r.scenario} | {r.wall:.2f} | {engine} | {r.ssh} | {r.ssh / r.size:.1f} "
+        rows.append(f"| {r.size} | {r.scenario} | {r.wall:.2f} | {r.ssh} | {r.ssh / r.size:.1f} "
                     f"| {r.cpu.machine:.1f} | {own_cpu(r):.1f}{mark} ({r.cpu.operator:.1f} + {r.cpu.hosts:.1f}) "
                     f"| {own_cpu(r) / r.size:.2f}{mark} | {other:.2f} | {agents} | {state} | {note} |")
     return "\n".join(rows)
@@ -1035,20 +1085,14 @@ def ratios(results: Sequence[Result], sizes: Sequence[int]) -> list[Ratio]:
     noop, empty = get(hi, "pulumi up, no-op"), get(hi, "pulumi up, empty stack")
     floor = get(hi, "floor: both steps over 1 SSH connection")
     wall = lambda r: r.wall if r else None  # noqa: E731
-    cli = lambda r: r.engine_s if r else None  # noqa: E731
     own = lambda r: r.cpu_own if r else None  # noqa: E731
     machine = lambda r: r.cpu.machine if r else None  # noqa: E731
-    both = "the `pulumi up` CLI call; Automation API wall: {:.2f}"
-    auto_ratio = lambda a, b: (a / b) if a and b else float("nan")  # noqa: E731
-    add(f"pulumi up time, {hi} nodes / {lo} node(s)", cli(up_hi), cli(up_lo), "<= 3", lambda v: v <= 3,
-        both.format(auto_ratio(wall(up_hi), wall(up_lo))))
-    add(f"baseline sequential wall / pulumi up time, {hi} nodes", wall(seq), cli(up_hi), ">= 8", lambda v: v >= 8,
-        both.format(auto_ratio(wall(seq), wall(up_hi))))
-    add(f"baseline parallel wall / pulumi up time, {hi} nodes", wall(par), cli(up_hi), ">= 2", lambda v: v >= 2,
-        both.format(auto_ratio(wall(par), wall(up_hi))))
+    add(f"pulumi up time, {hi} nodes / {lo} node(s)", wall(up_hi), wall(up_lo), "<= 3", lambda v: v <= 3)
+    add(f"baseline sequential wall / pulumi up time, {hi} nodes", wall(seq), wall(up_hi), ">= 8", lambda v: v >= 8)
+    add(f"baseline parallel wall / pulumi up time, {hi} nodes", wall(par), wall(up_hi), ">= 2", lambda v: v >= 2)
     for base, label in ((seq, "sequential"), (par, "parallel")):
         add(f"CPU-s per node, pulumi up / baseline {label}, {hi} nodes: ours + hosts", own(up_hi), own(base),
-            "<= 0.5", lambda v: v <= 0.5, "this process's cgroup (engine, provider, scripts, ssh) + the hosts' cgroups")
+            "<= 0.5", lambda v: v <= 0.5, "this process's cgroup (engine, program, provider, scripts, ssh) + the hosts' cgroups")
         add(f"CPU-s per node, pulumi up / baseline {label}, {hi} nodes: machine", machine(up_hi), machine(base),
             "<= 0.5", lambda v: v <= 0.5, "whole machine, other work on it included")
     operator = lambda r: r.cpu.operator if r else None  # noqa: E731
@@ -1058,8 +1102,8 @@ def ratios(results: Sequence[Result], sizes: Sequence[int]) -> list[Ratio]:
             operator(base), "(info)", None, "this process's cgroup only: what a real operator machine pays")
         add(f"CPU-s per node on the hosts, pulumi up / baseline {label}, {hi} nodes", hosts(up_hi), hosts(base),
             "(info)", None, "the hosts' cgroups only: what each real node pays")
-    add(f"no-op up time, {hi} nodes / empty-stack up time", cli(noop), cli(empty), "<= 1.2", lambda v: v <= 1.2,
-        "medians; " + both.format(auto_ratio(wall(noop), wall(empty))))
+    add(f"no-op up time, {hi} nodes / empty-stack up time", wall(noop), wall(empty), "<= 1.2", lambda v: v <= 1.2,
+        "medians")
     out.append(Ratio(f"SSH connections of a no-op up, {hi} nodes", float(noop.ssh) if noop else None, "0",
                      None if noop is None else noop.ssh == 0, ""))
     for size in sorted(sizes):
@@ -1081,7 +1125,7 @@ def ratios(results: Sequence[Result], sizes: Sequence[int]) -> list[Ratio]:
     floor_wall = max(floor.cpu_own_net / nproc, floor.wall) if floor else None
     how = (f"floor at {hi}: max(its CPU-s / {nproc} CPUs, its own wall) = {floor_wall:.1f}s" if floor and floor_wall
            else "no floor measured")
-    add(f"least possible up time at {hi} nodes (the floor) / pulumi up time at {lo}", floor_wall, cli(up_lo),
+    add(f"least possible up time at {hi} nodes (the floor) / pulumi up time at {lo}", floor_wall, wall(up_lo),
         "(info)", None, how + "; compare with the <= 3 target")
     add(f"baseline sequential wall / least possible up time at {hi} nodes", wall(seq), floor_wall, "(info)", None,
         "the most speed-up over the sequential baseline this machine allows (target >= 8)")
@@ -1101,14 +1145,13 @@ def ratio_table(items: Sequence[Ratio]) -> str:
 
 
 def where_time_goes(results: Sequence[Result]) -> str:
-    """Step timings of the engine runs, their CLI calls, and the script's phases, as text."""
+    """Step timings of the engine runs and the script's phases, as text."""
     lines = []
     for r in results:
         if "timeline" in r.detail:
             tl = ", ".join(f"{k} {v:.1f}s" for k, v in r.detail["timeline"].items())
-            calls = ", ".join(f"`{verb}` {start:.1f}+{dur:.1f}s" for verb, start, dur in r.detail.get("cli_calls", []))
-            lines.append(f"- N={r.size} {r.scenario}: {r.wall:.2f}s. Engine events at: {tl}. CLI calls (start+duration): "
-                         f"{calls}. At most {r.detail.get('max_in_flight')} provider steps in flight; "
+            lines.append(f"- N={r.size} {r.scenario}: {r.wall:.2f}s. Engine events at: {tl}. "
+                         f"At most {r.detail.get('max_in_flight')} provider steps in flight; "
                          f"changes {r.detail.get('changes')}")
             ch = r.detail.get("chains") or {}
             if ch:
@@ -1129,13 +1172,14 @@ def where_time_goes(results: Sequence[Result]) -> str:
 
 def cpu_breakdown(results: Sequence[Result]) -> str:
     """CPU-s of each run split by cgroup, and the rest of the machine."""
-    rows = ["| N | run | this process, scripts, ssh | engine CLI | provider | hosts | other work on the machine |",
-            "|---:|---|---:|---:|---:|---:|---:|"]
+    rows = ["| N | run | this process, scripts, ssh | engine CLI | language host + program | provider | hosts "
+            "| other work on the machine |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         if r.scenario.startswith("floor: both"):
             continue
         c = r.cpu
-        rows.append(f"| {r.size} | {r.scenario} | {c.bench_process:.1f} | {c.engine:.1f} | {c.provider:.1f} "
+        rows.append(f"| {r.size} | {r.scenario} | {c.bench_process:.1f} | {c.engine:.1f} | {c.program:.1f} | {c.provider:.1f} "
                     f"| {c.hosts:.1f} | {c.machine - r.cpu_own:.1f} |")
     return "\n".join(rows)
 
@@ -1165,7 +1209,7 @@ Generated by `{command}` ({started}, {seconds / 60:.1f} min). Measurement only, 
 pass/fail test; see the docstring of `bench/onboard.py` for what each run does and why.
 
 Machine: {machine['nproc']} CPUs ({machine['cpu']}), {machine['memory']} memory, kernel {machine['kernel']},
-{machine['openssh']}. Package measured: {fingerprint}. Lab hosts: systemd-nspawn containers
+{machine['openssh']}. Package measured: {fingerprint}; {bench.imports}. Lab hosts: systemd-nspawn containers
 booting Debian 12 systemd on one bridge; every scenario starts on freshly booted hosts.
 
 {netem}
@@ -1174,14 +1218,13 @@ Columns: *SSH conns* = TCP connections the hosts accepted (sshd is their only li
 *CPU-s machine* = busy time of all CPUs over the run (includes the hosts and anything
 else the machine ran); an onboarding run's CPU window lasts until every agent's stream is
 accepted (*agents up*). *ours + hosts* = this process with all its children (engine,
-provider, scripts, ssh, release server, control plane) + the lab hosts' cgroups, shown as
-(ours + hosts); the rest of the machine total is other work on the machine (e.g. other
-developers' labs), shown as *other work CPU-s/s* during the run (2.0 = both CPUs busy with
-it: wall times are then inflated). *`pulumi` CLI s* = the engine's `up`/`preview`/`refresh`
-call itself; *wall* of an engine run adds the Automation API's calls around it.
-`*` = floor rows: net of what ours + hosts spend idle over the same time. No-op and
-empty-stack ups are the median of {bench.repeats} runs. Engine CLI calls are timed through
-a wrapper `pulumi` that runs the real one.
+language host and program, provider, scripts, ssh, release server, control plane) + the
+lab hosts' cgroups, shown as (ours + hosts); the rest of the machine total is other work
+on the machine (e.g. other developers' labs), shown as *other work CPU-s/s* during the run
+(2.0 = both CPUs busy with it: wall times are then inflated). *wall* of an engine run is
+the one `pulumi up`/`preview`/`refresh` CLI call, run in the project directory as an
+operator types it. `*` = floor rows: net of what ours + hosts spend idle over the same
+time. No-op and empty-stack ups are the median of {bench.repeats} runs.
 
 ## Results
 
@@ -1193,7 +1236,7 @@ a wrapper `pulumi` that runs the real one.
 
 ## Where the time goes
 
-Engine runs: step start and end as the engine reported them (within ~0.1 s), per
+Engine runs: step start and end as the engine's event log reported them (within ~0.1 s), per
 resource type and operation; a step in flight may be waiting inside the provider.
 Baseline: the script's own progress lines, mean seconds per node.
 
@@ -1201,10 +1244,11 @@ Baseline: the script's own progress lines, mean seconds per node.
 
 ## Where the CPU goes
 
-CPU-s per cgroup: this process (under the Automation API it runs the Pulumi program and
-the language host; also the control plane, the release server, and for the baseline the
-scripts, `ssh`/`scp` and `llmgw ctl`), the `pulumi` CLI processes, the dynamic-provider
-plugin (the project's providers), the lab hosts; and the rest of the machine.
+CPU-s per cgroup: this process (the control plane, the release server, and for the
+baseline the scripts, `ssh`/`scp` and `llmgw ctl`), the `pulumi` CLI (the engine), the
+Python language host with the program's python (`__main__.py`: stack config, the resource
+graph), the dynamic-provider plugins (the project's providers: SSH and the nodes' work),
+the lab hosts; and the rest of the machine.
 
 {cpu_breakdown(bench.results)}
 
@@ -1251,6 +1295,7 @@ def main(argv: list[str] | None = None) -> int:
             bench.setup()
             fingerprint = bench.package_fingerprint()
             bench.say(f"set up; package: {fingerprint}")
+            bench.say(f"import check: {bench.imports}")
             netem = bench.try_netem()
             if not netem:
                 print(f"skipping the runs with +{2 * DELAY_MS} ms round-trip delay: {bench.netem_skip_reason}",
