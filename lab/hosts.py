@@ -773,6 +773,8 @@ class Lab:
         """Create the netns, veth and overlay dirs of host `index` (not booted).
 
         Preparing an index again returns the same Host (with the new hostname, if given).
+        A host whose netns already exists was prepared by another process (lab/vmctl.py):
+        its network is adopted as it is.
         """
         if not 1 <= index <= MAX_HOSTS:
             raise ValueError(f"host index must be 1..{MAX_HOSTS}, got {index}")
@@ -795,7 +797,8 @@ class Lab:
                 console_log=hdir / "console.log",
             )
             self.hosts[index] = host
-        self._add_netns(host.netns, host.veth, host.addr)
+        if host.netns not in _netns_list():
+            self._add_netns(host.netns, host.veth, host.addr)
         for d in (host.upper, host.work, host.root):
             d.mkdir(parents=True, exist_ok=True)
         return host

@@ -6,8 +6,25 @@ Data flows along the chain, so the order is real, not declared: the identity
 needs the certificate; the agent needs the host key NodeIdentity recorded (it
 is pinned for every later connection) and the hostname it read (agent.yaml
 says node_id only when they differ); the engine check runs once the agent is
-installed. Pass the VM the node runs on in ``opts.depends_on`` (or take the
-address from its outputs) and `pulumi up` onboards it as soon as it exists.
+installed.
+
+The node's VM can be another resource of the same program: take the address
+from its outputs and pass it in ``opts`` as ``depends_on=[vm]`` and
+``replace_with=[vm]``. A component is never replaced itself, so ``Node``
+hands both options to each of its four resources: `pulumi up` onboards the
+node as soon as the VM exists, and when the VM is replaced (re-imaged: same
+address, new disk, new host key) the node's resources are replaced with it
+and onboard the new machine, trusting its new host key, instead of
+refusing it as a substituted machine. The engine honours ``replace_with``
+before it asks a provider for a diff, so it works for these dynamic
+resources with their own diff (``replace_on_changes`` would not). If the VM
+must be gone before its replacement exists (a fixed address), give the VM
+``delete_before_replace=True``: the engine then removes the node from the old
+machine before it deletes the VM.
+
+By default each node's resources run in one of several provider processes,
+chosen by a hash of the node id (see ``llmgw_pulumi.shards``); give
+``providers={"pulumi-python": ...}`` in ``opts`` to choose yourself.
 """
 
 from __future__ import annotations
@@ -21,6 +38,7 @@ from .providers.agent import AgentInstall, AgentInstallArgs
 from .providers.certificate import ClientCertificate, ClientCertificateArgs
 from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
+from .shards import PACKAGE, provider_for
 
 
 @dataclass
@@ -75,7 +93,7 @@ class Node(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: NodeArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
         super().__init__("llmgw:index:Node", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        child = self._child_options(name, args, opts or pulumi.ResourceOptions())
         conn = args.connection.to_input()
 
         self.certificate = ClientCertificate(name, ClientCertificateArgs(
@@ -102,7 +120,7 @@ class Node(pulumi.ComponentResource):
         self.engine_check = EngineCheck(name, EngineCheckArgs(
             node_id=args.node_id, connection=conn, known_host_key=known_host_key, engines=args.engines,
             fail_on_problems=args.fail_on_engine_problems,
-        ), pulumi.ResourceOptions(parent=self, depends_on=[self.agent]))
+        ), pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[self.agent])))
 
         # Engine problems are warnings on this node's check, visible in `pulumi up`.
         check = self.engine_check
@@ -118,3 +136,15 @@ class Node(pulumi.ComponentResource):
             "agent_sha256": self.agent.installed_sha256,
             "engine_problems": self.engine_check.problems,
         })
+
+    def _child_options(self, name: str, args: NodeArgs, opts: pulumi.ResourceOptions) -> pulumi.ResourceOptions:
+        """Options of the four resources: this node as parent, the node's VM dependencies, its provider process.
+
+        ``depends_on`` and ``replace_with`` act on the resources that do the
+        work, not on the component. Without a `pulumi-python` provider given
+        (in opts or by a parent), the node's shard is used.
+        """
+        child = pulumi.ResourceOptions(parent=self, depends_on=opts.depends_on, replace_with=opts.replace_with)
+        if self.get_provider(f"{PACKAGE}:dynamic:Resource") is None:
+            child.providers = {PACKAGE: provider_for(args.node_id if isinstance(args.node_id, str) else name)}
+        return child

@@ -106,35 +106,6 @@ def agent_inputs(source: stack_config.AgentSource) -> dict[str, str | None]:
     return {"version": version, "release_url": release_url, "binary_path": binary_path, "binary_sha256": binary_sha}
 
 
-PROVIDER_SHARDS = 8
-"""Dynamic-provider processes a stack spreads its nodes over.
-
-One `pulumi-resource-pulumi-python` process answers at most 4 calls at once
-(its gRPC server has 4 workers), which would onboard at most 4 nodes at a
-time. Each explicit provider resource of the `pulumi-python` package is a
-process of its own, so nodes are spread over up to this many. A node's shard
-comes from a hash of its id, so it never moves when nodes are added or
-removed (a resource that changes provider could be replaced), and all four
-of its resources share one process, hence one pooled SSH connection.
-"""
-
-
-def shard_of(node_id: str, shards: int = PROVIDER_SHARDS) -> int:
-    return int(hashlib.sha256(node_id.encode()).hexdigest(), 16) % shards
-
-
-def provider_shards(node_ids: list[str]) -> dict[str, pulumi.ProviderResource]:
-    """node id -> the provider process (resource) it runs in; only shards in use are created."""
-    providers: dict[int, pulumi.ProviderResource] = {}
-    out = {}
-    for node_id in node_ids:
-        k = shard_of(node_id)
-        if k not in providers:
-            providers[k] = pulumi.ProviderResource("pulumi-python", f"llmgw-shard-{k}")
-        out[node_id] = providers[k]
-    return out
-
-
 NEXT_STEPS_OUTPUT = "nextSteps"
 """The stack output telling the operator what to check (SPEC step 9); not a DNS label, so never a node id."""
 
@@ -180,7 +151,6 @@ def main() -> dict[str, Node]:
     stack_agent = agent_inputs(spec.agent)
     credentials = ssh_credentials(spec, secret_key)
     nodes: dict[str, Node] = {}
-    shards = provider_shards([n.node_id for n in spec.nodes])
     for n in spec.nodes:
         agent = agent_inputs(n.agent) if n.agent else stack_agent
         nodes[n.node_id] = Node(n.node_id, NodeArgs(
@@ -198,7 +168,7 @@ def main() -> dict[str, Node]:
             validity_hours=spec.validity_hours,
             renew_before_hours=spec.renew_before_hours,
             fail_on_engine_problems=n.fail_on_engine_problems,
-        ), pulumi.ResourceOptions(providers={"pulumi-python": shards[n.node_id]}))
+        ))  # each node runs in its shard's provider process (llmgw_pulumi.shards)
         pulumi.export(n.node_id, {
             "hostname": nodes[n.node_id].identity.hostname,
             "certificate_not_after": nodes[n.node_id].certificate.not_after,

@@ -17,6 +17,7 @@ and built on first use, so `pytest tests/unit` stays instant.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import shutil
@@ -187,7 +188,14 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
 
 
 def resource_count(node_ids: list[str]) -> int:
-    """Resources the program registers: the stack, one provider process per shard in use, five per node."""
-    from llmgw_pulumi.program import shard_of
+    """Resources the program registers: the stack, one provider process per shard in use, five per node.
 
-    return 1 + len({shard_of(n) for n in node_ids}) + 5 * len(node_ids)
+    The shard of a node is its contract, stated here independently of the
+    package: sha256 of the node id, as a big-endian number, modulo 8.
+    """
+    return 1 + len({shard(n) for n in node_ids}) + 5 * len(node_ids)
+
+
+def shard(node_id: str) -> int:
+    """The provider shard a node id is spread to (see resource_count)."""
+    return int.from_bytes(hashlib.sha256(node_id.encode()).digest(), "big") % 8

@@ -15,7 +15,7 @@ import yaml
 from cryptography import x509
 
 from lab.doubles.llmgw import build_llmgw
-from tests.conftest import NEXT_RELEASE, resource_count, ssh, stack_config, wait_until
+from tests.conftest import NEXT_RELEASE, resource_count, shard, ssh, stack_config, wait_until
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
@@ -95,10 +95,8 @@ def test_new_node_id_on_the_same_host_replaces_without_losing_files(cluster, hos
     up_clean(stack)
     stack.set_config(stack_config(cluster, [h], ids=["gpu-new"]))
     run = up_clean(stack)
-    from llmgw_pulumi.program import shard_of
-
     # The old node's component and four resources (and its provider shard, if the new id hashes elsewhere).
-    assert run.result.summary.resource_changes.get("delete") == 5 + (shard_of("gpu-old") != shard_of("gpu-new")), run.output
+    assert run.result.summary.resource_changes.get("delete") == 5 + (shard("gpu-old") != shard("gpu-new")), run.output
     cert = x509.load_pem_x509_certificate(h.read_file("/etc/llmgw/agent.pem"))
     assert cert.subject.rfc4514_string() == "CN=gpu-new"
     for path in ("/etc/llmgw/agent-key.pem", "/etc/llmgw/ca.pem", "/usr/local/bin/llmgw", "/etc/llmgw/agent.yaml",
@@ -210,39 +208,6 @@ def test_destroy_removes_everything_and_leaves_engines_running(cluster, hosts, n
     assert ca_line not in h.read_file("/etc/ssl/certs/ca-certificates.crt").decode(), "CA still trusted"
     assert ssh(h, cluster, "systemctl is-active llmgw-agent")[1].strip() in ("inactive", "unknown")
     assert ssh(h, cluster, f"test -d /proc/{engine_pid} && echo alive")[1].strip() == "alive", "destroy killed the engine"
-
-
-def test_a_vm_from_another_resource_previews_unknown_and_onboards_in_one_up(cluster, lab, new_stack, tmp_path):
-    import pulumi
-
-    from lab.vm import Hypervisor, TestVM
-    from llmgw_pulumi import ConnectionArgs, Node, NodeArgs
-    from tests.conftest import RELEASE, _indices, _indices_lock
-
-    with _indices_lock:
-        index = next(_indices)
-    hv = Hypervisor(lab, tmp_path / "hv.sock").start()
-    key = cluster.ssh_key_path.read_text()
-
-    def program() -> None:
-        vm = TestVM("vm1", index, "vm-one", str(hv.socket_path))
-        Node("gpu-vm1", NodeArgs(
-            node_id="gpu-vm1", connection=ConnectionArgs(host=vm.address, user="deploy", private_key=key, wait=60),
-            servers=[cluster.control_plane.address], pki_dir=str(cluster.pki_dir), version=RELEASE,
-            release_url=cluster.release_url), pulumi.ResourceOptions(depends_on=[vm]))
-
-    stack = new_stack({}, program=program)
-    try:
-        preview = stack.preview()
-        assert preview.ok, preview.output
-        assert preview.result.change_summary.get("create") == 7, preview.output  # stack, vm, node + 4
-        up_clean(stack)
-        assert cluster.control_plane.wait_for({"gpu-vm1"}, timeout=15)
-        assert stack.destroy().ok
-        assert not lab.hosts[index].running, "destroying the VM resource stopped the host"
-    finally:
-        hv.stop()
-        lab.hosts[index].stop()
 
 
 def test_preview_on_a_reviewers_machine_without_ssh_key_or_ca_key(cluster, hosts, new_stack, tmp_path):

@@ -1,0 +1,36 @@
+"""Nodes built by this program's own code, with the public API only (not from `llmgw:nodes`).
+
+The fleet is a list in the program; per-node settings are computed here. Only
+the addresses (an inventory, as a CMDB or another stack's outputs would give
+them) and the cluster settings come from the stack config. Each `Node` runs
+its resources in one of several provider processes by itself (see
+`llmgw_pulumi.shards`), so the nodes are onboarded in parallel.
+"""
+
+import pulumi
+
+from llmgw_pulumi import ConnectionArgs, Node, NodeArgs
+
+FLEET = [
+    # (node id, fabric or None)
+    ("gpu-a", None),
+    ("gpu-b", {"name": "ib-east", "hcas": ["mlx5_0"]}),
+]
+
+config = pulumi.Config("llmgw")
+inventory = config.require_object("inventory")  # node id -> address
+ssh = config.require_object("ssh")
+agent = config.require_object("agent")
+
+for node_id, fabric in FLEET:
+    node = Node(node_id, NodeArgs(
+        node_id=node_id,
+        connection=ConnectionArgs(host=inventory[node_id], user=ssh.get("user", "root"),
+                                  private_key_path=ssh["privateKeyPath"], wait=ssh.get("wait", 120)),
+        servers=config.require_object("servers"),
+        pki_dir=config.require("pkiDir"),
+        version=agent["version"],
+        release_url=agent.get("releaseUrl"),
+        fabrics=[fabric] if fabric else None,
+    ))
+    pulumi.export(node_id, {"hostname": node.identity.hostname, "certificate_not_after": node.certificate.not_after})

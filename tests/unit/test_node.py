@@ -1,0 +1,166 @@
+"""The Node component's wiring, under the SDK's mock monitor: what each resource is registered with.
+
+The monitor records every RegisterResource request as the engine would get
+it: type, name, parent, provider reference, dependencies and replaceWith.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pytest
+from pulumi.runtime.mocks import MockMonitor
+
+from llmgw_pulumi import ConnectionArgs, Node, NodeArgs
+from llmgw_pulumi.shards import PROVIDER_SHARDS, provider_for, shard_name, shard_of
+
+NODE_TYPES = {"pulumi-python:dynamic/llmgw:" + t for t in ("ClientCertificate", "NodeIdentity", "AgentInstall", "EngineCheck")}
+PROVIDER_TYPE = "pulumi:providers:pulumi-python"
+
+
+class Mocks(pulumi.runtime.Mocks):
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        return f"{args.name}-id", dict(args.inputs)
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        return {}, []
+
+
+class RecordingMonitor(MockMonitor):
+    def __init__(self) -> None:
+        super().__init__(Mocks())
+        self.requests: list[Any] = []
+
+    def RegisterResource(self, request: Any) -> Any:
+        self.requests.append(request)
+        return super().RegisterResource(request)
+
+    def of_type(self, types: set[str] | str) -> list[Any]:
+        types = {types} if isinstance(types, str) else types
+        return [r for r in self.requests if r.type in types]
+
+
+@pytest.fixture
+def monitor() -> RecordingMonitor:
+    m = RecordingMonitor()
+    pulumi.runtime.set_mocks(Mocks(), preview=False, monitor=m)
+    return m
+
+
+def node_args(node_id: Any, host: Any = "10.0.0.11") -> NodeArgs:
+    return NodeArgs(node_id=node_id, connection=ConnectionArgs(host=host, private_key_path="/k"),
+                    servers=["cp:7443"], pki_dir="/pki", version="v1.4.2", release_url="https://r")
+
+
+def ids_in_distinct_shards(n: int) -> list[str]:
+    seen: dict[int, str] = {}
+    i = 0
+    while len(seen) < n:
+        seen.setdefault(shard_of(f"gpu-{i:02d}"), f"gpu-{i:02d}")
+        i += 1
+    return list(seen.values())
+
+
+def same_shard_pair() -> tuple[str, str]:
+    first: dict[int, str] = {}
+    for i in range(100):
+        node = f"vm-{i:02d}"
+        if (k := shard_of(node)) in first:
+            return first[k], node
+        first[k] = node
+    raise AssertionError("no two ids share a shard")
+
+
+def settle(*outputs: pulumi.Output[Any]) -> pulumi.Output[Any]:
+    return pulumi.Output.all(*outputs)
+
+
+def test_shard_of_is_stable_and_spreads():
+    # Pinned: a node whose shard moved would get a new provider, and the engine would replace its resources.
+    assert {n: shard_of(n) for n in ("gpu-01", "gpu-02", "node-a", "vm-one")} == {"gpu-01": 3, "gpu-02": 3, "node-a": 1, "vm-one": 2}
+    assert {shard_of(f"gpu-{i:03d}") for i in range(200)} == set(range(PROVIDER_SHARDS))
+    assert shard_name(3) == "llmgw-shard-3"
+
+
+@pulumi.runtime.test
+def test_a_nodes_four_resources_run_in_its_shards_provider_process(monitor):
+    a, b = ids_in_distinct_shards(2)
+    c, d = same_shard_pair()
+    nodes = [Node(n, node_args(n)) for n in (a, b, c, d)]
+
+    def check(_: Any) -> None:
+        providers = monitor.of_type(PROVIDER_TYPE)
+        # One provider resource per shard in use, top-level, named as before.
+        assert sorted(p.name for p in providers) == sorted({shard_name(shard_of(n)) for n in (a, b, c, d)})
+        assert [p.parent.split("::")[-2:] for p in providers] == [["pulumi:pulumi:Stack", "project-stack"]] * len(providers)
+        for n in (a, b, c, d):
+            children = [r for r in monitor.of_type(NODE_TYPES) if r.name == n]
+            assert len(children) == 4
+            assert {r.provider.split("::")[3] for r in children} == {shard_name(shard_of(n))}, n
+
+    return settle(*[x.engine_check.urn for x in nodes]).apply(check)
+
+
+@pulumi.runtime.test
+def test_given_providers_are_used_and_no_shard_is_made(monitor):
+    mine = pulumi.ProviderResource("pulumi-python", "mine")
+    node = Node("gpu-01", node_args("gpu-01"), pulumi.ResourceOptions(providers={"pulumi-python": mine}))
+
+    def check(_: Any) -> None:
+        assert [p.name for p in monitor.of_type(PROVIDER_TYPE)] == ["mine"]
+        assert {r.provider.split("::")[3] for r in monitor.of_type(NODE_TYPES)} == {"mine"}
+
+    return node.engine_check.urn.apply(check)
+
+
+@pulumi.runtime.test
+def test_a_node_id_known_only_later_shards_by_the_component_name(monitor):
+    node = Node("gpu-07", node_args(pulumi.Output.from_input("gpu-07")))
+
+    def check(_: Any) -> None:
+        assert {r.provider.split("::")[3] for r in monitor.of_type(NODE_TYPES)} == {shard_name(shard_of("gpu-07"))}
+
+    return node.engine_check.urn.apply(check)
+
+
+@pulumi.runtime.test
+def test_the_vm_in_depends_on_and_replace_with_reaches_all_four_resources(monitor):
+    vm = pulumi.CustomResource("command:local:Command", "vm", {"stdout": None})
+    other = pulumi.CustomResource("command:local:Command", "dns", {})
+    node = Node("gpu-vm", node_args("gpu-vm", host=vm.urn.apply(lambda _: "10.0.0.30")),
+                pulumi.ResourceOptions(depends_on=[vm, other], replace_with=[vm]))
+
+    def check(urns: list[str]) -> None:
+        vm_urn, other_urn = urns[0], urns[1]
+        children = monitor.of_type(NODE_TYPES)
+        assert len(children) == 4
+        for r in children:
+            assert list(r.replace_with) == [vm_urn], r.type
+            assert {vm_urn, other_urn} <= set(r.dependencies), r.type
+        check_req = next(r for r in children if r.type.endswith("EngineCheck"))
+        agent_urn = next(r for r in monitor.requests if r.type.endswith("AgentInstall")).name
+        assert any(d.endswith(f"AgentInstall::{agent_urn}") for d in check_req.dependencies)
+
+    return settle(vm.urn, other.urn, node.engine_check.urn).apply(check)
+
+
+@pulumi.runtime.test
+def test_a_node_without_vm_options_has_none_on_its_resources(monitor):
+    node = Node("gpu-01", node_args("gpu-01"))
+
+    def check(_: Any) -> None:
+        for r in monitor.of_type(NODE_TYPES):
+            assert list(r.replace_with) == []
+            assert not [d for d in r.dependencies if "command" in d]
+
+    return node.engine_check.urn.apply(check)
+
+
+@pulumi.runtime.test
+def test_provider_for_makes_each_shard_once_per_program_run(monitor):
+    a, b = same_shard_pair()
+    assert provider_for(a) is provider_for(b)
+    first = provider_for(a)
+    pulumi.runtime.set_mocks(Mocks(), preview=False, monitor=RecordingMonitor())  # the next program run
+    assert provider_for(a) is not first
