@@ -9,9 +9,10 @@
   key that differs from the expected one is refused, naming both fingerprints.
 - Root: when the user is not root every script runs under ``sudo -n``; a sudo
   that wants a password, or a user without sudo, is a clear error.
-- Reuse: connections are pooled per (address, user, key) inside the provider
-  process, so all resources of one node share one SSH handshake per
-  deployment; a connection idle for ``IDLE_SECONDS`` is closed.
+- Reuse: a ``Pool`` (the provider process's ``runner.Nodes``) keeps one
+  connection per (address, port, user, key), so all resources of one node
+  share one SSH handshake per deployment; a connection idle for
+  ``IDLE_SECONDS`` is closed by the pool's reaper.
 
 paramiko and socket exceptions are translated here, once, into the package's
 errors, each naming the node.
@@ -27,7 +28,7 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import paramiko
@@ -43,6 +44,7 @@ from .errors import (
     UnreachableError,
 )
 from .remote import Script
+from .runner import Result
 from .specs import Connection
 
 log = logging.getLogger(__name__)
@@ -54,13 +56,6 @@ IDLE_SECONDS = 60.0
 NodeIdentity and its AgentInstall when the engine queues steps (seen: 22.6 s at 30 nodes on 2 cores)."""
 RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0)
 """Back-off between connection attempts while a node refuses; the last value repeats."""
-
-
-@dataclass(frozen=True)
-class Result:
-    rc: int
-    stdout: str
-    stderr: str = field(repr=False)
 
 
 def fingerprint(host_key: str) -> str:
@@ -213,7 +208,10 @@ def _feed(chan: paramiko.Channel, data: bytes) -> None:
 UNREACHABLE_MEMORY = 30.0
 """Seconds a node that could not be reached is reported unreachable at once, without waiting again:
 a refresh of a machine that is gone costs one wait, not one per resource."""
-_unreachable: dict[tuple[str, int], tuple[float, str]] = {}
+
+
+class WaitExpired(UnreachableError):
+    """The node did not answer SSH within its wait: remembered by the pool, so it is not waited for again at once."""
 
 
 def _handshake(conn: Connection, node: str, key_type: str | None) -> paramiko.Transport:
@@ -245,7 +243,6 @@ def _handshake(conn: Connection, node: str, key_type: str | None) -> paramiko.Tr
                 raise HostKeyChangedError(
                     node, f"{conn.host} no longer offers a {key_type} host key, the type that was pinned or recorded; "
                           "refusing to connect") from None
-            _unreachable.pop((conn.host, conn.port), None)
             if attempt:
                 log.info("%s: ssh to %s answered after %.0fs", node, conn.target, time.monotonic() - started)
             return transport
@@ -256,8 +253,7 @@ def _handshake(conn: Connection, node: str, key_type: str | None) -> paramiko.Tr
             attempt += 1
             if time.monotonic() + delay >= deadline:
                 message = f"cannot reach {conn.user}@{conn.host} over ssh after {conn.wait:.0f}s (last error: {exc or type(exc).__name__})"
-                _unreachable[(conn.host, conn.port)] = (time.monotonic(), message)
-                raise UnreachableError(node, message) from None
+                raise WaitExpired(node, message) from None
             if attempt == 1:  # once per wait: the operator sees that, and why, this node is waited for
                 log.info("%s: waiting up to %.0fs for ssh to %s (%s)", node, conn.wait, conn.target, exc or type(exc).__name__)
             time.sleep(delay)
@@ -266,9 +262,6 @@ def _handshake(conn: Connection, node: str, key_type: str | None) -> paramiko.Tr
 def connect(conn: Connection, node: str, expected_host_key: str | None) -> Session:
     """A new authenticated session. ``expected_host_key``: pinned or recorded key, or None to trust on first use."""
     expected = conn.host_key or expected_host_key
-    recent = _unreachable.get((conn.host, conn.port))
-    if recent and time.monotonic() - recent[0] < UNREACHABLE_MEMORY:
-        raise UnreachableError(node, recent[1])
     transport = _handshake(conn, node, expected.split()[0] if expected else None)
     try:
         key = transport.get_remote_server_key()
@@ -302,76 +295,103 @@ class _Pooled:
     users: int = 0
 
 
-_pool: dict[tuple[str, int, str, str], _Pooled] = {}
-_pool_lock = threading.Lock()
-_key_locks: dict[tuple[str, int, str, str], threading.Lock] = {}
-_reaper_started = False
+PoolKey = tuple[str, int, str, str]
 
 
-def _pool_key(conn: Connection) -> tuple[str, int, str, str]:
-    return (conn.host, conn.port, conn.user, hashlib.sha256((conn.private_key or conn.private_key_path or "").encode()).hexdigest())
+class Pool:
+    """The SSH connections of one provider process (its ``runner.Nodes``).
 
-
-def _reap() -> None:
-    while True:
-        time.sleep(IDLE_SECONDS / 4)
-        now = time.monotonic()
-        with _pool_lock:
-            for key, entry in list(_pool.items()):
-                if entry.users == 0 and (now - entry.last_used > IDLE_SECONDS or not entry.session.alive):
-                    entry.session.close()
-                    del _pool[key]
-
-
-@contextmanager
-def session(conn: Connection, node: str, expected_host_key: str | None = None) -> Iterator[Session]:
-    """A pooled session: reuses the node's open connection, or opens one.
-
-    The host key is checked on every checkout, so a pooled connection is never
-    handed to a resource that expects a different machine.
+    One connection per (address, port, user, key), handed to every resource
+    of that node; one handshake at a time per node even when its resources run
+    concurrently; a reaper thread closes connections idle for
+    ``idle_seconds``; a node found unreachable is reported so at once for
+    ``unreachable_memory`` seconds instead of being waited for again.
     """
-    global _reaper_started
-    key = _pool_key(conn)
-    with _pool_lock:
-        lock = _key_locks.setdefault(key, threading.Lock())
-        if not _reaper_started:
-            threading.Thread(target=_reap, name="llmgw-ssh-reaper", daemon=True).start()
-            _reaper_started = True
-    with lock:  # one handshake per node even when its resources run concurrently
-        with _pool_lock:
-            entry = _pool.get(key)
-            if entry and not entry.session.alive:
+
+    def __init__(self, idle_seconds: float = IDLE_SECONDS, unreachable_memory: float = UNREACHABLE_MEMORY) -> None:
+        self.idle_seconds = idle_seconds
+        self.unreachable_memory = unreachable_memory
+        self._entries: dict[PoolKey, _Pooled] = {}
+        self._lock = threading.Lock()
+        self._key_locks: dict[PoolKey, threading.Lock] = {}
+        self._unreachable: dict[tuple[str, int], tuple[float, str]] = {}
+        self._reaper: threading.Thread | None = None
+
+    @staticmethod
+    def _key(conn: Connection) -> PoolKey:
+        return (conn.host, conn.port, conn.user,
+                hashlib.sha256((conn.private_key or conn.private_key_path or "").encode()).hexdigest())
+
+    def _reap(self) -> None:
+        while True:
+            time.sleep(self.idle_seconds / 4)
+            now = time.monotonic()
+            with self._lock:
+                for key, entry in list(self._entries.items()):
+                    if entry.users == 0 and (now - entry.last_used > self.idle_seconds or not entry.session.alive):
+                        entry.session.close()
+                        del self._entries[key]
+
+    def _connect(self, conn: Connection, node: str, expected_host_key: str | None) -> Session:
+        where = (conn.host, conn.port)
+        recent = self._unreachable.get(where)
+        if recent and time.monotonic() - recent[0] < self.unreachable_memory:
+            raise UnreachableError(node, recent[1])
+        try:
+            opened = connect(conn, node, expected_host_key)
+        except WaitExpired as exc:
+            self._unreachable[where] = (time.monotonic(), exc.message)
+            raise
+        self._unreachable.pop(where, None)
+        return opened
+
+    @contextmanager
+    def session(self, conn: Connection, node: str, expected_host_key: str | None = None) -> Iterator[Session]:
+        """A pooled session: reuses the node's open connection, or opens one.
+
+        The host key is checked on every checkout, so a pooled connection is never
+        handed to a resource that expects a different machine.
+        """
+        key = self._key(conn)
+        with self._lock:
+            lock = self._key_locks.setdefault(key, threading.Lock())
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap, name="llmgw-ssh-reaper", daemon=True)
+                self._reaper.start()
+        with lock:  # one handshake per node even when its resources run concurrently
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry and not entry.session.alive:
+                    entry.session.close()
+                    del self._entries[key]
+                    entry = None
+            if entry is None:
+                entry = _Pooled(self._connect(conn, node, expected_host_key), time.monotonic())
+                with self._lock:
+                    self._entries[key] = entry
+            else:
+                expected = conn.host_key or expected_host_key
+                if expected and expected.split()[:2] != entry.session.host_key.split()[:2]:
+                    raise HostKeyChangedError(
+                        node, f"{conn.host} presented host key {fingerprint(entry.session.host_key)}, but "
+                              f"{fingerprint(expected)} was expected; refusing to use it")
+            with self._lock:
+                entry.users += 1
+        try:
+            yield entry.session
+        except RemoteCommandError:
+            # A broken connection must not be handed out again.
+            with self._lock:
+                if self._entries.get(key) is entry and not entry.session.alive:
+                    del self._entries[key]
+            raise
+        finally:
+            with self._lock:
+                entry.users -= 1
+                entry.last_used = time.monotonic()
+
+    def close_all(self) -> None:
+        with self._lock:
+            for entry in self._entries.values():
                 entry.session.close()
-                del _pool[key]
-                entry = None
-        if entry is None:
-            entry = _Pooled(connect(conn, node, expected_host_key), time.monotonic())
-            with _pool_lock:
-                _pool[key] = entry
-        else:
-            expected = conn.host_key or expected_host_key
-            if expected and expected.split()[:2] != entry.session.host_key.split()[:2]:
-                raise HostKeyChangedError(
-                    node, f"{conn.host} presented host key {fingerprint(entry.session.host_key)}, but "
-                          f"{fingerprint(expected)} was expected; refusing to use it")
-        with _pool_lock:
-            entry.users += 1
-    try:
-        yield entry.session
-    except RemoteCommandError:
-        # A broken connection must not be handed out again.
-        with _pool_lock:
-            if _pool.get(key) is entry and not entry.session.alive:
-                del _pool[key]
-        raise
-    finally:
-        with _pool_lock:
-            entry.users -= 1
-            entry.last_used = time.monotonic()
-
-
-def close_all() -> None:
-    with _pool_lock:
-        for entry in _pool.values():
-            entry.session.close()
-        _pool.clear()
+            self._entries.clear()

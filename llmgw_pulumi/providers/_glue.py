@@ -19,14 +19,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from contextlib import AbstractContextManager
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult
 
-from .. import errors
+from .. import errors, runner
 from ..errors import LlmgwError
 from ..remote import Exit
+from ..runner import Runner
 from ..specs import Problems, is_unknown
 from . import _diagnostics
 
@@ -191,8 +193,6 @@ def gone_on_delete(exc: Exception) -> None:
     log.warning("%s; assuming the machine is gone, nothing was removed from it", exc)
 
 
-def session(conn: Any, node: str, expected_host_key: str | None) -> Any:
-    """A pooled SSH session to the node (transport.session), importing the transport on first use."""
-    from .. import transport
-
-    return transport.session(conn, node, expected_host_key)
+def session(conn: Any, node: str, expected_host_key: str | None) -> AbstractContextManager[Runner]:
+    """A session to the node from the process's current ``runner.Nodes`` (the SSH pool, imported on first use)."""
+    return runner.current().session(conn, node, expected_host_key)

@@ -1,0 +1,79 @@
+"""The seam between the providers and the nodes: what a provider needs of a node, and who provides it.
+
+Providers never talk SSH themselves. They ask the current ``Nodes`` for a
+session to a node (``session(conn, node, expected_host_key)``) and run
+scripts in it; a session is a ``Runner``. In a provider process the current
+``Nodes`` is the SSH connection pool of ``transport`` (created on first use,
+so previews never import paramiko). Tests install another one with ``use``:
+tests/fakenode.py runs the real scripts against a directory on the test
+machine, so the providers' create, update, read and delete run in seconds,
+without root and without SSH.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator, Protocol
+
+if TYPE_CHECKING:
+    from .remote import Script
+    from .specs import Connection
+
+
+@dataclass(frozen=True)
+class Result:
+    """How a script ended on the node: its exit status and what it printed."""
+
+    rc: int
+    stdout: str
+    stderr: str = field(repr=False)
+
+
+class Runner(Protocol):
+    """A session with one node: runs scripts as root."""
+
+    host_key: str
+    """The SSH host key the node presented ('type base64'), recorded in state on first use."""
+
+    def run(self, script: Script, timeout: float = 900) -> Result:
+        """Run ``script`` as root; return its result whatever its exit status."""
+        ...
+
+
+class Nodes(Protocol):
+    """Hands out sessions to nodes, checking each node's host key."""
+
+    def session(self, conn: Connection, node: str,
+                expected_host_key: str | None = None) -> AbstractContextManager[Runner]:
+        """A session to the node ``conn`` names. ``expected_host_key``: recorded or pinned; None trusts on first use."""
+        ...
+
+    def close_all(self) -> None:
+        """Close every session this holds."""
+        ...
+
+
+_current: Nodes | None = None
+
+
+def current() -> Nodes:
+    """The ``Nodes`` in use in this process: the SSH pool unless a test installed another."""
+    global _current
+    if _current is None:
+        from .transport import Pool
+
+        _current = Pool()
+    return _current
+
+
+@contextmanager
+def use(nodes: Nodes) -> Iterator[Nodes]:
+    """Make ``nodes`` the current ``Nodes`` inside the block (tests)."""
+    global _current
+    before, _current = _current, nodes
+    try:
+        yield nodes
+    finally:
+        nodes.close_all()
+        _current = before
