@@ -32,8 +32,6 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import paramiko
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from .errors import (
     AuthenticationError,
@@ -60,49 +58,40 @@ RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0)
 
 def fingerprint(host_key: str) -> str:
     """OpenSSH-style SHA256 fingerprint of 'type base64' public key text."""
-    blob = base64.b64decode(host_key.split()[1])
-    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    key_type, blob = host_key.split()[:2]
+    return str(paramiko.PKey.from_type_string(key_type, base64.b64decode(blob)).fingerprint)
 
 
-def private_key_text(conn: Connection, node: str) -> str:
-    """The SSH key: given inline (a secret input), or read now from its path on this machine."""
-    if conn.private_key:
-        return conn.private_key
-    if conn.private_key_path:
+KEY_CLASSES: tuple[type[paramiko.PKey], ...] = (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey)
+"""The key types an operator's SSH key may be, in the order paramiko is asked to load it."""
+
+
+def load_private_key(conn: Connection, node: str) -> paramiko.PKey:
+    """The operator's SSH key (OpenSSH or traditional PEM; ed25519, ECDSA or RSA), loaded by paramiko.
+
+    Given inline (the llmgw:sshPrivateKey secret) or read now from its path on
+    this machine. Errors never quote the key.
+    """
+    text = conn.private_key
+    if not text and conn.private_key_path:
         try:
             with open(conn.private_key_path) as f:
-                return f.read()
+                text = f.read()
         except OSError as exc:
             raise ConfigError(node, "connection.private_key_path", f"cannot read {conn.private_key_path}: {exc.strerror}",
                               "run Pulumi where the operator's SSH key is, or fix llmgw:ssh.privateKeyPath") from None
-    raise ConfigError(node, "connection.private_key", "is not available on this machine",
-                      "set llmgw:ssh.privateKeyPath to a readable key, or the llmgw:sshPrivateKey secret")
-
-
-def load_private_key(text: str | None, node: str) -> paramiko.PKey:
-    """Parse an SSH private key (OpenSSH or PEM). Errors never quote the key."""
     if not text:
         raise ConfigError(node, "connection.private_key", "is not available on this machine",
                           "set llmgw:ssh.privateKeyPath to a readable key, or the llmgw:sshPrivateKey secret")
-    data = text.encode()
-    try:
+    for cls in KEY_CLASSES:
         try:
-            loaded = serialization.load_ssh_private_key(data, password=None)
-        except ValueError:
-            loaded = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError):
-        raise ConfigError(node, "connection.private_key", "cannot be parsed (or is passphrase-protected)",
-                          "give an unencrypted OpenSSH or PEM private key (ed25519, ECDSA or RSA)") from None
-    cls: type[paramiko.PKey]
-    if isinstance(loaded, ed25519.Ed25519PrivateKey):
-        cls = paramiko.Ed25519Key
-    elif isinstance(loaded, ec.EllipticCurvePrivateKey):
-        cls = paramiko.ECDSAKey
-    elif isinstance(loaded, rsa.RSAPrivateKey):
-        cls = paramiko.RSAKey
-    else:
-        raise ConfigError(node, "connection.private_key", "is of an unsupported key type", "use an ed25519, ECDSA or RSA key")
-    return cls.from_private_key(io.StringIO(text))
+            return cls.from_private_key(io.StringIO(text))
+        except paramiko.PasswordRequiredException:
+            break
+        except (paramiko.SSHException, ValueError, TypeError):
+            continue
+    raise ConfigError(node, "connection.private_key", "cannot be parsed (or is passphrase-protected)",
+                      "give an unencrypted OpenSSH or PEM private key (ed25519, ECDSA or RSA)")
 
 
 class Session:
@@ -272,7 +261,7 @@ def connect(conn: Connection, node: str, expected_host_key: str | None) -> Sessi
                 f"{conn.host} presented host key {fingerprint(presented)}, but {fingerprint(expected)} "
                 f"was {'pinned' if conn.host_key else 'recorded when the node was onboarded'}; refusing to connect",
             )
-        pkey = load_private_key(private_key_text(conn, node), node)
+        pkey = load_private_key(conn, node)
         try:
             transport.auth_publickey(conn.user, pkey)
         except paramiko.AuthenticationException:

@@ -9,9 +9,9 @@ as an in-place update.
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import hashlib
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -47,15 +47,15 @@ def ca_fingerprint(pki_dir: str) -> str | None:
     """SHA-256 of the CA certificate in the PKI dir (of its DER form), or None where it cannot be read here.
 
     Public data, read locally: it lets a preview tell a rotated CA (every
-    certificate must be re-issued) from a PKI dir that merely moved. Plain
-    base64 and hashlib, so previews need not load cryptography.
+    certificate must be re-issued) from a PKI dir that merely moved. The
+    standard library's PEM decoding and hashlib, so previews need not load
+    cryptography.
     """
     try:
-        text = (Path(pki_dir) / "ca.pem").read_text()
-        body = text.split("-----BEGIN CERTIFICATE-----", 1)[1].split("-----END CERTIFICATE-----", 1)[0]
-        return hashlib.sha256(base64.b64decode(body)).hexdigest()
-    except (OSError, IndexError, ValueError):
+        der = ssl.PEM_cert_to_DER_cert((Path(pki_dir) / "ca.pem").read_text())
+    except (OSError, ValueError):
         return None
+    return hashlib.sha256(der).hexdigest()
 
 
 class ClientCertificateProvider(ResourceProvider):
