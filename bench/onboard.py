@@ -190,10 +190,10 @@ class Counters:
                    cgroup_cpu(ENGINE_CGROUP), cgroup_cpu(PROVIDER_CGROUP), cgroup_cpu(PROGRAM_CGROUP))
 
     def __sub__(self, other: Counters) -> Counters:
-        return Counters(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+        return Counters(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)))
 
     def __add__(self, other: Counters) -> Counters:
-        return Counters(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+        return Counters(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)))
 
     @property
     def bench_process(self) -> float:
@@ -590,8 +590,7 @@ class Bench:
             if getattr(cpu, part) <= 0:
                 problems.append(f"no CPU counted for the {part} (its wrapper did not take effect)")
         if problems:
-            raise RuntimeError("import check (see %s): %s" % (self.log_dir / "import-check-preview.log",
-                                                               "; ".join(problems)))
+            raise RuntimeError(f"import check (see {self.log_dir / 'import-check-preview.log'}): {'; '.join(problems)}")
         return (f"the program imported {len(found['program'])} and the provider {len(found['provider'])} modules "
                 f"of llmgw_pulumi, all from {self.snapshot}; preview CPU-s: engine {cpu.engine:.2f}, "
                 f"language host + program {cpu.program:.2f}, provider {cpu.provider:.2f}")
@@ -746,7 +745,7 @@ class Bench:
             rc = proc.wait()
         end = time.monotonic()
         with open(log, "a") as out:
-            out.write("\n--- stdout ---\n" + "\n".join(l for _, l in lines) + f"\n--- rc={rc} ---\n")
+            out.write("\n--- stdout ---\n" + "\n".join(text for _, text in lines) + f"\n--- rc={rc} ---\n")
         return {"rc": rc, "phases": script_phases(lines, start, end)}
 
     def baseline(self, size: int, hosts: Sequence[Any], parallel_run: bool) -> Result:
@@ -756,7 +755,7 @@ class Bench:
                 jobs = [lambda h=h: self.run_script(h, env, self.log_dir / f"n{size}-baseline-{mode}-{h.hostname}.log")
                         for h in hosts]
                 runs = parallel(jobs) if parallel_run else [job() for job in jobs]
-                failed = [h.hostname for h, r in zip(hosts, runs) if r["rc"] != 0]
+                failed = [h.hostname for h, r in zip(hosts, runs, strict=True) if r["rc"] != 0]
                 phases: dict[str, list[float]] = {}
                 for r in runs:
                     for name, seconds in r["phases"].items():
@@ -892,8 +891,8 @@ class Bench:
         opts = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "StrictHostKeyChecking=accept-new"]
         procs = [subprocess.Popen(["ssh", *opts, f"{SSH_USER}@{h.addr}", command], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for h in hosts]
-        errors = [(h.hostname, p.communicate()[1].strip()) for h, p in zip(hosts, procs)]
-        failed = [f"{name}: {err[-200:]}" for (name, err), p in zip(errors, procs) if p.returncode != 0]
+        errors = [(h.hostname, p.communicate()[1].strip()) for h, p in zip(hosts, procs, strict=True)]
+        failed = [f"{name}: {err[-200:]}" for (name, err), p in zip(errors, procs, strict=True) if p.returncode != 0]
         return not failed, ({"note": "; ".join(failed)} if failed else {})
 
     def floor(self, size: int, hosts: Sequence[Any]) -> None:
@@ -974,7 +973,7 @@ def script_phases(lines: list[tuple[float, str]], start: float, end: float) -> d
                 following = lines[i + 1][0] if i + 1 < len(lines) else end
                 marks.append((following, "_end"))
     out: dict[str, float] = {}
-    for (t, name), (t_next, _) in zip(marks, marks[1:]):
+    for (t, name), (t_next, _) in zip(marks, marks[1:], strict=False):
         out[name] = t_next - t
     return out
 
@@ -1190,7 +1189,7 @@ def state_breakdown(results: Sequence[Result]) -> str:
         if r.state is None:
             continue
         s, n = r.state, r.size
-        fmt = lambda items: ", ".join(f"{k} {b / n:,.0f}" for k, b in items)  # noqa: E731
+        fmt = lambda items, n=n: ", ".join(f"{k} {b / n:,.0f}" for k, b in items)  # noqa: E731
         lines.append(f"- N={n}: {s.total:,} B in all, {s.total_no_pem:,} without PEM bodies; per node without PEM:\n"
                      f"  - by resource type: {fmt(s.by_type_no_pem.items())}\n"
                      f"  - by field of a resource: {fmt(s.by_field_no_pem.items())}\n"

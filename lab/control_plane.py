@@ -11,10 +11,15 @@ the same CA. Then the line protocol of lab/doubles/llmgw.py:
 It refuses a stream whose node id differs from its certificate's common name
 (`REFUSED cn-mismatch`), and a standby refuses every stream (`REFUSED standby`).
 Every outcome is recorded in `events`, refusals included, for tests to assert on.
+
+With `netns=` (a lab netns, e.g. `Lab.add_netns("cp", 3, segment="private")`) its
+listening socket is made in that network namespace while its threads stay here:
+hosts on the lab's private segment reach it, the root namespace does not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import shutil
 import socket
@@ -27,6 +32,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from lab import pki
+from lab.hosts import entered_netns
 
 HELLO_TIMEOUT = 10.0
 # The agent pings every 2 s; a stream silent for this long is dead.
@@ -48,12 +54,13 @@ class Event(NamedTuple):
 
 
 class ControlPlane:
-    """A control plane listening on `host:port` (port 0: any free port)."""
+    """A control plane listening on `host:port` (port 0: any free port), in network namespace `netns` if given."""
 
-    def __init__(self, pki_dir: Path, host: str, port: int = 0, standby: bool = False) -> None:
+    def __init__(self, pki_dir: Path, host: str, port: int = 0, standby: bool = False, netns: str | None = None) -> None:
         self.pki_dir = Path(pki_dir)
         self.host = host
         self.port = port
+        self.netns = netns
         # May be changed while running: it applies to the next HELLO.
         self.standby = standby
         self.events: list[Event] = []
@@ -83,7 +90,8 @@ class ControlPlane:
         self._context.load_cert_chain(cert, key)
 
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        with entered_netns(self.netns) if self.netns else contextlib.nullcontext():
+            self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind((self.host, self.port))
         self._listener.listen(128)

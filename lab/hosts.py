@@ -12,6 +12,21 @@ Every host has its own network namespace `lg<name>h<i>`, joined to the bridge
 `lg<name>v<i>`. Hosts get `<subnet>.<20+i>/24` and no default route, and IP
 forwarding stays off, so nothing a host sends leaves the bridge.
 
+Jump-host topology (`Lab.prepare(i, segment=...)`): a second, private segment
+(`<private_subnet>.0/24`, by default the subnet with its third octet XOR 128,
+e.g. 10.250.0 -> 10.250.128) is a bridge inside its own netns `lg<name>-priv`,
+not in the root namespace. A "private" host's only interface is on it; a "both"
+host (a bastion) has eth0 on the main bridge and eth1 on the private one, with IP
+forwarding off (it relays SSH channels, not packets). The root namespace, where
+the tests and `pulumi` run, has no interface on the private segment, and an
+`unreachable <private_subnet>.0/24` route stops its packets from leaving by the
+machine's default route: a private host is reached only through a bastion.
+Services private hosts need run in extra netns on that segment
+(`run_in_netns(..., segment="private")`, or in-process through `entered_netns`).
+
+    root netns: lg<name>br <subnet>.1 -- main hosts, bastion eth0, main extras
+    lg<name>-priv netns: bridge br0 -- private hosts, bastion eth1, private extras
+
 All kernel objects (netns, links, cgroups, overlay mount sources) carry the
 prefix `lg<name>`, so two labs with different names coexist and each one can
 sweep what a killed earlier run of the same name left behind, without touching
@@ -42,6 +57,8 @@ so it raises NetemUnavailable there.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import json
 import os
@@ -54,16 +71,16 @@ import stat as stat_module
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-__all__ = ["USERS", "Host", "Lab", "LabError", "NetemUnavailable"]
+__all__ = ["USERS", "Host", "Lab", "LabError", "NetemUnavailable", "Segment", "entered_netns"]
 
 ROOTFS_SCRIPT = Path(__file__).with_name("rootfs.sh")
 CGROUP_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd"))
@@ -73,6 +90,10 @@ STOP_TIMEOUT = 20.0
 MAX_HOSTS = 200
 HOST_ADDR_OFFSET = 20
 NSPAWN_REBOOT_EXIT = 133  # systemd-nspawn's exit code when the container asked for a reboot
+CLONE_NEWNET = 0x40000000
+
+#: Where a host or extra netns has its legs: the main bridge, the private segment, or both (a bastion).
+Segment = Literal["main", "private", "both"]
 
 #: Login users of the base layer: every one accepts the lab key; they differ in sudo rights.
 USERS = ("deploy", "nosudo", "pwsudo")
@@ -222,6 +243,38 @@ def _umount(path: Path) -> None:
     _run(["umount", "-l", str(path)], check=False)
 
 
+@contextlib.contextmanager
+def entered_netns(netns: str) -> Iterator[None]:
+    """Run the body with this thread (only) in the named network namespace.
+
+    A socket made in the body stays in that namespace after it ends: an
+    in-process server (lab.control_plane.ControlPlane(netns=...)) can listen on
+    the private segment, and the lab can knock on a private host's sshd.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def setns(fd: int) -> None:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns to {netns}: {os.strerror(err)}")
+
+    with open("/proc/thread-self/ns/net") as home, open(f"/run/netns/{netns}") as target:
+        setns(target.fileno())
+        try:
+            yield
+        finally:
+            setns(home.fileno())
+
+
+def _nsenter(netns: str) -> list[str]:
+    """Command prefix to run a short command in a netns.
+
+    nsenter joins only the netns; `ip netns exec` would also make a mount namespace
+    copy holding every host's overlay (see _DETACH_LAB_MOUNTS).
+    """
+    return ["nsenter", f"--net=/run/netns/{netns}"]
+
+
 def _netns_list() -> list[str]:
     return [line.split()[0] for line in _run(["ip", "netns", "list"]).stdout.splitlines() if line.strip()]
 
@@ -356,6 +409,11 @@ class Host:
 
     A prepared host has its network and directories but is not booted; `start()`
     boots it and returns once sshd sends its banner.
+
+    `segment` says where its legs are (see the module docstring): "main" (eth0 on the
+    main bridge), "private" (eth0 on the private segment; `addr` is its private
+    address, reachable only through a bastion) or "both" (a bastion: `addr` on the
+    main bridge, `private_addr` on eth1).
     """
 
     lab: Lab = field(repr=False)
@@ -367,6 +425,7 @@ class Host:
     work: Path = field(repr=False)
     root: Path
     console_log: Path = field(repr=False)
+    segment: Segment = "main"
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -377,8 +436,16 @@ class Host:
 
     @property
     def veth(self) -> str:
-        """The bridge side of the host's veth pair; its peer is `eth0` in the netns."""
-        return f"lg{self.lab.name}v{self.index}"
+        """The bridge side of the veth pair whose peer is `eth0` in the host's netns.
+
+        For a private host it is in the private segment's netns, not in the root one.
+        """
+        return self.lab._veth(str(self.index), "private" if self.segment == "private" else "main")
+
+    @property
+    def private_addr(self) -> str | None:
+        """The host's address on the private segment; None for a host on the main bridge only."""
+        return None if self.segment == "main" else self.lab.private_addr(self.index)
 
     @property
     def cgroups(self) -> tuple[Path, ...]:
@@ -505,9 +572,10 @@ class Host:
         the host) and eth0 in the netns (traffic from the host). Raises NetemUnavailable
         when the kernel lacks sch_netem.
         """
-        ends: list[list[str]] = [["tc"], [*self._in_netns, "tc"]]
+        bridge_side = _nsenter(self.lab.private_netns) if self.segment == "private" else []
+        ends: list[list[str]] = [[*bridge_side, "tc"], [*self._in_netns, "tc"]]
         devs = [self.veth, "eth0"]
-        for tc, dev in zip(ends, devs):
+        for tc, dev in zip(ends, devs, strict=True):
             if ms <= 0:
                 _run([*tc, "qdisc", "del", "dev", dev, "root"], check=False)
                 continue
@@ -525,12 +593,8 @@ class Host:
 
     @property
     def _in_netns(self) -> list[str]:
-        """Command prefix to run a short command in the host's netns.
-
-        nsenter joins only the netns; `ip netns exec` would also make a mount namespace
-        copy holding every host's overlay (see _DETACH_LAB_MOUNTS).
-        """
-        return ["nsenter", f"--net=/run/netns/{self.netns}"]
+        """Command prefix to run a short command in the host's netns."""
+        return _nsenter(self.netns)
 
     def _locate(self, path: str) -> Path | None:
         base = self.root if self.running else self.upper
@@ -613,7 +677,11 @@ class Host:
             )  # fmt: skip
 
     def wait_for_ssh(self, timeout: float = BOOT_TIMEOUT) -> None:
-        """Wait until the host's sshd sends its banner (e.g. after a reboot from inside the host)."""
+        """Wait until the host's sshd sends its banner (e.g. after a reboot from inside the host).
+
+        A private host is asked from its own netns: the root namespace cannot reach it.
+        """
+        private = self.segment == "private"
         deadline = time.monotonic() + timeout
         while True:
             proc = self._proc
@@ -621,7 +689,10 @@ class Host:
             if proc is None or (rc is not None and rc != NSPAWN_REBOOT_EXIT):  # 133: _supervise boots it again
                 raise LabError(f"{self.name} is not running (rc={rc}); console:\n{self._console_tail()}")
             try:
-                with socket.create_connection((self.addr, SSH_PORT), timeout=1.0) as sock:
+                with (
+                    entered_netns(self.netns) if private else contextlib.nullcontext(),
+                    socket.create_connection((self.addr, SSH_PORT), timeout=1.0) as sock,
+                ):
                     sock.settimeout(max(0.5, deadline - time.monotonic()))
                     if sock.recv(64).startswith(b"SSH-"):
                         return
@@ -650,6 +721,9 @@ class Lab:
     - `name`: 1-3 lowercase letters. Interface names must fit in 15 chars, and
       letters only keep the sweep patterns (`lg<name>h<digits>`) unambiguous.
     - `subnet`: the first three octets of a /24; `.1` is the gateway (the bridge).
+    - `private_subnet`: the private segment's /24 (see the module docstring); by
+      default `subnet` with its third octet XOR 128 (10.250.0 -> 10.250.128). Made on
+      first use, after checking that nothing on the machine routes it yet.
     - `workdir`: key, base layer, host dirs and console logs; kept by teardown.
     - `rootfs`: the Debian tree; by default lab/rootfs.sh's cached one.
     - `host_key_types`: the SSH host keys each host generates on first boot.
@@ -657,12 +731,15 @@ class Lab:
     - `hosts`: the hosts prepared so far, by index.
 
     Usage: `setup()`, `boot(n)`, talk SSH to `host.addr`, `teardown()` (or `with Lab(...) as lab`).
+    Behind a bastion: `prepare(1, segment="both")`, `prepare(2, segment="private")`, start
+    both, and reach host 2 with `ssh -J deploy@<host 1 addr> deploy@<host 2 addr>`.
     """
 
     name: str
     subnet: str
     workdir: Path
     rootfs: Path | None = None
+    private_subnet: str = ""
     host_key_types: tuple[str, ...] = ("ed25519", "ecdsa")
     hosts: dict[int, Host] = field(default_factory=dict, init=False, repr=False)
     _extras: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False, repr=False)
@@ -674,6 +751,11 @@ class Lab:
         octets = self.subnet.split(".")
         if len(octets) != 3 or not all(o.isdigit() and 0 <= int(o) <= 255 for o in octets):
             raise ValueError(f"subnet must be three octets like '10.250.0', got {self.subnet!r}")
+        if not self.private_subnet:
+            self.private_subnet = f"{octets[0]}.{octets[1]}.{int(octets[2]) ^ 128}"
+        private = self.private_subnet.split(".")
+        if len(private) != 3 or not all(o.isdigit() and 0 <= int(o) <= 255 for o in private) or private == octets:
+            raise ValueError(f"private_subnet must be three octets other than the subnet's, got {self.private_subnet!r}")
         unknown = set(self.host_key_types) - {"ed25519", "ecdsa", "rsa"}
         if unknown or not self.host_key_types:
             raise ValueError(f"host_key_types must be some of ed25519, ecdsa, rsa; got {self.host_key_types!r}")
@@ -692,6 +774,15 @@ class Lab:
     @property
     def gateway(self) -> str:
         return f"{self.subnet}.1"
+
+    @property
+    def private_netns(self) -> str:
+        """The netns holding the private segment's bridge `br0` (no leg in the root namespace)."""
+        return f"{self.prefix}-priv"
+
+    @property
+    def _unreachable_route(self) -> list[str]:
+        return ["unreachable", f"{self.private_subnet}.0/24"]
 
     @property
     def base_dir(self) -> Path:
@@ -734,6 +825,10 @@ class Lab:
     def addr(self, index: int) -> str:
         return f"{self.subnet}.{HOST_ADDR_OFFSET + index}"
 
+    def private_addr(self, index: int) -> str:
+        """Host `index`'s address on the private segment."""
+        return f"{self.private_subnet}.{HOST_ADDR_OFFSET + index}"
+
     # ----------------------------------------------------------------- setup / teardown
 
     def setup(self) -> None:
@@ -741,7 +836,7 @@ class Lab:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.teardown()
         _raise_inotify_limits()
-        self._check_subnet_free()
+        self._check_subnet_free(self.subnet)
         _run(["ip", "link", "add", self.bridge, "type", "bridge"])
         _run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge])
         _run(["ip", "link", "set", self.bridge, "up"])
@@ -769,9 +864,12 @@ class Lab:
 
     # ----------------------------------------------------------------- hosts
 
-    def prepare(self, index: int, hostname: str | None = None) -> Host:
-        """Create the netns, veth and overlay dirs of host `index` (not booted).
+    def prepare(self, index: int, hostname: str | None = None, segment: Segment = "main") -> Host:
+        """Create the netns, veth(s) and overlay dirs of host `index` (not booted).
 
+        `segment`: "main" (the default), "private" (only interface on the private
+        segment, unreachable from the root namespace) or "both" (a bastion: eth0 on
+        the main bridge, eth1 on the private segment, no IP forwarding).
         Preparing an index again returns the same Host (with the new hostname, if given).
         A host whose netns already exists was prepared by another process (lab/vmctl.py):
         its network is adopted as it is.
@@ -781,6 +879,8 @@ class Lab:
         with self._lock:
             host = self.hosts.get(index)
             if host is not None:
+                if segment != host.segment:
+                    raise ValueError(f"host {index} is on segment {host.segment!r}, not {segment!r}")
                 if hostname is not None:
                     host.hostname = hostname
                 return host
@@ -790,15 +890,16 @@ class Lab:
                 index=index,
                 hostname=hostname or f"node{index}",
                 name=f"{self.prefix}h{index}",
-                addr=self.addr(index),
+                addr=self.private_addr(index) if segment == "private" else self.addr(index),
                 upper=hdir / "up",
                 work=hdir / "wk",
                 root=hdir / "merged",
                 console_log=hdir / "console.log",
+                segment=segment,
             )
             self.hosts[index] = host
         if host.netns not in _netns_list():
-            self._add_netns(host.netns, host.veth, host.addr)
+            self._add_netns(host.netns, str(index), HOST_ADDR_OFFSET + index, segment)
         for d in (host.upper, host.work, host.root):
             d.mkdir(parents=True, exist_ok=True)
         return host
@@ -815,22 +916,38 @@ class Lab:
 
     # ----------------------------------------------------------------- extra namespaces
 
-    def run_in_netns(
-        self, argv: Sequence[str], netns_suffix: str = "repo", addr_index: int = 2, **popen_kwargs: Any
-    ) -> subprocess.Popen[bytes]:
-        """Start argv in the extra netns `lg<name><suffix>` at `<subnet>.<addr_index>` (created once).
+    def add_netns(self, netns_suffix: str = "repo", addr_index: int = 2, segment: Segment = "main") -> str:
+        """Create (once) the extra netns `lg<name><suffix>`; return its name.
 
-        For lab services the hosts must reach, such as the release server. The process
-        is tracked and killed (with its process group) by teardown.
+        It gets `<subnet>.<addr_index>` on the main bridge, `<private_subnet>.<addr_index>`
+        on the private segment, or both (eth0 main, eth1 private), per `segment`. Keep
+        addr_index below 20 (hosts start at 21). Teardown deletes it.
         """
         if not re.fullmatch(r"[a-z][a-z0-9]*", netns_suffix) or re.fullmatch(r"h\d+|br", netns_suffix):
             raise ValueError(f"netns suffix must be lowercase alphanumeric, not h<N> or br: {netns_suffix!r}")
-        netns, veth = f"{self.prefix}{netns_suffix}", f"{self.prefix}v{netns_suffix}"
+        netns, veth = f"{self.prefix}{netns_suffix}", self._veth(netns_suffix, "main")
         if len(veth) > 15:
             raise ValueError(f"netns suffix too long: interface name {veth!r} exceeds 15 chars")
-        self._remember_extra(netns)
+        self._remember("extra_netns", netns)
         if netns not in _netns_list():
-            self._add_netns(netns, veth, f"{self.subnet}.{addr_index}")
+            self._add_netns(netns, netns_suffix, addr_index, segment)
+        return netns
+
+    def run_in_netns(
+        self,
+        argv: Sequence[str],
+        netns_suffix: str = "repo",
+        addr_index: int = 2,
+        segment: Segment = "main",
+        **popen_kwargs: Any,
+    ) -> subprocess.Popen[bytes]:
+        """Start argv in the extra netns of `add_netns(netns_suffix, addr_index, segment)`.
+
+        For lab services the hosts must reach, such as the release server; with
+        segment="private", private hosts reach it and the root namespace does not.
+        The process is tracked and killed (with its process group) by teardown.
+        """
+        netns = self.add_netns(netns_suffix, addr_index, segment)
         popen_kwargs.setdefault("start_new_session", True)
         wrapped = ["unshare", "--mount", "--propagation", "private", "sh", "-c", _EXTRA_PRELUDE, "lab-extra",
                    "ip", "netns", "exec", netns, *argv]  # fmt: skip
@@ -840,27 +957,57 @@ class Lab:
 
     # ----------------------------------------------------------------- internals
 
-    def _check_subnet_free(self) -> None:
-        """Refuse a subnet whose gateway address another interface (another lab?) already has."""
+    def _check_subnet_free(self, subnet: str) -> None:
+        """Refuse a subnet whose gateway address another interface (another lab?) already has,
+        or that the root namespace already routes (another lab's bridge or private segment)."""
+        gateway = f"{subnet}.1"
         out = _run(["ip", "-o", "-4", "addr", "show"]).stdout
         for line in out.splitlines():
             fields = line.split()
-            if fields[3].split("/")[0] == self.gateway:
-                raise LabError(f"{self.gateway} is already on {fields[1]}; pick another subnet for lab {self.name}")
+            if fields[3].split("/")[0] == gateway:
+                raise LabError(f"{gateway} is already on {fields[1]}; pick another subnet for lab {self.name}")
+        routes = _run(["ip", "-o", "route", "show", "table", "all", "root", f"{subnet}.0/24"]).stdout.strip()
+        if routes:
+            raise LabError(f"{subnet}.0/24 is already routed ({routes.splitlines()[0]}); "
+                           f"pick another subnet for lab {self.name}")  # fmt: skip
 
-    def _add_netns(self, netns: str, veth: str, addr: str) -> None:
+    def _veth(self, key: str, segment: Literal["main", "private"]) -> str:
+        """The bridge side of a veth: in the root namespace for main, in `private_netns` for private."""
+        return f"{self.prefix}v{key}" if segment == "main" else f"v{key}"
+
+    def _ensure_private_segment(self) -> None:
+        """Create the private segment (its netns, bridge and unreachable route) on first use."""
+        with self._lock:
+            if self.private_netns in _netns_list():
+                return
+            self._check_subnet_free(self.private_subnet)
+            self._remember("routes", " ".join(self._unreachable_route))
+            _run(["ip", "route", "add", *self._unreachable_route])
+            _run(["ip", "netns", "add", self.private_netns])
+            for cmd in (["link", "add", "name", "br0", "type", "bridge"], ["link", "set", "dev", "br0", "up"]):
+                _run(["ip", "-n", self.private_netns, *cmd])
+
+    def _add_netns(self, netns: str, key: str, addr_index: int, segment: Segment) -> None:
+        """A netns with eth0 on the main bridge or the private segment; for "both", eth0 main and eth1 private."""
+        legs: list[tuple[list[str], str, str, str]] = []  # (ip option for the bridge side, veth, bridge, subnet)
+        if segment != "private":
+            legs.append(([], self._veth(key, "main"), self.bridge, self.subnet))
+        if segment != "main":
+            self._ensure_private_segment()
+            legs.append((["-n", self.private_netns], self._veth(key, "private"), "br0", self.private_subnet))
         _run(["ip", "netns", "add", netns])
-        _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns])
-        _run(["ip", "link", "set", veth, "master", self.bridge, "up"])
-        _run(["ip", "-n", netns, "addr", "add", f"{addr}/24", "dev", "eth0"])
-        _run(["ip", "-n", netns, "link", "set", "eth0", "up"])
+        for n, (side, veth, bridge, subnet) in enumerate(legs):
+            _run(["ip", *side, "link", "add", "name", veth, "type", "veth", "peer", "name", f"eth{n}", "netns", netns])
+            _run(["ip", *side, "link", "set", "dev", veth, "master", bridge, "up"])
+            _run(["ip", "-n", netns, "addr", "add", f"{subnet}.{addr_index}/24", "dev", f"eth{n}"])
+            _run(["ip", "-n", netns, "link", "set", f"eth{n}", "up"])
         _run(["ip", "-n", netns, "link", "set", "lo", "up"])
 
-    def _remember_extra(self, netns: str) -> None:
-        """Record extra netns names on disk, so a setup after a crash can find them."""
+    def _remember(self, kind: Literal["extra_netns", "routes"], item: str) -> None:
+        """Record extra netns names and root-namespace routes on disk, so a setup after a crash can find them."""
         state = self._read_state()
-        if netns not in state["extra_netns"]:
-            state["extra_netns"].append(netns)
+        if item not in state[kind]:
+            state[kind].append(item)
             self.workdir.mkdir(parents=True, exist_ok=True)
             self._state_file.write_text(json.dumps(state))
 
@@ -870,6 +1017,7 @@ class Lab:
         except (OSError, ValueError):
             state = {}
         state.setdefault("extra_netns", [])
+        state.setdefault("routes", [])
         return state
 
     @staticmethod
@@ -893,19 +1041,23 @@ class Lab:
 
         An extra's name alone is ambiguous between labs (lab "x" with suffix "yrepo"
         and lab "xy" with "repo" both give "lgxyrepo"), so an extra counts as ours only
-        when recorded in this workdir or when its veth is on our bridge or has our veth
-        name; the veth tells which netns its peer is in.
+        when recorded in this workdir or when its veth is on our bridge, has our veth
+        name or is on our private segment; the veth tells which netns its peer is in.
+        The private segment's netns is ours by its name (lab names have no "-").
         """
         existing = _netns_list()
         host_re = re.compile(rf"{self.prefix}h\d+")
-        own = {ns for ns in existing if host_re.fullmatch(ns)}
+        own = {ns for ns in existing if host_re.fullmatch(ns) or ns == self.private_netns}
         own |= set(self._read_state()["extra_netns"]) & set(existing)
         veth_re = re.compile(rf"\d+: {self.prefix}v[a-z0-9]+@")
-        for line in _run(["ip", "-o", "link", "show"]).stdout.splitlines():
-            if veth_re.match(line) or f" master {self.bridge} " in line:
-                peer = re.search(r" link-netns (\S+)", line)
-                if peer and peer.group(1) in existing:
-                    own.add(peer.group(1))
+        lines = _run(["ip", "-o", "link", "show"]).stdout.splitlines()
+        veths = [line for line in lines if veth_re.match(line) or f" master {self.bridge} " in line]
+        if self.private_netns in existing:  # every veth on the private segment is ours
+            veths += _run([*_nsenter(self.private_netns), "ip", "-o", "link", "show"]).stdout.splitlines()
+        for line in veths:
+            peer = re.search(r" link-netns (\S+)", line)
+            if peer and peer.group(1) in existing:
+                own.add(peer.group(1))
         return sorted(own)
 
     def _sweep(self) -> None:
@@ -937,12 +1089,17 @@ class Lab:
         ours = [m for m, fs, src in _mountinfo() if (fs == "overlay" and tag.fullmatch(src)) or m.startswith(inside)]
         for mountpoint in sorted(set(ours), key=len, reverse=True):
             _umount(Path(mountpoint))
+        routes = set(self._read_state()["routes"])  # only routes this lab made: another lab may use the subnet
+        if self.private_netns in own_netns:  # made just after its route
+            routes.add(" ".join(self._unreachable_route))
         for ns in own_netns:
             _run(["ip", "netns", "del", ns], check=False)
         link_re = re.compile(rf"{self.prefix}v\w+|{self.prefix}br")
         for link in _link_names():
             if link_re.fullmatch(link):
                 _run(["ip", "link", "del", link], check=False)
+        for route in routes:
+            _run(["ip", "route", "del", *route.split()], check=False)
         for top in self._cgroup_tops:
             _remove_cgroup(top)
         self._state_file.unlink(missing_ok=True)

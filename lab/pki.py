@@ -180,4 +180,4 @@ def _write(path: Path, data: bytes, mode: int) -> None:
 
 
 def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
+    return datetime.datetime.now(datetime.UTC)

@@ -5,7 +5,8 @@
 chained by the ``Node`` component. See SPEC.md for what must hold on a node
 after `pulumi up`, and README.md for how to run it.
 
-A program of your own builds nodes with ``Node(name, NodeArgs(..., connection=ConnectionArgs(...)))``;
+A program of your own builds nodes with
+``Node(name, NodeArgs(..., connection=ConnectionArgs(...), settings=AgentSettings(servers=[...], ...)))``;
 every error it may raise is importable from here.
 """
 
@@ -33,6 +34,7 @@ from .providers.agent import AgentInstall, AgentInstallArgs
 from .providers.certificate import ClientCertificate, ClientCertificateArgs
 from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
+from .specs import AgentSettings, Discovery, Fabric
 from .stack_config import StackConfigError
 
 try:
@@ -41,9 +43,10 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
     __version__ = "0+unknown"
 
 __all__ = [
-    "AgentInstall", "AgentInstallArgs", "AgentStartError", "AuthenticationError", "AuthorityError",
+    "AgentInstall", "AgentInstallArgs", "AgentSettings", "AgentStartError", "AuthenticationError", "AuthorityError",
     "ChecksumMismatchError", "ClientCertificate", "ClientCertificateArgs", "ConfigError", "ConnectionArgs",
-    "EngineCheck", "EngineCheckArgs", "EngineWillNotRunError", "HostKeyChangedError", "LlmgwError", "Node",
+    "Discovery", "EngineCheck", "EngineCheckArgs", "EngineWillNotRunError", "Fabric", "HostKeyChangedError",
+    "LlmgwError", "Node",
     "NodeArgs", "NodeBusyError", "NodeDiskFullError", "NodeIdentity", "NodeIdentityArgs", "ReleaseFetchError",
     "RemoteCommandError", "StackConfigError", "SudoUnavailableError", "UnreachableError",
 ]

@@ -1,6 +1,9 @@
 """What an onboarded node should look like: pure functions, no I/O.
 
-Paths, modes and owners come from the SPEC. agent.yaml is rendered with PyYAML
+``NODE_FILES`` is every file a node gets: path, mode, owner, where its bytes
+come from and which resource installs it; ``UNIT`` is the state the agent's
+unit must be in. The scripts' arguments, the survey and the drift comparison
+are all derived from them. Paths, modes and owners come from the SPEC. agent.yaml is rendered with PyYAML
 from a dict holding only the overrides the operator gave, so every value is
 quoted by the YAML emitter and never by string concatenation.
 """
@@ -8,7 +11,10 @@ quoted by the YAML emitter and never by string concatenation.
 from __future__ import annotations
 
 import hashlib
+import posixpath
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 
 import yaml
 
@@ -27,30 +33,110 @@ UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
 WRITER = "llmgw-pulumi"
 
 
+class Content(Enum):
+    """Where the bytes of a file come from."""
+
+    CA_PEM = "the cluster CA's root certificate (ClientCertificate.ca_pem)"
+    CERT_PEM = "the node's certificate (ClientCertificate.cert_pem)"
+    KEY_PEM = "the node's private key (ClientCertificate.key_pem)"
+    AGENT_YAML = "agent.yaml as render_agent_yaml renders it"
+    UNIT = "the unit as render_unit renders it"
+    BINARY = "the llmgw binary: a release verified against its checksums.txt, or the local build"
+
+
+IDENTITY = "NodeIdentity"
+AGENT = "AgentInstall"
+ROOT = "root:root"
+"""Every file and directory is owned by root (user:group)."""
+
+
+@dataclass(frozen=True)
+class NodeFile:
+    """A file a node gets: where, with which mode and owner, with what in it, installed by which resource."""
+
+    name: str
+    path: str
+    mode: int
+    content: Content
+    resource: str
+    owner: str = ROOT
+
+
+@dataclass(frozen=True)
+class Directory:
+    """A directory the node gets: ours alone (removed with the identity once empty), or a system one we only make sure of."""
+
+    path: str
+    mode: int
+    owner: str
+    removed_when_empty: bool
+
+
+NODE_FILES: tuple[NodeFile, ...] = (
+    NodeFile("ca", CA_PATH, 0o644, Content.CA_PEM, IDENTITY),
+    NodeFile("cert", CERT_PATH, 0o644, Content.CERT_PEM, IDENTITY),
+    NodeFile("key", KEY_PATH, 0o600, Content.KEY_PEM, IDENTITY),
+    NodeFile("trust_anchor", TRUST_ANCHOR_PATH, 0o644, Content.CA_PEM, IDENTITY),
+    NodeFile("binary", BINARY_PATH, 0o755, Content.BINARY, AGENT),
+    NodeFile("config", CONFIG_PATH, 0o644, Content.AGENT_YAML, AGENT),
+    NodeFile("unit", UNIT_PATH, 0o644, Content.UNIT, AGENT),
+)
+"""Every file an onboarded node gets (SPEC steps 3-6 and 8), in the order they are installed."""
+
+DIRECTORIES: tuple[Directory, ...] = (
+    Directory(IDENTITY_DIR, 0o755, ROOT, removed_when_empty=True),
+    Directory(posixpath.dirname(TRUST_ANCHOR_PATH), 0o755, ROOT, removed_when_empty=False),
+)
+"""Directories NodeIdentity makes sure of before it writes into them, root:root."""
+
+UNIT_STATE: Mapping[str, str] = {"active": "active", "enabled": "enabled"}
+"""The agent's unit: running (`systemctl is-active`), and started at boot (`systemctl is-enabled`)."""
+
+WRITE_DIRS: tuple[str, ...] = tuple(sorted({posixpath.dirname(f.path) for f in NODE_FILES}))
+"""Where the package writes (and so where leftovers of a run killed outright are swept)."""
+
+
+def files_of(resource: str) -> tuple[NodeFile, ...]:
+    return tuple(f for f in NODE_FILES if f.resource == resource)
+
+
+def file_with(content: Content, resource: str) -> NodeFile:
+    """The one file of ``resource`` whose bytes are ``content``."""
+    (found,) = (f for f in files_of(resource) if f.content is content)
+    return found
+
+
 @dataclass(frozen=True)
 class File:
-    """A file the node should have, owned root:root."""
+    """A file the node should have, with its bytes."""
 
     path: str
     mode: int
     content: bytes = field(repr=False)
+    owner: str = ROOT
 
     @property
     def sha256(self) -> str:
         return hashlib.sha256(self.content).hexdigest()
 
 
+def with_contents(files: Iterable[NodeFile], contents: Mapping[Content, str]) -> list[File]:
+    """``files`` with their bytes, taken from ``contents`` by where each file's come from."""
+    return [File(f.path, f.mode, contents[f.content].encode(), f.owner) for f in files]
+
+
 def identity_files(ca_pem: str, cert_pem: str, key_pem: str) -> list[File]:
     """SPEC step 3 and 4: the identity in /etc/llmgw, and the CA root as a system trust anchor."""
-    return [
-        File(CA_PATH, 0o644, ca_pem.encode()),
-        File(CERT_PATH, 0o644, cert_pem.encode()),
-        File(KEY_PATH, 0o600, key_pem.encode()),
-        File(TRUST_ANCHOR_PATH, 0o644, ca_pem.encode()),
-    ]
+    return with_contents(files_of(IDENTITY), {Content.CA_PEM: ca_pem, Content.CERT_PEM: cert_pem, Content.KEY_PEM: key_pem})
 
 
-def agent_config(settings: AgentSettings, hostname: str) -> dict[str, object]:
+def agent_files(agent_yaml: str, unit: str) -> list[File]:
+    """SPEC steps 6 and 8: agent.yaml and the unit (the binary's bytes come from a release or a local build)."""
+    return with_contents([f for f in files_of(AGENT) if f.content is not Content.BINARY],
+                         {Content.AGENT_YAML: agent_yaml, Content.UNIT: unit})
+
+
+def agent_config(node_id: str, settings: AgentSettings, hostname: str) -> dict[str, object]:
     """The agent.yaml document as data: only what the node cannot find out for itself (SPEC step 6)."""
     doc: dict[str, object] = {}
     if len(settings.servers) == 1:
@@ -58,19 +144,17 @@ def agent_config(settings: AgentSettings, hostname: str) -> dict[str, object]:
     else:
         doc["servers"] = list(settings.servers)
     doc["tls"] = {"ca": CA_PATH, "cert": CERT_PATH, "key": KEY_PATH}
-    if hostname != settings.node_id:
-        doc["node_id"] = settings.node_id
+    if hostname != node_id:
+        doc["node_id"] = node_id
     if settings.mgmt_addr:
         doc["mgmt_addr"] = settings.mgmt_addr
-    if settings.mgmt_interface:
-        doc["mgmt_interface"] = settings.mgmt_interface
     if settings.fabrics:
         doc["fabrics"] = [{"name": f.name, "hcas": list(f.hcas)} for f in settings.fabrics]
-    discovery = {k: v for k, v in (("nvidia_smi", settings.nvidia_smi), ("ib_root", settings.ib_root)) if v}
+    discovery = settings.discovery.overrides()
     if discovery:
         doc["discovery"] = discovery
     if settings.engines:
-        doc["engines"] = {name: {ENGINE_KEYS[name]: path} for name, path in settings.engines}
+        doc["engines"] = {name: {ENGINE_KEYS[name]: path} for name, path in settings.engines.items()}
     return doc
 
 
@@ -79,12 +163,12 @@ def config_first_line(node_id: str) -> str:
     return f"# {node_id}, written by {WRITER}. Only overrides are written here:"
 
 
-def render_agent_yaml(settings: AgentSettings, hostname: str) -> str:
+def render_agent_yaml(node_id: str, settings: AgentSettings, hostname: str) -> str:
     header = (
-        config_first_line(settings.node_id) + "\n"
+        config_first_line(node_id) + "\n"
         "# the agent finds everything else out for itself. `pulumi up` rewrites this file.\n"
     )
-    body = yaml.safe_dump(agent_config(settings, hostname), sort_keys=False, default_flow_style=False, allow_unicode=False)
+    body = yaml.safe_dump(agent_config(node_id, settings, hostname), sort_keys=False, default_flow_style=False, allow_unicode=False)
     return header + body
 
 

@@ -1,5 +1,9 @@
 """What a node looks like now: pure parsers of the output of remote scripts.
 
+``NodeFacts`` is the one shape of observed state: per path its sha256, mode
+and owner, and the agent unit's active/enabled state. The survey (refresh)
+and the install scripts (what they just installed) both print it.
+
 Each parser takes the text a script printed and returns a small frozen value.
 They are tested on recorded output (and, for GPU discovery, on the real
 nvidia-smi output from an H200 node in the fixtures).
@@ -11,6 +15,9 @@ import csv
 import io
 from dataclasses import dataclass, field
 
+from .desired import NodeFile
+
+ABSENT = "absent"
 
 def key_values(text: str) -> dict[str, str]:
     """``key<TAB>value`` lines; later keys win; other lines are ignored."""
@@ -45,8 +52,31 @@ class NodeFacts:
         f = self.files.get(path)
         return f.sha256 if f else None
 
+    def state(self, want: NodeFile) -> str:
+        """How the providers record a file they installed (see ``file_state``)."""
+        return file_state(want, self.files.get(want.path))
+
+
+def file_state(want: NodeFile, seen: FileFact | None) -> str:
+    """A file as seen on the node, in one comparable string: its sha256 when its mode and owner are as
+    ``want`` says, ``absent`` when it is not there, and otherwise its sha256 followed by what is wrong.
+
+    The providers record this per file, and compare it with the sha256 of what
+    the file should hold: any difference (content, mode, owner) is drift, and
+    `pulumi refresh --diff` shows which.
+    """
+    if seen is None:
+        return ABSENT
+    wrong = []
+    if seen.mode != want.mode:
+        wrong.append(f"mode {seen.mode:04o}, not {want.mode:04o}")
+    if f"{seen.owner}:{seen.group}" != want.owner:
+        wrong.append(f"owner {seen.owner}:{seen.group}, not {want.owner}")
+    return seen.sha256 + "".join(f"; {w}" for w in wrong)
+
 
 def parse_survey(text: str) -> NodeFacts:
+    """What survey.sh prints; the install scripts end with the same lines for what they installed."""
     head: dict[str, str] = {}
     files: dict[str, FileFact | None] = {}
     for line in text.splitlines():
@@ -145,7 +175,7 @@ def parse_gpu_query(text: str, fields: tuple[str, ...] = GPU_QUERY_FIELDS) -> li
     for row in rows:
         if len(row) != len(fields):
             raise ValueError(f"nvidia-smi gave {len(row)} columns for {len(fields)} fields: {','.join(row)!r}")
-        v = dict(zip(fields, row))
+        v = dict(zip(fields, row, strict=True))
         gpus.append(Gpu(int(v["index"]), v["uuid"], v["name"], int(v["memory.total"].split()[0]),
                         v["driver_version"], v["pci.bus_id"], v["compute_cap"]))
     return gpus

@@ -30,7 +30,6 @@ chosen by a hash of the node id (see ``llmgw_pulumi.shards``); give
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
 
 import pulumi
 
@@ -39,50 +38,26 @@ from .providers.certificate import ClientCertificate, ClientCertificateArgs
 from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
 from .shards import PACKAGE, provider_for
+from .specs import AgentSettings, Connection
 
-
-@dataclass
-class ConnectionArgs:
-    host: pulumi.Input[str]
-    private_key: Optional[pulumi.Input[str]] = None
-    """The SSH private key's contents, made secret by the component; or give private_key_path."""
-    private_key_path: Optional[pulumi.Input[str]] = None
-    """The key's path on the machine running Pulumi: read at each operation, never stored in state."""
-    user: pulumi.Input[str] = "root"
-    port: pulumi.Input[int] = 22
-    host_key: Optional[pulumi.Input[str]] = None
-    """Pin the node's SSH host key ('ssh-ed25519 AAAA...'); otherwise the first key seen is trusted and recorded."""
-    wait: pulumi.Input[float] = 120.0
-
-    def to_input(self) -> dict[str, Any]:
-        out = {"host": self.host, "user": self.user, "port": self.port, "wait": self.wait}
-        if self.private_key is not None:
-            out["private_key"] = pulumi.Output.secret(self.private_key)
-        if self.private_key_path is not None:
-            out["private_key_path"] = self.private_key_path
-        if self.host_key is not None:
-            out["host_key"] = self.host_key
-        return out
+ConnectionArgs = Connection
+"""How to reach the node over SSH: host, user, port, private_key (made secret) or private_key_path, host_key, wait."""
 
 
 @dataclass
 class NodeArgs:
     node_id: pulumi.Input[str]
     connection: ConnectionArgs
-    servers: pulumi.Input[list]
     pki_dir: pulumi.Input[str]
+    settings: AgentSettings
+    """What agent.yaml says: servers, and the overrides given (mgmt_addr, fabrics, discovery, engines...)."""
     version: pulumi.Input[str]
-    release_url: Optional[pulumi.Input[str]] = None
-    binary_path: Optional[pulumi.Input[str]] = None
-    binary_sha256: Optional[pulumi.Input[str]] = None
-    mgmt_addr: Optional[pulumi.Input[str]] = None
-    mgmt_interface: Optional[pulumi.Input[str]] = None
-    fabrics: Optional[pulumi.Input[list]] = None
-    discovery: Optional[pulumi.Input[dict]] = None
-    engines: Optional[pulumi.Input[dict]] = None
-    validity_hours: Optional[pulumi.Input[float]] = None
-    renew_before_hours: Optional[pulumi.Input[float]] = None
-    fail_on_engine_problems: Optional[pulumi.Input[bool]] = None
+    release_url: pulumi.Input[str] | None = None
+    binary_path: pulumi.Input[str] | None = None
+    binary_sha256: pulumi.Input[str] | None = None
+    validity_hours: pulumi.Input[float] | None = None
+    renew_before_hours: pulumi.Input[float] | None = None
+    fail_on_engine_problems: pulumi.Input[bool] | None = None
 
 
 class Node(pulumi.ComponentResource):
@@ -91,10 +66,10 @@ class Node(pulumi.ComponentResource):
     agent: AgentInstall
     engine_check: EngineCheck
 
-    def __init__(self, name: str, args: NodeArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
+    def __init__(self, name: str, args: NodeArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("llmgw:index:Node", name, None, opts)
         child = self._child_options(name, args, opts or pulumi.ResourceOptions())
-        conn = args.connection.to_input()
+        conn = args.connection
 
         self.certificate = ClientCertificate(name, ClientCertificateArgs(
             node_id=args.node_id, pki_dir=args.pki_dir,
@@ -111,22 +86,23 @@ class Node(pulumi.ComponentResource):
 
         self.agent = AgentInstall(name, AgentInstallArgs(
             node_id=args.node_id, connection=conn, known_host_key=known_host_key, hostname=self.identity.hostname,
-            servers=args.servers, version=args.version, release_url=args.release_url,
+            settings=args.settings, version=args.version, release_url=args.release_url,
             binary_path=args.binary_path, binary_sha256=args.binary_sha256,
-            mgmt_addr=args.mgmt_addr, mgmt_interface=args.mgmt_interface,
-            fabrics=args.fabrics, discovery=args.discovery, engines=args.engines,
         ), child)
 
         self.engine_check = EngineCheck(name, EngineCheckArgs(
-            node_id=args.node_id, connection=conn, known_host_key=known_host_key, engines=args.engines,
+            node_id=args.node_id, connection=conn, known_host_key=known_host_key, engines=args.settings.engines,
             fail_on_problems=args.fail_on_engine_problems,
         ), pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[self.agent])))
 
         # Engine problems are warnings on this node's check, visible in `pulumi up`.
         check = self.engine_check
-        check.problems.apply(lambda problems: [
-            pulumi.log.warn(f"{p['problem']}\n  hint: {p['hint']}", resource=check) for p in (problems or [])
-        ])
+
+        def warn(problems: list[dict[str, str]] | None) -> None:
+            for p in problems or []:
+                pulumi.log.warn(f"{p['problem']}\n  hint: {p['hint']}", resource=check)
+
+        check.problems.apply(warn)
 
         self.register_outputs({
             "hostname": self.identity.hostname,

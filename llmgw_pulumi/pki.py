@@ -53,7 +53,7 @@ def _signs(ca_cert: x509.Certificate, ca_key: object) -> bool:
 
 def load_authority(pki_dir: str, node: str, now: dt.datetime | None = None) -> Authority:
     """Read ca.pem and ca-key.pem from the PKI dir and check they can issue today."""
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     d = Path(pki_dir)
     cert_path, key_path = d / "ca.pem", d / "ca-key.pem"
     if not cert_path.is_file() or not key_path.is_file():

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -17,7 +18,7 @@ from pulumi.runtime import config as runtime_config
 
 from . import stack_config, validate
 from .errors import ConfigError
-from .node import ConnectionArgs, Node, NodeArgs
+from .node import Node, NodeArgs
 
 CONFIG_NAMESPACE = "llmgw"
 
@@ -36,13 +37,13 @@ def config_keys(namespace: str = CONFIG_NAMESPACE) -> list[str]:
     return sorted(k[len(prefix):] for k in keys if k.startswith(prefix))
 
 
-def _read_config() -> tuple[dict[str, Any], list[str], pulumi.Output[str] | None]:
-    """(the llmgw:* values but secrets, the names of other secret keys, the llmgw:sshPrivateKey secret)."""
+def _read_config() -> tuple[dict[str, Any], list[str], dict[str, pulumi.Output[str]]]:
+    """(the llmgw:* values but secrets, the names of other secret keys, the secrets read: the SSH key, its passphrase)."""
     cfg = pulumi.Config(CONFIG_NAMESPACE)
     raw: dict[str, Any] = {}
     secret_names: list[str] = []
     for key in config_keys():
-        if key == stack_config.SECRET_KEY:
+        if key in stack_config.SECRET_KEYS:
             continue
         if pulumi.runtime.is_config_secret(cfg.full_key(key)):
             secret_names.append(key)  # never read: its value must not reach a message
@@ -54,10 +55,11 @@ def _read_config() -> tuple[dict[str, Any], list[str], pulumi.Output[str] | None
             value = cfg.get(key)
         if value is not None:
             raw[key] = value
-    return raw, secret_names, cfg.get_secret(stack_config.SECRET_KEY)
+    secrets = {key: value for key in stack_config.SECRET_KEYS if (value := cfg.get_secret(key)) is not None}
+    return raw, secret_names, secrets
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def local_binary(path: str) -> tuple[str, str, str]:
     """(absolute path, version, sha256) of a local llmgw build; the version is the last word of --version."""
     p = Path(os.path.expanduser(path)).resolve()
@@ -73,16 +75,22 @@ def local_binary(path: str) -> tuple[str, str, str]:
     return str(p), words[-1], hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def ssh_credentials(spec: stack_config.StackSpec, secret: pulumi.Output[str] | None) -> dict[str, Any]:
-    """ConnectionArgs' key fields: the llmgw:sshPrivateKey secret, or the key's path.
+def ssh_credentials(spec: stack_config.StackSpec, secrets: dict[str, pulumi.Output[str]]) -> dict[str, Any]:
+    """The connection's key fields: the llmgw:sshPrivateKey secret or the key's path, and the key's passphrase.
 
     A path keeps the key out of state entirely: the providers read it at each
     operation. It must be readable for `pulumi up`; a preview may run without
-    it (a reviewer's machine), with a warning.
+    it (a reviewer's machine), with a warning. With neither, the providers log
+    in with the keys of the ssh-agent at $SSH_AUTH_SOCK.
     """
-    if secret is not None:
-        return {"private_key": secret}
-    path = Path(os.path.expanduser(spec.ssh_private_key_path or "")).absolute()
+    credentials: dict[str, Any] = {}
+    if stack_config.PASSPHRASE_KEY in secrets:
+        credentials["passphrase"] = secrets[stack_config.PASSPHRASE_KEY]
+    if stack_config.SECRET_KEY in secrets:
+        return {**credentials, "private_key": secrets[stack_config.SECRET_KEY]}
+    if not spec.ssh_private_key_path:
+        return credentials
+    path = Path(os.path.expanduser(spec.ssh_private_key_path)).absolute()
     if not os.access(path, os.R_OK):
         reason = "it does not exist" if not path.exists() else "it is not readable by this user"
         if pulumi.runtime.is_dry_run():
@@ -90,10 +98,10 @@ def ssh_credentials(spec: stack_config.StackSpec, secret: pulumi.Output[str] | N
         else:
             raise ConfigError("llmgw", "ssh.privateKeyPath", f"cannot read {path}: {reason}",
                               "point it at the operator's SSH private key, or set the llmgw:sshPrivateKey secret")
-    return {"private_key_path": str(path)}
+    return {**credentials, "private_key_path": str(path)}
 
 
-def agent_inputs(source: stack_config.AgentSource) -> dict[str, str | None]:
+def agent_inputs(source: stack_config.AgentSource) -> dict[str, Any]:
     """version/release_url/binary_path/binary_sha256 for AgentInstall from a configured source."""
     version, release_url, binary_path, binary_sha = source.version, source.release_url, None, None
     if source.binary:
@@ -146,25 +154,20 @@ def run() -> None:
 
 def main() -> dict[str, Node]:
     """Onboard the nodes of this stack's config. Bad config raises StackConfigError before any resource exists."""
-    raw, secret_names, secret_key = _read_config()
-    spec = stack_config.parse(raw, has_secret_key=secret_key is not None, secret_keys=secret_names)
+    raw, secret_names, secrets = _read_config()
+    spec = stack_config.parse(raw, has_secret_key=stack_config.SECRET_KEY in secrets, secret_keys=secret_names,
+                              has_agent=bool(os.environ.get("SSH_AUTH_SOCK")))
     stack_agent = agent_inputs(spec.agent)
-    credentials = ssh_credentials(spec, secret_key)
+    credentials = ssh_credentials(spec, secrets)
     nodes: dict[str, Node] = {}
     for n in spec.nodes:
         agent = agent_inputs(n.agent) if n.agent else stack_agent
         nodes[n.node_id] = Node(n.node_id, NodeArgs(
             node_id=n.node_id,
-            connection=ConnectionArgs(host=n.address, port=n.port, user=n.user, host_key=n.host_key,
-                                      wait=spec.ssh_wait, **credentials),
-            servers=list(n.servers),
+            connection=dataclasses.replace(n.connection, **credentials),
             pki_dir=os.path.abspath(os.path.expanduser(spec.pki_dir)),
+            settings=n.settings,
             **agent,
-            mgmt_addr=n.mgmt_addr,
-            mgmt_interface=n.mgmt_interface,
-            fabrics=list(n.fabrics) or None,
-            discovery=n.discovery or None,
-            engines=n.engines or None,
             validity_hours=spec.validity_hours,
             renew_before_hours=spec.renew_before_hours,
             fail_on_engine_problems=n.fail_on_engine_problems,

@@ -12,9 +12,11 @@ without root and without SSH.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .remote import Script
@@ -35,6 +37,8 @@ class Runner(Protocol):
 
     host_key: str
     """The SSH host key the node presented ('type base64'), recorded in state on first use."""
+    jump_host_keys: dict[str, str]
+    """The host key each jump host presented, by 'host:port', recorded like the node's."""
 
     def run(self, script: Script, timeout: float = 900) -> Result:
         """Run ``script`` as root; return its result whatever its exit status."""
@@ -44,9 +48,13 @@ class Runner(Protocol):
 class Nodes(Protocol):
     """Hands out sessions to nodes, checking each node's host key."""
 
-    def session(self, conn: Connection, node: str,
-                expected_host_key: str | None = None) -> AbstractContextManager[Runner]:
-        """A session to the node ``conn`` names. ``expected_host_key``: recorded or pinned; None trusts on first use."""
+    def session(self, conn: Connection, node: str, expected_host_key: str | None = None,
+                expected_jump_keys: Mapping[str, str] | None = None) -> AbstractContextManager[Runner]:
+        """A session to the node ``conn`` names, through its jump hosts.
+
+        ``expected_host_key``: the node's recorded key (a pin in ``conn`` wins); None trusts on first use.
+        ``expected_jump_keys``: the jump hosts' recorded keys, by 'host:port'.
+        """
         ...
 
     def close_all(self) -> None:
@@ -55,16 +63,22 @@ class Nodes(Protocol):
 
 
 _current: Nodes | None = None
+_current_lock = threading.Lock()
 
 
 def current() -> Nodes:
-    """The ``Nodes`` in use in this process: the SSH pool unless a test installed another."""
-    global _current
-    if _current is None:
-        from .transport import Pool
+    """The ``Nodes`` in use in this process: the SSH pool unless a test installed another.
 
-        _current = Pool()
-    return _current
+    Made once, under a lock: the provider answers several calls at once, and
+    two pools would mean two connections to the same node.
+    """
+    global _current
+    with _current_lock:
+        if _current is None:
+            from .transport import Pool
+
+            _current = Pool()
+        return _current
 
 
 @contextmanager

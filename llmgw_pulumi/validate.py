@@ -13,7 +13,7 @@ import difflib
 import ipaddress
 import re
 import struct
-from typing import Iterable
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 Problem = tuple[str, str] | None
@@ -206,6 +206,34 @@ def did_you_mean(key: str, valid: Iterable[str]) -> str:
     valid = sorted(valid)
     close = difflib.get_close_matches(key, valid, n=1)
     return f"did you mean {close[0]}?" if close else f"use one of {', '.join(valid)}"
+
+
+def split_hop(value: str) -> tuple[str, str, int]:
+    """'user@host[:port]' (a jump host as `ssh -J` takes it) -> (user, host, port); validate with ``hop`` first."""
+    user, _, rest = value.partition("@")
+    host, _, port_text = rest.rpartition(":") if rest.count(":") == 1 else (rest, "", "")
+    return user, host, int(port_text) if port_text else 22
+
+
+def hop(value: object) -> Problem:
+    """A jump host as `ssh -J` takes it: user@host or user@host:port."""
+    fix = "write a jump host as user@host or user@host:port, e.g. deploy@bastion.example.net"
+    if not isinstance(value, str) or "@" not in value:
+        return f"{value!r} is not user@host[:port]", fix
+    try:
+        user, host, port_number = split_hop(value)
+    except ValueError:
+        return f"{value!r} has a port that is not a number", fix
+    for bad in (ssh_user(user), address(host), port(port_number)):
+        if bad:
+            return f"{value!r}: {bad[0]}", fix
+    return None
+
+
+def boolean(value: object) -> Problem:
+    if not isinstance(value, bool):
+        return f"{value!r} is not true or false", "write true or false, without quotes"
+    return None
 
 
 def interface(value: object) -> Problem:

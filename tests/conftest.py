@@ -24,10 +24,11 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import paramiko
 import pytest
@@ -61,13 +62,18 @@ _indices_lock = threading.Lock()
 
 @pytest.fixture
 def hosts(lab: Any) -> Iterator[Callable[..., list[Any]]]:
-    """``hosts(n, hostnames=None, start=True)`` -> fresh hosts; all are stopped when the test ends."""
+    """``hosts(n, hostnames=None, start=True, segment="main")`` -> fresh hosts; all are stopped when the test ends.
+
+    ``segment``: "private" puts the hosts on the lab's private segment, which the
+    tests' own namespace cannot reach; "both" makes bastions with a leg on each.
+    """
     made: list[Any] = []
 
-    def boot(n: int, hostnames: list[str] | None = None, start: bool = True) -> list[Any]:
+    def boot(n: int, hostnames: list[str] | None = None, start: bool = True, segment: str = "main") -> list[Any]:
         with _indices_lock:
             indices = [next(_indices) for _ in range(n)]
-        batch = [lab.prepare(i, hostname=(hostnames[k] if hostnames else None)) for k, i in enumerate(indices)]
+        batch = [lab.prepare(i, hostname=(hostnames[k] if hostnames else None), segment=segment)
+                 for k, i in enumerate(indices)]
         made.extend(batch)
         if start:
             with ThreadPoolExecutor(max_workers=min(16, n)) as pool:

@@ -9,12 +9,12 @@ its resources in one of several provider processes by itself (see
 
 import pulumi
 
-from llmgw_pulumi import ConnectionArgs, Node, NodeArgs
+from llmgw_pulumi import AgentSettings, ConnectionArgs, Fabric, Node, NodeArgs
 
 FLEET = [
     # (node id, fabric or None)
     ("gpu-a", None),
-    ("gpu-b", {"name": "ib-east", "hcas": ["mlx5_0"]}),
+    ("gpu-b", Fabric(name="ib-east", hcas=["mlx5_0"])),
 ]
 
 config = pulumi.Config("llmgw")
@@ -27,10 +27,9 @@ for node_id, fabric in FLEET:
         node_id=node_id,
         connection=ConnectionArgs(host=inventory[node_id], user=ssh.get("user", "root"),
                                   private_key_path=ssh["privateKeyPath"], wait=ssh.get("wait", 120)),
-        servers=config.require_object("servers"),
         pki_dir=config.require("pkiDir"),
+        settings=AgentSettings(servers=config.require_object("servers"), fabrics=[fabric] if fabric else []),
         version=agent["version"],
         release_url=agent.get("releaseUrl"),
-        fabrics=[fabric] if fabric else None,
     ))
     pulumi.export(node_id, {"hostname": node.identity.hostname, "certificate_not_after": node.certificate.not_after})

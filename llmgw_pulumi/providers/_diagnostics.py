@@ -25,7 +25,8 @@ import contextvars
 import logging
 import sys
 import threading
-from typing import Any, Iterator
+from collections.abc import Awaitable, Iterator
+from typing import Any, cast
 
 import pulumi
 
@@ -45,7 +46,8 @@ def resource_urn(name: str, resource_type: str, opts: pulumi.ResourceOptions | N
     if parent is None:
         return pulumi.resource.create_urn(name, resource_type)
     urn = parent.urn
-    return pulumi.resource.create_urn(name, resource_type, parent=pulumi.Output(set(), urn.future(), urn.is_known(),
+    known_urn = cast("Awaitable[str]", urn.future())  # a registered parent's URN is always known
+    return pulumi.resource.create_urn(name, resource_type, parent=pulumi.Output(set(), known_urn, urn.is_known(),
                                                                                 urn.is_secret()))
 
 
@@ -82,7 +84,7 @@ class _EngineHandler(logging.Handler):
         message = self.format(record)
         urn = _urn.get()
         engine = self._engine() if urn else None
-        if engine is not None:
+        if urn and engine is not None:
             from pulumi.runtime.proto import engine_pb2
 
             severity = engine_pb2.WARNING if record.levelno >= logging.WARNING else engine_pb2.INFO

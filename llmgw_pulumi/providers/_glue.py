@@ -19,8 +19,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult
@@ -193,6 +194,7 @@ def gone_on_delete(exc: Exception) -> None:
     log.warning("%s; assuming the machine is gone, nothing was removed from it", exc)
 
 
-def session(conn: Any, node: str, expected_host_key: str | None) -> AbstractContextManager[Runner]:
+def session(conn: Any, node: str, expected_host_key: str | None,
+            expected_jump_keys: Mapping[str, str] | None = None) -> AbstractContextManager[Runner]:
     """A session to the node from the process's current ``runner.Nodes`` (the SSH pool, imported on first use)."""
-    return runner.current().session(conn, node, expected_host_key)
+    return runner.current().session(conn, node, expected_host_key, expected_jump_keys)

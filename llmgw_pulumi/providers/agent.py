@@ -10,20 +10,21 @@ release is verified against its checksums.txt again); nothing is re-issued.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pulumi
-from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 from pulumi.output import Unknown
 
 from .. import desired, facts, remote
 from ..errors import ConfigError, UnreachableError
-from ..specs import AgentSettings, AgentSpec, is_unknown
+from ..specs import AgentSettings, AgentSpec, Connection, is_unknown, names, to_inputs
 from . import _glue
 
-SETTINGS_KEYS = ("node_id", "servers", "mgmt_addr", "mgmt_interface", "fabrics", "discovery", "engines")
+SETTINGS_KEYS = ("node_id", *names(AgentSettings, config=False))
+"""The inputs agent.yaml is rendered from: the node id and AgentSettings' fields, each an input of its own."""
 BINARY_KEYS = ("version", "release_url", "binary_path", "binary_sha256")
 INPUT_KEYS = ("connection", "known_host_key", "hostname", *SETTINGS_KEYS, *BINARY_KEYS, "agent_yaml", "unit")
 REPLACE_KEYS = ("node_id", "connection.host", "connection.port")
@@ -36,9 +37,20 @@ def derive(inputs: dict[str, Any]) -> None:
     inputs["unit"] = desired.render_unit()
     relevant = [inputs.get(k) for k in ("hostname", *SETTINGS_KEYS)]
     if any(is_unknown(v) for v in relevant) or not isinstance(inputs.get("hostname"), str):
-        inputs["agent_yaml"] = Unknown()
+        inputs["agent_yaml"] = Unknown()  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
         return
-    inputs["agent_yaml"] = desired.render_agent_yaml(AgentSettings.from_props(inputs), inputs["hostname"])
+    inputs["agent_yaml"] = desired.render_agent_yaml(inputs["node_id"], AgentSettings.from_props(inputs), inputs["hostname"])
+
+
+def _state_key(f: desired.NodeFile) -> str:
+    return f"{f.name}_sha256"
+
+
+def node_state(node: facts.NodeFacts) -> dict[str, str]:
+    """The ``node_state`` output: each of the agent's files as seen (its sha256, or what differs from the
+    desired state), and the unit's state."""
+    return {**{_state_key(f): node.state(f) for f in desired.files_of(desired.AGENT)},
+            "active": node.unit_active, "enabled": node.unit_enabled}
 
 
 def drift(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
@@ -46,18 +58,13 @@ def drift(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
     seen = olds.get("node_state")
     if not isinstance(seen, dict):
         return []
-    out = []
-    if seen.get("binary_sha256") != olds.get("installed_sha256"):
-        out.append("node_state.binary")
-    if isinstance(news.get("agent_yaml"), str) and seen.get("config_sha256") != desired.sha256_text(news["agent_yaml"]):
-        out.append("node_state.config")
-    if isinstance(news.get("unit"), str) and seen.get("unit_sha256") != desired.sha256_text(news["unit"]):
-        out.append("node_state.unit")
-    if seen.get("active") != "active":
-        out.append("node_state.active")
-    if seen.get("enabled") != "enabled":
-        out.append("node_state.enabled")
-    return out
+    want: dict[desired.Content, Any] = {desired.Content.BINARY: olds.get("installed_sha256")}
+    for content, key in ((desired.Content.AGENT_YAML, "agent_yaml"), (desired.Content.UNIT, "unit")):
+        if isinstance(news.get(key), str):
+            want[content] = desired.sha256_text(news[key])
+    out = [f"node_state.{f.name}" for f in desired.files_of(desired.AGENT)
+           if f.content in want and seen.get(_state_key(f)) != want[f.content]]
+    return out + [f"node_state.{key}" for key, want in desired.UNIT_STATE.items() if seen.get(key) != want]
 
 
 def _install(spec: AgentSpec, props: dict[str, Any], mode: str, recorded_host_key: str | None) -> dict[str, Any]:
@@ -84,18 +91,11 @@ def _install(spec: AgentSpec, props: dict[str, Any], mode: str, recorded_host_ke
     with _glue.session(spec.connection, spec.node_id, recorded_host_key) as s:
         res = s.run(script)
     _glue.raise_for(res, spec.node_id, f"installing the agent on {spec.connection.host}")
-    kv = facts.key_values(res.stdout)
-    sha = kv.get("binary_sha256", "")
+    node = facts.parse_survey(res.stdout)
     return {
-        "installed_sha256": sha,
-        "arch": kv.get("arch", ""),
-        "node_state": {
-            "binary_sha256": sha,
-            "config_sha256": desired.sha256_text(props["agent_yaml"]),
-            "unit_sha256": desired.sha256_text(props["unit"]),
-            "active": kv.get("active", ""),
-            "enabled": "enabled",
-        },
+        "installed_sha256": node.sha256(desired.BINARY_PATH) or "",
+        "arch": node.arch,
+        "node_state": node_state(node),
     }
 
 
@@ -107,7 +107,7 @@ class AgentInstallProvider(ResourceProvider):
     # Pickled by reference (module + class name): the payload holds nothing secret.
     serialize_as_secret_always = False
 
-    def check(self, olds: dict[str, Any], news: dict[str, Any]):
+    def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         return _glue.check(news, AgentSpec.collect, derive=derive, olds=olds, machine_facts=("hostname", "known_host_key"))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
@@ -136,18 +136,10 @@ class AgentInstallProvider(ResourceProvider):
         conn = _glue.for_read(spec.connection)
         try:
             with _glue.session(conn, spec.node_id, props.get("known_host_key")) as s:
-                res = s.run(remote.survey((desired.BINARY_PATH, desired.CONFIG_PATH, desired.UNIT_PATH)))
+                res = s.run(remote.survey(desired.files_of(desired.AGENT)))
         except UnreachableError as exc:
             return _glue.gone(spec.node_id, exc)
-        node = facts.parse_survey(res.stdout)
-        state = {
-            "binary_sha256": node.sha256(desired.BINARY_PATH) or "absent",
-            "config_sha256": node.sha256(desired.CONFIG_PATH) or "absent",
-            "unit_sha256": node.sha256(desired.UNIT_PATH) or "absent",
-            "active": node.unit_active,
-            "enabled": node.unit_enabled,
-        }
-        return ReadResult(id_, {**props, "node_state": state})
+        return ReadResult(id_, {**props, "node_state": node_state(facts.parse_survey(res.stdout))})
 
     @_glue.operator_errors
     def delete(self, _id: str, props: dict[str, Any]) -> None:
@@ -163,21 +155,17 @@ class AgentInstallProvider(ResourceProvider):
 @dataclass
 class AgentInstallArgs:
     node_id: pulumi.Input[str]
-    connection: pulumi.Input[dict]
+    connection: Connection
     known_host_key: pulumi.Input[str]
     """The host key NodeIdentity recorded (or was pinned): every connection must see it."""
     hostname: pulumi.Input[str]
     """The node's hostname (NodeIdentity reads it): agent.yaml says node_id only when they differ."""
-    servers: pulumi.Input[list]
+    settings: AgentSettings = field(metadata={"flatten": True})
+    """What agent.yaml says; each of its fields is an input of its own (servers, mgmt_addr, ...)."""
     version: pulumi.Input[str]
-    release_url: Optional[pulumi.Input[str]] = None
-    binary_path: Optional[pulumi.Input[str]] = None
-    binary_sha256: Optional[pulumi.Input[str]] = None
-    mgmt_addr: Optional[pulumi.Input[str]] = None
-    mgmt_interface: Optional[pulumi.Input[str]] = None
-    fabrics: Optional[pulumi.Input[list]] = None
-    discovery: Optional[pulumi.Input[dict]] = None
-    engines: Optional[pulumi.Input[dict]] = None
+    release_url: pulumi.Input[str] | None = None
+    binary_path: pulumi.Input[str] | None = None
+    binary_sha256: pulumi.Input[str] | None = None
 
 
 class AgentInstall(Resource, module="llmgw", name="AgentInstall"):
@@ -185,9 +173,9 @@ class AgentInstall(Resource, module="llmgw", name="AgentInstall"):
     unit: pulumi.Output[str]
     installed_sha256: pulumi.Output[str]
     arch: pulumi.Output[str]
-    node_state: pulumi.Output[dict]
+    node_state: pulumi.Output[dict[str, Any]]
 
-    def __init__(self, name: str, args: AgentInstallArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
-        props = {**vars(args), "agent_yaml": None, "unit": None, **{k: None for k in OUTPUT_KEYS}}
+    def __init__(self, name: str, args: AgentInstallArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        props = {**to_inputs(args), "agent_yaml": None, "unit": None, **{k: None for k in OUTPUT_KEYS}}
         super().__init__(AgentInstallProvider(), name, _glue.with_urn(type(self), name, props, opts), opts)
 

@@ -14,12 +14,12 @@ import hashlib
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pulumi
-from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
-from ..specs import DEFAULT_RENEW_BEFORE_HOURS, DEFAULT_VALIDITY_HOURS, CertificateSpec
+from ..specs import DEFAULT_RENEW_BEFORE_HOURS, DEFAULT_VALIDITY_HOURS, CertificateSpec, to_inputs
 from . import _glue
 
 INPUT_KEYS = ("node_id", "pki_dir", "validity_hours", "renew_before_hours")
@@ -29,7 +29,7 @@ OUTPUT_KEYS = ("cert_pem", "key_pem", "ca_pem", "ca_not_after", "serial", "not_a
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def renewal_due(olds: dict[str, Any], news: dict[str, Any], now: dt.datetime) -> bool:
@@ -38,7 +38,8 @@ def renewal_due(olds: dict[str, Any], news: dict[str, Any], now: dt.datetime) ->
     before = news.get("renew_before_hours", DEFAULT_RENEW_BEFORE_HOURS)
     if not isinstance(not_after, str) or not isinstance(before, (int, float)):
         return False
-    if isinstance(olds.get("ca_not_after"), str) and dt.datetime.fromisoformat(not_after) >= dt.datetime.fromisoformat(olds["ca_not_after"]):
+    ca_not_after = olds.get("ca_not_after")
+    if isinstance(ca_not_after, str) and dt.datetime.fromisoformat(not_after) >= dt.datetime.fromisoformat(ca_not_after):
         return False
     return dt.datetime.fromisoformat(not_after) - dt.timedelta(hours=before) <= now
 
@@ -64,7 +65,7 @@ class ClientCertificateProvider(ResourceProvider):
     serialize_as_secret_always = False
 
 
-    def check(self, olds: dict[str, Any], news: dict[str, Any]):
+    def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         def derive(inputs: dict[str, Any]) -> None:
             # Where ca.pem cannot be read (a reviewer's machine), the CA is taken to be unchanged.
             fp = ca_fingerprint(inputs["pki_dir"]) if isinstance(inputs.get("pki_dir"), str) else None
@@ -123,8 +124,8 @@ class ClientCertificateArgs:
     node_id: pulumi.Input[str]
     pki_dir: pulumi.Input[str]
     """Directory holding the cluster CA: ca.pem and ca-key.pem (from `llmgw ctl cert init-ca`)."""
-    validity_hours: Optional[pulumi.Input[float]] = None
-    renew_before_hours: Optional[pulumi.Input[float]] = None
+    validity_hours: pulumi.Input[float] | None = None
+    renew_before_hours: pulumi.Input[float] | None = None
     """A `pulumi up` this close to expiry issues a new certificate."""
 
 
@@ -137,7 +138,7 @@ class ClientCertificate(Resource, module="llmgw", name="ClientCertificate"):
     not_after: pulumi.Output[str]
     fingerprint_sha256: pulumi.Output[str]
 
-    def __init__(self, name: str, args: ClientCertificateArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
-        props = {**vars(args), **{k: None for k in OUTPUT_KEYS}}
+    def __init__(self, name: str, args: ClientCertificateArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        props = {**to_inputs(args), **{k: None for k in OUTPUT_KEYS}}
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key_pem"]))
         super().__init__(ClientCertificateProvider(), name, _glue.with_urn(type(self), name, props, opts), opts)

@@ -14,15 +14,16 @@ refresh` re-probes and shows an engine that stopped running as drift.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, Optional
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
-from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
 from .. import facts, remote
 from ..errors import EngineWillNotRunError, UnreachableError
-from ..specs import EngineCheckSpec
+from ..specs import Connection, EngineCheckSpec, engines_input, to_inputs
 from . import _glue
 
 INPUT_KEYS = ("node_id", "connection", "known_host_key", "engines", "fail_on_problems")
@@ -47,7 +48,7 @@ class EngineCheckProvider(ResourceProvider):
     # Pickled by reference (module + class name): the payload holds nothing secret.
     serialize_as_secret_always = False
 
-    def check(self, olds: dict[str, Any], news: dict[str, Any]):
+    def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         return _glue.check(news, EngineCheckSpec.collect, defaults={"fail_on_problems": False},
                            olds=olds, machine_facts=("known_host_key",))
 
@@ -87,18 +88,18 @@ class EngineCheckProvider(ResourceProvider):
 @dataclass
 class EngineCheckArgs:
     node_id: pulumi.Input[str]
-    connection: pulumi.Input[dict]
+    connection: Connection
     known_host_key: pulumi.Input[str]
     """The host key NodeIdentity recorded (or was pinned)."""
-    engines: Optional[pulumi.Input[dict]] = None
-    """{llamacpp: {bin: PATH}, vllm: {bin: PATH}, sglang: {python: PATH}}, each optional."""
-    fail_on_problems: Optional[pulumi.Input[bool]] = None
+    engines: pulumi.Input[Mapping[str, str]] | None = field(default=None, metadata={"to_input": engines_input})
+    """engine -> its executable on the node, as AgentSettings.engines: {"llamacpp": "/opt/llama/bin/llama-server"}."""
+    fail_on_problems: pulumi.Input[bool] | None = None
 
 
 class EngineCheck(Resource, module="llmgw", name="EngineCheck"):
-    problems: pulumi.Output[list]
+    problems: pulumi.Output[list[Any]]
     engines_ok: pulumi.Output[bool]
 
-    def __init__(self, name: str, args: EngineCheckArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
-        props = {**vars(args), **{k: None for k in OUTPUT_KEYS}}
+    def __init__(self, name: str, args: EngineCheckArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        props = {**to_inputs(args), **{k: None for k in OUTPUT_KEYS}}
         super().__init__(EngineCheckProvider(), name, _glue.with_urn(type(self), name, props, opts), opts)

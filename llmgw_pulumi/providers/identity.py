@@ -8,14 +8,14 @@ hostname and architecture are recorded for AgentInstall.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import pulumi
-from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
 from .. import desired, facts, remote
 from ..errors import UnreachableError
-from ..specs import IdentitySpec
+from ..specs import Connection, IdentitySpec, to_inputs
 from . import _glue
 
 INPUT_KEYS = ("node_id", "connection", "ca_pem", "cert_pem", "key_pem")
@@ -31,18 +31,23 @@ def desired_hashes(props: dict[str, Any]) -> dict[str, str] | None:
     return {f.path: f.sha256 for f in desired.identity_files(*pems)}  # type: ignore[arg-type]
 
 
+def files_state(node: facts.NodeFacts) -> dict[str, str]:
+    """The ``files`` output: path -> the file as seen (its sha256, or what differs from the desired state)."""
+    return {f.path: node.state(f) for f in desired.files_of(desired.IDENTITY)}
+
+
 def _apply(spec: IdentitySpec, recorded_host_key: str | None, restart_agent: bool) -> dict[str, Any]:
     files = desired.identity_files(spec.ca_pem, spec.cert_pem, spec.key_pem)
     with _glue.session(spec.connection, spec.node_id, recorded_host_key) as s:
         res = s.run(remote.install_identity(files, restart_agent))
         _glue.raise_for(res, spec.node_id, f"installing the identity on {spec.connection.host}")
-        kv = facts.key_values(res.stdout)
+        node = facts.parse_survey(res.stdout)
         return {
             "host_key": s.host_key,
-            "hostname": kv.get("hostname", ""),
-            "arch": kv.get("arch", ""),
-            "files": {f.path: f.sha256 for f in files},
-            "trust": kv.get("trust", ""),
+            "hostname": node.hostname,
+            "arch": node.arch,
+            "files": files_state(node),
+            "trust": facts.key_values(res.stdout).get("trust", ""),
         }
 
 
@@ -50,7 +55,7 @@ class NodeIdentityProvider(ResourceProvider):
     # Pickled by reference (module + class name): the payload holds nothing secret.
     serialize_as_secret_always = False
 
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]):
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         return _glue.check(news, IdentitySpec.collect)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
@@ -82,17 +87,17 @@ class NodeIdentityProvider(ResourceProvider):
         conn = _glue.for_read(spec.connection)
         try:
             with _glue.session(conn, spec.node_id, props.get("host_key")) as s:
-                res = s.run(remote.survey())
+                res = s.run(remote.survey(desired.files_of(desired.IDENTITY)))
         except UnreachableError as exc:
             return _glue.gone(spec.node_id, exc)
         node = facts.parse_survey(res.stdout)
-        files = {p: node.sha256(p) or "absent" for p in (desired.CA_PATH, desired.CERT_PATH, desired.KEY_PATH, desired.TRUST_ANCHOR_PATH)}
-        return ReadResult(id_, {**props, "files": files, "hostname": node.hostname, "arch": node.arch})
+        return ReadResult(id_, {**props, "files": files_state(node), "hostname": node.hostname, "arch": node.arch})
 
     @_glue.operator_errors
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         spec = IdentitySpec.from_props(props)
-        owned = props.get("files") or desired_hashes(props) or {}
+        # What this resource installed: a refresh may since have recorded another identity's files.
+        owned = desired_hashes(props) or {}
         try:
             with _glue.session(spec.connection, spec.node_id, props.get("host_key")) as s:
                 res = s.run(remote.remove_identity(owned))
@@ -104,8 +109,7 @@ class NodeIdentityProvider(ResourceProvider):
 @dataclass
 class NodeIdentityArgs:
     node_id: pulumi.Input[str]
-    connection: pulumi.Input[dict]
-    """{host, port, user, private_key (secret), host_key (optional pin), wait (seconds)}."""
+    connection: Connection
     ca_pem: pulumi.Input[str]
     cert_pem: pulumi.Input[str]
     key_pem: pulumi.Input[str]
@@ -115,10 +119,10 @@ class NodeIdentity(Resource, module="llmgw", name="NodeIdentity"):
     host_key: pulumi.Output[str]
     hostname: pulumi.Output[str]
     arch: pulumi.Output[str]
-    files: pulumi.Output[dict]
+    files: pulumi.Output[dict[str, Any]]
     trust: pulumi.Output[str]
 
-    def __init__(self, name: str, args: NodeIdentityArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
-        props = {**vars(args), **{k: None for k in OUTPUT_KEYS}}
+    def __init__(self, name: str, args: NodeIdentityArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        props = {**to_inputs(args), **{k: None for k in OUTPUT_KEYS}}
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key_pem"]))
         super().__init__(NodeIdentityProvider(), name, _glue.with_urn(type(self), name, props, opts), opts)

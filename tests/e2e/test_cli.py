@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from tests.conftest import stack_config, ssh
+from tests.conftest import ssh, stack_config
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 

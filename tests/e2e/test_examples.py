@@ -21,8 +21,7 @@ from typing import Any
 from cryptography import x509
 
 from lab.vmctl import nspawn_pid
-from llmgw_pulumi.shards import shard_name, shard_of
-from tests.conftest import REPO, ssh, stack_config
+from tests.conftest import REPO, shard, ssh, stack_config
 
 EXAMPLES = REPO / "examples"
 
@@ -246,9 +245,9 @@ def test_own_program_example_onboards_nodes_built_in_its_code_each_in_its_shard(
     for node in ("gpu-a", "gpu-b"):
         providers = {r["provider"].split("::")[3] for r in resources
                      if r["type"].startswith("pulumi-python:dynamic/llmgw:") and r["urn"].endswith(f"::{node}")}
-        assert providers == {shard_name(shard_of(node))}, (node, providers)
+        assert providers == {f"llmgw-shard-{shard(node)}"}, (node, providers)
     shard_urns = [r["urn"] for r in resources if r["type"] == "pulumi:providers:pulumi-python"]
-    assert sorted(u.split("::")[-1] for u in shard_urns) == sorted({shard_name(shard_of(n)) for n in ("gpu-a", "gpu-b")})
+    assert sorted(u.split("::")[-1] for u in shard_urns) == sorted({f"llmgw-shard-{shard(n)}" for n in ("gpu-a", "gpu-b")})
     assert all("$" not in u.split("::")[2] for u in shard_urns), shard_urns  # top-level: the URNs program.main made
 
     destroy = stack.destroy()

@@ -252,7 +252,7 @@ def test_a_release_without_a_checksum_line_for_the_node_is_refused(cluster, host
     for path in (BINARY, CONFIG, UNIT):
         assert h.read_file(path) is None, f"{path} installed from a release without a checksum for it"
     assert leftovers(h, cluster) == []
-    line = next(l.strip() for l in up.output.splitlines() if "has no line for" in l)
+    line = next(out_line.strip() for out_line in up.output.splitlines() if "has no line for" in out_line)
     report("security-missing-checksum-line", saw=line, seconds=round(time.monotonic() - t0, 1))
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.conftest import resource_count, stack_config, ssh
+from tests.conftest import resource_count, ssh, stack_config
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 

@@ -458,9 +458,8 @@ def test_release_server_over_https_is_trusted_only_with_the_cluster_ca(
     pki.init_ca(tmp_path / "other-pki", cn="another CA")
     untrusting = ssl.create_default_context(cafile=tmp_path / "other-pki" / "ca.pem")
     port = int(base.rsplit(":", 1)[1])
-    with socket.create_connection((LOOPBACK, port), timeout=10) as sock:
-        with pytest.raises(ssl.SSLCertVerificationError):
-            untrusting.wrap_socket(sock, server_hostname=LOOPBACK).close()
+    with socket.create_connection((LOOPBACK, port), timeout=10) as sock, pytest.raises(ssl.SSLCertVerificationError):
+        untrusting.wrap_socket(sock, server_hostname=LOOPBACK).close()
 
 
 def test_publish_release_refuses_to_tamper_with_an_arch_it_does_not_publish(tmp_path: Path) -> None:

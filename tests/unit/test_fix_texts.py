@@ -26,7 +26,7 @@ PATHS = stack_config.key_paths()
 KEY_NAMES = {path.rsplit(".", 1)[-1] for path in PATHS}
 ARGS = {name: getattr(llmgw_pulumi, name) for name in llmgw_pulumi.__all__ if name.endswith("Args")}
 FIELDS = {f.name for cls in [*ARGS.values(), specs.Connection] for f in dataclasses.fields(cls)}
-FIELDS |= set(stack_config.DISCOVERY_KEYS.values())
+FIELDS |= {f.name for cls in (specs.AgentSettings, specs.Discovery) for f in dataclasses.fields(cls)}
 
 LLMGW_KEY = re.compile(r"llmgw:([A-Za-z][A-Za-z.]*[A-Za-z])")
 ARGS_FIELD = re.compile(r"\b([A-Z][A-Za-z]*Args)\.([a-z_]+)")

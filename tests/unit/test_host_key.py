@@ -40,12 +40,12 @@ def with_pin(pin: str) -> dict:
 ], ids=["pub file", "comment with spaces", "extra whitespace", "bare"])
 def test_a_pub_file_line_is_pinned_as_type_and_key(pin: str) -> None:
     assert validate.host_key(pin) is None
-    assert stack_config.parse(with_pin(pin)).nodes[0].host_key == f"{TYPE} {BLOB}"
+    assert stack_config.parse(with_pin(pin)).nodes[0].connection.host_key == f"{TYPE} {BLOB}"
 
 
 @pytest.mark.parametrize("key", [ECDSA, RSA], ids=["ecdsa", "rsa"])
 def test_other_key_types_are_accepted(key: str) -> None:
-    assert stack_config.parse(with_pin(f"{key} root@gpu-01")).nodes[0].host_key == key
+    assert stack_config.parse(with_pin(f"{key} root@gpu-01")).nodes[0].connection.host_key == key
 
 
 def ssh_blob(*strings: bytes) -> str:

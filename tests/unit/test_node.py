@@ -12,7 +12,7 @@ import pulumi
 import pytest
 from pulumi.runtime.mocks import MockMonitor
 
-from llmgw_pulumi import ConnectionArgs, Node, NodeArgs
+from llmgw_pulumi import AgentSettings, ConnectionArgs, Node, NodeArgs
 from llmgw_pulumi.shards import PROVIDER_SHARDS, provider_for, shard_name, shard_of
 
 NODE_TYPES = {"pulumi-python:dynamic/llmgw:" + t for t in ("ClientCertificate", "NodeIdentity", "AgentInstall", "EngineCheck")}
@@ -50,7 +50,7 @@ def monitor() -> RecordingMonitor:
 
 def node_args(node_id: Any, host: Any = "10.0.0.11") -> NodeArgs:
     return NodeArgs(node_id=node_id, connection=ConnectionArgs(host=host, private_key_path="/k"),
-                    servers=["cp:7443"], pki_dir="/pki", version="v1.4.2", release_url="https://r")
+                    settings=AgentSettings(servers=["cp:7443"]), pki_dir="/pki", version="v1.4.2", release_url="https://r")
 
 
 def ids_in_distinct_shards(n: int) -> list[str]:
@@ -164,3 +164,23 @@ def test_provider_for_makes_each_shard_once_per_program_run(monitor):
     first = provider_for(a)
     pulumi.runtime.set_mocks(Mocks(), preview=False, monitor=RecordingMonitor())  # the next program run
     assert provider_for(a) is not first
+
+
+@pulumi.runtime.test
+def test_a_private_key_given_to_a_node_is_a_secret_input_of_each_resource_that_connects(monitor):
+    from google.protobuf import json_format
+
+    key = "-----BEGIN OPENSSH PRIVATE KEY-----\nSSHKEYBODY\n"
+    args = node_args("gpu-01")
+    args.connection = ConnectionArgs(host="10.0.0.11", private_key=key)
+    node = Node("gpu-01", args)
+
+    def check(_: Any) -> None:
+        connecting = [r for r in monitor.of_type(NODE_TYPES) if not r.type.endswith("ClientCertificate")]
+        assert len(connecting) == 3
+        for r in connecting:
+            secret = json_format.MessageToDict(r.object)["connection"]["private_key"]
+            assert secret["4dabf18193072939515e22adb298388d"] == "1b47061264138c4ac30d75fd1eb44270", r.type
+            assert secret["value"] == key
+
+    return node.engine_check.urn.apply(check)

@@ -13,7 +13,7 @@ from llmgw_pulumi import pki
 from llmgw_pulumi.errors import AuthorityError
 from tests.unit import fake_pem
 
-NOW = dt.datetime.now(dt.timezone.utc)
+NOW = dt.datetime.now(dt.UTC)
 
 
 @pytest.fixture

@@ -36,16 +36,16 @@ def test_certificate_no_diff_for_floats_and_provider_changes():
     p = ClientCertificateProvider()
     news = checked(p, {"node_id": "gpu-01", "pki_dir": "/pki", "__provider": "new"})
     olds = {**news, "validity_hours": 8760, "renew_before_hours": 720, "__provider": "old",
-            "not_after": (dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=300)).isoformat()}
+            "not_after": (dt.datetime.now(dt.UTC) + dt.timedelta(days=300)).isoformat()}
     assert p.diff("id", olds, {**news, "validity_hours": 8760.0}).changes is False
 
 
 def test_certificate_replaced_for_a_new_node_id_and_inside_the_renewal_window():
     p = ClientCertificateProvider()
     base = {"node_id": "gpu-01", "pki_dir": "/pki", "validity_hours": 100.0, "renew_before_hours": 10.0}
-    far = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=50)).isoformat()
-    near = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=5)).isoformat()
-    ca_end = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=300)).isoformat()
+    far = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=50)).isoformat()
+    near = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=5)).isoformat()
+    ca_end = (dt.datetime.now(dt.UTC) + dt.timedelta(days=300)).isoformat()
     d = p.diff("id", {**base, "not_after": far, "ca_not_after": ca_end}, {**base, "node_id": "gpu-02"})
     assert d.changes and d.replaces == ["node_id"]
     d = p.diff("id", {**base, "not_after": near, "ca_not_after": ca_end}, base)
@@ -58,7 +58,7 @@ def test_certificate_replaced_for_a_new_node_id_and_inside_the_renewal_window():
 def test_certificate_replaced_for_another_ca_but_not_for_a_moved_pki_dir():
     p = ClientCertificateProvider()
     base = {"node_id": "gpu-01", "pki_dir": "/pki", "validity_hours": 100.0, "renew_before_hours": 10.0}
-    later = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=90)).isoformat()
+    later = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=90)).isoformat()
     olds = {**base, "ca_fingerprint": "aa", "not_after": later, "ca_not_after": later}
     assert p.diff("id", olds, {**base, "ca_fingerprint": "bb"}).replaces == ["ca_fingerprint"]
     moved = p.diff("id", olds, {**base, "pki_dir": "/srv/pki", "ca_fingerprint": "aa"})
@@ -71,7 +71,7 @@ def test_certificate_replaced_for_another_ca_but_not_for_a_moved_pki_dir():
 def test_certificate_validity_change_updates_without_reissuing():
     p = ClientCertificateProvider()
     base = {"node_id": "gpu-01", "pki_dir": "/pki", "validity_hours": 100.0, "renew_before_hours": 10.0}
-    later = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=90)).isoformat()
+    later = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=90)).isoformat()
     olds = {**base, "cert_pem": "C", "key_pem": "K", "serial": "ab", "not_after": later, "ca_pem": "CA",
             "ca_not_after": later, "fingerprint_sha256": "f"}
     d = p.diff("id", olds, {**base, "validity_hours": 200.0})

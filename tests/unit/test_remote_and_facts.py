@@ -1,11 +1,14 @@
 """Remote scripts are values whose variable parts are quoted arguments; facts are pure parsers."""
 
+import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from llmgw_pulumi import facts, remote
+from llmgw_pulumi import desired, facts, remote
 from llmgw_pulumi.desired import File
 from tests.unit import fake_pem
 
@@ -21,26 +24,75 @@ def test_a_hostile_engine_path_stays_one_argument():
     assert evil not in script.text, "the path is never spliced into the script text"
 
 
+def test_a_script_is_the_same_text_for_every_node():
+    key = fake_pem("PRIVATE KEY", "secret")
+    a = remote.install_identity(desired.identity_files("CA", "C1", key), restart_agent=False)
+    b = remote.install_identity(desired.identity_files("CA2", "C2", "K"), restart_agent=True)
+    assert a.text == b.text == remote.program("install-identity.sh")
+    c = remote.install_agent(mode="release", config="c", unit="u", version="v1.2.3", release_url="https://r.example/x/")
+    assert c.text == remote.install_agent(mode="copy", config="d", unit="v", binary=b"b", binary_sha256="0" * 64).text
+    assert c.args[2:5] == ("release", "v1.2.3", "https://r.example/x")
+    assert "https://r.example" not in c.text
+
+
 def test_file_contents_travel_on_stdin_not_on_the_command_line():
     key = fake_pem("PRIVATE KEY", "secret").encode()
     script = remote.install_identity([File("/etc/llmgw/agent-key.pem", 0o600, key)], restart_agent=False)
     assert b"secret" not in script.command(sudo=True).encode()
     assert script.stdin == key
     assert "secret" not in repr(script)
-    assert "put /etc/llmgw/agent-key.pem 600 " + str(len(key)) in script.text
+    assert script.args[-5:] == ("file", "/etc/llmgw/agent-key.pem", "0600", "root:root", str(len(key)))
 
 
-def test_writes_go_through_a_root_only_temp_file_in_the_target_directory():
-    text = remote.install_identity([File("/etc/llmgw/agent-key.pem", 0o600, b"k")], restart_agent=False).text
-    assert "umask 077" in text
-    assert 'mktemp "$1.llmgw-new.XXXXXX"' in text, "temp file next to the target: the rename is atomic"
-    assert 'mv -f "$t" "$1"' in text
+def test_the_scripts_are_told_every_file_by_the_desired_state():
+    identity = remote.install_identity(desired.identity_files("CA", "C", "K"), restart_agent=False).args
+    agent = remote.install_agent(mode="keep", config="c", unit="u").args
+    for f in desired.NODE_FILES:
+        assert f.path in (identity if f.resource == desired.IDENTITY else agent), f.path
+    survey = remote.survey().args
+    assert survey == (desired.UNIT_NAME, *(f.path for f in desired.NODE_FILES))
+    assert remote.remove_agent("gpu-01").args[-3:] == tuple(f.path for f in desired.files_of(desired.AGENT))
 
 
-def test_agent_install_args_are_positional():
-    s = remote.install_agent(mode="release", config="c", unit="u", version="v1.2.3", release_url="https://r.example/x/")
-    assert s.args[:3] == ("release", "v1.2.3", "https://r.example/x")
-    assert "https://r.example" not in s.text
+def test_exit_codes_have_one_source():
+    text = remote.script_text("exits.sh")
+    assert remote.parse_exits(text) == {e.name: e.value for e in remote.Exit if e.name != "OK"}
+    others = "".join(remote.script_text(n) for n in (*remote.SCRIPTS, "prelude.sh"))
+    numbers = [int(n) for n in re.findall(r"\b(7[0-9])\b", others)]
+    assert numbers == [], "an exit code is written as a number outside exits.sh"
+
+
+ALL_SCRIPTS = [*remote.SCRIPTS, "prelude.sh", "exits.sh"]
+
+
+def test_every_script_is_in_the_package_and_no_other():
+    shipped = sorted(p.name for p in Path(remote.__file__).parent.joinpath("scripts").glob("*.sh"))
+    assert shipped == sorted(ALL_SCRIPTS)
+
+
+@pytest.mark.parametrize("name", ALL_SCRIPTS)
+def test_sh_parses_every_script(name):
+    res = subprocess.run(["sh", "-n"], input=remote.script_text(name), capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("name", [*remote.SCRIPTS, "prelude.sh", "exits.sh"])
+def test_shellcheck_is_clean_on_every_program_as_it_runs(name):
+    """Each program as the node runs it (exits.sh + prelude.sh + the script); the two shared files alone too."""
+    assert shutil.which("shellcheck"), "shellcheck is missing: scripts/install.sh installs it (apt-get install shellcheck)"
+    parts = ["exits.sh", "prelude.sh", name] if name in remote.SCRIPTS else [name]
+    text = "".join(remote.script_text(p) for p in parts)
+    res = subprocess.run(["shellcheck", "--shell=sh", "--format=gcc", "-"], input=text, capture_output=True, text=True)
+    if res.returncode != 0:
+        starts, line = {}, 1
+        for p in parts:
+            starts[p] = line
+            line += remote.script_text(p).count("\n")
+        def where(m):
+            n = int(m[1])
+            part = max((p for p in parts if starts[p] <= n), key=lambda p: starts[p])
+            return f"{part}:{n - starts[part] + 1}:"
+        pytest.fail(re.sub(r"^-:(\d+):", where, res.stdout, flags=re.M))
 
 
 SURVEY_OUTPUT = (
@@ -57,6 +109,18 @@ def test_parse_survey():
     assert (key.mode, key.owner, key.group, key.sha256) == (0o600, "root", "root", "a" * 64)
     assert node.files["/etc/llmgw/agent.yaml"] is None
     assert node.sha256("/etc/llmgw/agent.yaml") is None
+
+
+@pytest.mark.parametrize("mode,owner,expected", [
+    (0o600, "root root", "a" * 64),
+    (0o644, "root root", "a" * 64 + "; mode 0644, not 0600"),
+    (0o600, "deploy root", "a" * 64 + "; owner deploy:root, not root:root"),
+])
+def test_a_file_state_is_its_hash_and_what_differs_from_the_desired_state(mode, owner, expected):
+    key = desired.file_with(desired.Content.KEY_PEM, desired.IDENTITY)
+    node = facts.parse_survey(f"file\t{key.path}\t{mode:o} {owner}\t" + "a" * 64 + "\n")
+    assert node.state(key) == expected
+    assert facts.parse_survey("").state(key) == "absent"
 
 
 @pytest.mark.parametrize("status,detail,words", [

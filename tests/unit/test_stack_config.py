@@ -7,6 +7,7 @@ import pytest
 
 from llmgw_pulumi import stack_config
 from llmgw_pulumi.errors import ConfigError
+from llmgw_pulumi.specs import Fabric
 from llmgw_pulumi.stack_config import StackConfigError
 
 GOOD = {
@@ -54,19 +55,24 @@ BAD = [
     ("address not an address", ("nodes", 0, "address"), "not an address!", "node gpu-01", "address", "not an IP address"),
     ("address bad ipv4", ("nodes", 0, "address"), "10.0.0.300", "node gpu-01", "address", "not an IP address"),
     ("address missing", ("nodes", 0, "address"), DELETE, "node gpu-01", "address", "missing"),
-    ("hcas without a fabric", ("nodes", 1, "fabric"), {"hcas": ["mlx5_0"]}, "node gpu-02", "fabric.name", "HCAs were given without a fabric"),
+    ("hcas without a fabric", ("nodes", 1, "fabric"), {"hcas": ["mlx5_0"]}, "node gpu-02", "fabric.name",
+     "HCAs were given without a fabric"),
     ("fabric without hcas", ("nodes", 1, "fabric"), {"name": "ib-east"}, "node gpu-02", "fabric.hcas", "a fabric without HCAs"),
-    ("fabric with empty hcas", ("nodes", 1, "fabric"), {"name": "ib-east", "hcas": []}, "node gpu-02", "fabric.hcas", "a fabric without HCAs"),
+    ("fabric with empty hcas", ("nodes", 1, "fabric"), {"name": "ib-east", "hcas": []}, "node gpu-02", "fabric.hcas",
+     "a fabric without HCAs"),
     ("bad hca name", ("nodes", 1, "fabric"), {"name": "ib-east", "hcas": ["mlx5 0"]}, "node gpu-02", "fabric.hcas[0]", "not an HCA name"),
-    ("relative engine path", ("nodes", 1, "engines"), {"llamacpp": {"bin": "bin/llama-server"}}, "node gpu-02", "engines.llamacpp.bin", "is relative"),
-    ("engine path with newline", ("nodes", 1, "engines"), {"vllm": {"bin": "/opt/vllm\n/bin"}}, "node gpu-02", "engines.vllm.bin", "newline"),
+    ("relative engine path", ("nodes", 1, "engines"), {"llamacpp": {"bin": "bin/llama-server"}}, "node gpu-02",
+     "engines.llamacpp.bin", "is relative"),
+    ("engine path with newline", ("nodes", 1, "engines"), {"vllm": {"bin": "/opt/vllm\n/bin"}}, "node gpu-02",
+     "engines.vllm.bin", "newline"),
     ("unknown engine", ("nodes", 1, "engines"), {"ollama": {"bin": "/opt/ollama"}}, "node gpu-02", "engines.ollama", "not an engine"),
-    ("sglang given a bin", ("nodes", 1, "engines"), {"sglang": {"bin": "/opt/sg"}}, "node gpu-02", "engines.sglang", "must be {python: PATH}"),
+    ("sglang given a bin", ("nodes", 1, "engines"), {"sglang": {"bin": "/opt/sg"}}, "node gpu-02", "engines.sglang",
+     "must be {python: PATH}"),
     ("malformed version tag", ("agent", "version"), "v1.2", "llmgw", "agent.version", "malformed release tag"),
     ("version with spaces", ("agent", "version"), "v1 2 3", "llmgw", "agent.version", "not a version"),
     ("release url not http", ("agent", "releaseUrl"), "ftp://releases.example.net", "llmgw", "agent.releaseUrl", "not an http(s) URL"),
     ("release url missing for a tag", ("agent", "releaseUrl"), DELETE, "llmgw", "agent.releaseUrl", "missing"),
-    ("dev version without a binary", ("agent", "version"), "v1.2.3-4-gabc", "llmgw", "agent.version", "not a release tag"),
+    ("dev version without a binary", ("agent", "version"), "v1.2.3-4-gabc", "llmgw", "agent.binary", "not a release tag"),
     ("negative ssh wait", ("ssh", "wait"), -5, "llmgw", "ssh.wait", "out of range"),
     ("absurd ssh wait", ("ssh", "wait"), 10**7, "llmgw", "ssh.wait", "out of range"),
     ("ssh wait not a number", ("ssh", "wait"), "soon", "llmgw", "ssh.wait", "not a number"),
@@ -76,9 +82,10 @@ BAD = [
     ("unknown node key", ("nodes", 0, "adress"), "10.0.0.1", "node gpu-01", "adress", "not a node setting"),
     ("duplicate node id", ("nodes", 1, "id"), "gpu-01", "node gpu-01", "id", "used by nodes[0] too"),
     ("two nodes on the same address", ("nodes", 1, "address"), "10.0.0.11", "node gpu-02", "address", "also the address of node gpu-01"),
-    ("mgmt interface too long", ("nodes", 0, "mgmtInterface"), "averyveryverylongifname", "node gpu-01", "mgmtInterface", "not a network interface"),
-    ("discovery relative", ("nodes", 0, "discovery"), {"nvidiaSmi": "nvidia-smi"}, "node gpu-01", "discovery.nvidiaSmi", "relative"),
-    ("renewal longer than validity", ("certificate",), {"validityHours": 10, "renewBeforeHours": 20}, "llmgw", "certificate.renewBeforeHours", "not shorter"),
+    ("discovery relative", ("nodes", 0, "discovery"), {"nvidiaSmi": "nvidia-smi"}, "node gpu-01", "discovery.nvidiaSmi",
+     "relative"),
+    ("renewal longer than validity", ("certificate",), {"validityHours": 10, "renewBeforeHours": 20}, "llmgw",
+     "certificate.renewBeforeHours", "not shorter"),
     ("bad pinned host key", ("nodes", 0, "hostKey"), "AAAA-not-a-key", "node gpu-01", "hostKey", "not an SSH public key"),
     ("nodes empty", ("nodes",), [], "llmgw", "nodes", "empty"),
 ]
@@ -87,8 +94,8 @@ BAD = [
 def test_the_good_config_parses():
     spec = stack_config.parse(GOOD)
     assert [n.node_id for n in spec.nodes] == ["gpu-01", "gpu-02"]
-    assert spec.nodes[1].fabrics == ({"name": "ib-east", "hcas": ["mlx5_0"]},)
-    assert spec.nodes[0].user == "deploy" and spec.nodes[0].servers == ("cp1.example.net:7443",)
+    assert spec.nodes[1].settings.fabrics == (Fabric("ib-east", ("mlx5_0",)),)
+    assert spec.nodes[0].connection.user == "deploy" and spec.nodes[0].settings.servers == ("cp1.example.net:7443",)
 
 
 @pytest.mark.parametrize("case,path,value,node,field,words", BAD, ids=[b[0] for b in BAD])
@@ -105,13 +112,13 @@ def test_bad_config_names_node_field_and_fix(case, path, value, node, field, wor
 
 def test_paths_with_spaces_are_accepted():
     cfg = mutate(("nodes", 1, "engines"), {"llamacpp": {"bin": "/opt/llama cpp/bin/llama-server"}})
-    assert stack_config.parse(cfg).nodes[1].engines["llamacpp"]["bin"] == "/opt/llama cpp/bin/llama-server"
+    assert stack_config.parse(cfg).nodes[1].settings.engines["llamacpp"] == "/opt/llama cpp/bin/llama-server"
 
 
 def test_ipv6_server_and_address_are_accepted():
     cfg = mutate(("servers",), ["[fd00::1]:7443"])
     cfg["nodes"][0]["address"] = "fd00::11"
-    assert stack_config.parse(cfg).nodes[0].address == "fd00::11"
+    assert stack_config.parse(cfg).nodes[0].connection.host == "fd00::11"
 
 
 def test_every_problem_is_reported_at_once():
@@ -141,7 +148,7 @@ MISSPELLED = [
     ("discovery", ("nodes", 0, "discovery"), {"nvidiaSMI": "/usr/bin/nvidia-smi"}, "node gpu-01", "discovery.nvidiaSMI",
      "did you mean nvidiaSmi?"),
     ("nothing close", ("zzz",), 1, "llmgw", "zzz", "use one of agent, certificate, failOnEngineProblems, nodes, pkiDir, "
-                                                     "servers, ssh, sshPrivateKey"),
+                                                     "servers, ssh, sshKeyPassphrase, sshPrivateKey"),
 ]
 
 
@@ -191,7 +198,7 @@ def test_a_secret_other_than_the_ssh_key_is_named_not_read():
     with pytest.raises(StackConfigError) as err:
         stack_config.parse(GOOD, secret_keys=["servers", "sshPrivatKey"])
     problems = {p[1]: p for p in err.value.problems}
-    assert problems["servers"][2] == "is set as a secret, but only sshPrivateKey is read as one"
+    assert problems["servers"][2] == "is set as a secret, but only sshPrivateKey and sshKeyPassphrase are read as secrets"
     assert problems["sshPrivatKey"][3] == "did you mean sshPrivateKey?"
 
 
@@ -211,7 +218,7 @@ def test_a_setting_held_as_a_secret_is_not_also_called_missing():
     with pytest.raises(StackConfigError) as err:
         stack_config.parse(cfg, secret_keys=["pkiDir", "ssh", "nodes"])
     assert [p[1:3] for p in err.value.problems] == [
-        ("pkiDir", "is set as a secret, but only sshPrivateKey is read as one"),
-        ("ssh", "is set as a secret, but only sshPrivateKey is read as one"),
-        ("nodes", "is set as a secret, but only sshPrivateKey is read as one"),
+        ("pkiDir", "is set as a secret, but only sshPrivateKey and sshKeyPassphrase are read as secrets"),
+        ("ssh", "is set as a secret, but only sshPrivateKey and sshKeyPassphrase are read as secrets"),
+        ("nodes", "is set as a secret, but only sshPrivateKey and sshKeyPassphrase are read as secrets"),
     ]

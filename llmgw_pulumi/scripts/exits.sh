@@ -1,0 +1,11 @@
+# shellcheck shell=sh
+# How the scripts end when they fail in a way the operator must hear about.
+# The one place these numbers are written: remote.py reads this file into the
+# Exit enum, and puts it first in every program that runs on a node.
+EXIT_RELEASE_FETCH=71   # the release binary or its checksums.txt could not be downloaded
+EXIT_CHECKSUM=72        # the binary does not match the checksum it must have
+EXIT_AGENT_START=73     # the new agent did not stay running; the previous one was restored
+EXIT_WRITE=74           # a file could not be written (disk full, read-only); nothing was changed
+EXIT_BUSY=75            # another change to the node held its lock for too long
+# shellcheck disable=SC2034 # each script uses the codes it needs; Python reads them all
+readonly EXIT_RELEASE_FETCH EXIT_CHECKSUM EXIT_AGENT_START EXIT_WRITE EXIT_BUSY

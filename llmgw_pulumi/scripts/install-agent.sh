@@ -1,0 +1,139 @@
+# shellcheck shell=sh
+# AgentInstall's change (SPEC steps 5, 6 and 8) as one transaction: the llmgw
+# binary, agent.yaml and the unit, and the agent running.
+#
+# install-agent.sh DIRS UNIT MODE TAG URL WANT SIZE TICKS START \
+#                  BINARY MODE OWNER  CONFIG MODE OWNER SIZE  UNIT_FILE MODE OWNER SIZE
+#   MODE   release: the node downloads URL/TAG/llmgw-TAG-linux-<arch> and checks
+#                   it against the release's checksums.txt;
+#          copy:    the local build arrives on stdin (SIZE bytes, sha256 WANT);
+#          keep:    the binary is already right.
+#   TICKS  tenths of a second the restarted agent must stay up
+#   START  restart|start: how the agent is (re)started
+#   then each file, its mode and owner (user:group); the config's and the
+#   unit's bytes follow the binary's on stdin.
+#
+# Everything new is staged first (download, checksum, temporary files next to
+# their destinations), so a failed download, a bad checksum or a full disk end
+# the script with nothing changed and the agent untouched. The previous
+# binary, config and unit are then kept aside (hard links) until the
+# restarted agent has stayed up; if it does not, they are put back and
+# restarted, and the script exits EXIT_AGENT_START with the end of the
+# journal. A script interrupted in between (its SSH session dies, the machine
+# shuts down) puts them back as well; one killed outright leaves them for the
+# next run, which puts them back before it starts.
+#
+# Prints the architecture, `staged`, the unit's state and a survey line per file.
+begin_change "$1"
+UNIT=$2 MODE=$3 TAG=$4 URL=$5 WANT=$6 SIZE=$7 SETTLE_TICKS=$8 START=$9
+shift 9
+B=$1 B_MODE=$2 B_OWNER=$3 C=$4 C_MODE=$5 C_OWNER=$6 C_SIZE=$7 U=$8 U_MODE=$9
+shift 9
+U_OWNER=$1 U_SIZE=$2
+
+# The agent must stay up: a crash shows as a state other than active
+# (Restart=on-failure makes it 'activating (auto-restart)').
+settle() {
+  i=0
+  while [ "$i" -lt "$SETTLE_TICKS" ]; do
+    [ "$(unit_is is-active "$UNIT")" = active ] || return 1
+    sleep 0.1
+    i=$((i + 1))
+  done
+}
+
+# restore restart|keep: put back what the change replaced (kept as *.llmgw-prev,
+# or marked *.llmgw-absent when there was nothing), then restart the agent, or
+# only reload systemd when the agent was not restarted yet.
+restore() {
+  for f in "$R$B" "$R$C" "$R$U"; do
+    if [ -e "$f.llmgw-prev" ]; then mv -f "$f.llmgw-prev" "$f"; elif [ -e "$f.llmgw-absent" ]; then rm -f "$f"; fi
+    rm -f "$f.llmgw-absent"
+  done
+  systemctl daemon-reload
+  if [ -e "$R$U" ] && [ -e "$R$B" ]; then
+    if [ "$1" = restart ]; then systemctl restart "$UNIT" || true; fi
+  else
+    systemctl disable --now "$UNIT" >/dev/null 2>&1 || true
+  fi
+}
+# An earlier run killed outright in the middle of its change left what it
+# replaced: put that back first, so this run starts from the last state known to work.
+for f in "$R$B" "$R$C" "$R$U"; do
+  if [ -e "$f.llmgw-prev" ] || [ -e "$f.llmgw-absent" ]; then restore keep; break; fi
+done
+phase=prepare restarted=no
+rollback() {
+  case $phase in
+  backup) for f in "$R$B" "$R$C" "$R$U"; do rm -f "$f.llmgw-prev" "$f.llmgw-absent"; done ;;
+  commit) if [ "$restarted" = yes ]; then restore restart; else restore keep; fi ;;
+  esac
+}
+arch=$(node_arch)
+stage=$(mktemp -d "$R/var/tmp/llmgw-stage.XXXXXX")
+# A release server that sends nothing for 20s is given up on (and retried
+# while 30s have not passed); a slow but moving download may take 10 minutes.
+fetch() { curl -fsS --connect-timeout 10 --speed-limit 1 --speed-time 20 --max-time "$3" --retry 2 --retry-max-time 30 -o "$1" "$2" 2>&1; }
+case $MODE in
+release)
+  name="llmgw-$TAG-linux-$arch"
+  if ! err=$(fetch "$stage/bin" "$URL/$TAG/$name" 600); then
+    echo "cannot download $URL/$TAG/$name: $err; the installed agent was left as it was" >&2; exit "$EXIT_RELEASE_FETCH"
+  fi
+  if ! err=$(fetch "$stage/sums" "$URL/$TAG/checksums.txt" 60); then
+    echo "cannot download $URL/$TAG/checksums.txt: $err; the installed agent was left as it was" >&2; exit "$EXIT_RELEASE_FETCH"
+  fi
+  WANT=$(awk -v n="$name" '$2 == n || $2 == "*" n { print $1; exit }' "$stage/sums")
+  if [ -z "$WANT" ]; then echo "checksums.txt of $TAG has no line for $name; nothing was installed" >&2; exit "$EXIT_CHECKSUM"; fi
+  ;;
+copy)
+  if ! dd iflag=fullblock,count_bytes bs=65536 count="$SIZE" status=none of="$stage/bin" 2>/dev/null; then
+    echo "cannot stage the binary in /var/tmp (disk full?); nothing was changed" >&2; exit "$EXIT_WRITE"
+  fi
+  ;;
+esac
+if [ "$MODE" != keep ]; then
+  got=$(sha256_of "$stage/bin")
+  if [ "$got" != "$WANT" ]; then
+    echo "llmgw binary for $arch has sha256 $got, but $WANT was expected; nothing was installed" >&2; exit "$EXIT_CHECKSUM"
+  fi
+  new_temp "$B"
+  cp "$stage/bin" "$t" 2>/dev/null || cannot_write "$B"
+  stage_temp "$B" "$B_MODE" "$B_OWNER"
+fi
+put "$C" "$C_MODE" "$C_OWNER" "$C_SIZE"
+put "$U" "$U_MODE" "$U_OWNER" "$U_SIZE"
+
+# What is replaced is kept as a hard link: that takes no space, so it cannot
+# fail on a full disk (a copy is the fallback where links are refused).
+phase=backup
+for f in "$R$B" "$R$C" "$R$U"; do
+  rm -f "$f.llmgw-prev" "$f.llmgw-absent"
+  if [ -e "$f" ]; then
+    if ! ln -f "$f" "$f.llmgw-prev" 2>/dev/null && ! cp -p "$f" "$f.llmgw-prev" 2>/dev/null; then
+      echo "cannot keep a copy of ${f#"$R"} (disk full?); nothing was changed" >&2; exit "$EXIT_WRITE"
+    fi
+  else
+    : > "$f.llmgw-absent"
+  fi
+done
+# A session that died during the download ends the script here (SIGPIPE), before anything changed.
+kv staged "$arch"
+phase=commit
+place
+systemctl daemon-reload
+systemctl enable "$UNIT" >/dev/null 2>&1
+restarted=yes
+systemctl "$START" "$UNIT"
+if ! settle; then
+  journal=$(journalctl -u "$UNIT" -n 15 --no-pager -o cat 2>&1 | tail -n 15)
+  phase=restored
+  restore restart
+  printf 'the agent did not stay running; the end of its journal:\n%s\n' "$journal" >&2
+  exit "$EXIT_AGENT_START"
+fi
+phase=finished
+for f in "$R$B" "$R$C" "$R$U"; do rm -f "$f.llmgw-prev" "$f.llmgw-absent"; done
+kv arch "$arch"
+report_unit "$UNIT"
+for f in "$B" "$C" "$U"; do report_file "$f"; done

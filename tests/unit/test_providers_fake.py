@@ -1,0 +1,456 @@
+"""The providers' create, update, read and delete for all four resources, on a fake node.
+
+The scripts are the package's own, run with `sh` under a temporary root
+(tests/fakenode.py); the providers are called as the engine calls them: with
+the inputs check() returns, numbers as floats, old outputs as ``olds``. No
+root, no SSH, no network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import NameOID
+
+from lab import pki as labpki
+from lab.release_server import publish_release
+from llmgw_pulumi import errors, pki, runner
+from llmgw_pulumi.providers.agent import AgentInstallProvider
+from llmgw_pulumi.providers.certificate import ClientCertificateProvider
+from llmgw_pulumi.providers.engines import EngineCheckProvider
+from llmgw_pulumi.providers.identity import NodeIdentityProvider
+from tests.fakenode import RELEASE_URL, FakeNode, FakeNodes
+from tests.unit import fake_pem
+
+ADDR = "10.0.0.11"
+CONN = {"host": ADDR, "user": "deploy", "port": 22.0, "wait": 5.0, "private_key": fake_pem("OPENSSH PRIVATE KEY", "K")}
+CA, CERT, KEY = "/etc/llmgw/ca.pem", "/etc/llmgw/agent.pem", "/etc/llmgw/agent-key.pem"
+ANCHOR = "/usr/local/share/ca-certificates/llmgw-ca.crt"
+BINARY, CONFIG, UNIT = "/usr/local/bin/llmgw", "/etc/llmgw/agent.yaml", "/etc/systemd/system/llmgw-agent.service"
+UNIT_NAME = "llmgw-agent.service"
+HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeNodeHostKey"
+
+
+def agent_binary(version: str, starts: bool = True) -> bytes:
+    """A stand-in llmgw: answers --version; as `agent` it comes up (exit 0) or crashes (exit 1, one line on stderr)."""
+    agent = "exit 0" if starts else "echo 'llmgw: fatal: simulated fault' >&2; exit 1"
+    return (f"#!/bin/sh\ncase $1 in --version) echo 'llmgw version {version}' ;; agent) {agent} ;; esac\n").encode()
+
+
+def sha(data: bytes | str) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[FakeNode]:
+    fake = FakeNode(tmp_path / "node", hostname="gpu-01", host_key=HOST_KEY)
+    with runner.use(FakeNodes({ADDR: fake})):
+        yield fake
+
+
+@pytest.fixture
+def pki_dir(tmp_path: Path) -> Path:
+    labpki.init_ca(tmp_path / "pki")
+    return tmp_path / "pki"
+
+
+def checked(provider: Any, news: dict[str, Any], olds: dict[str, Any] | None = None) -> dict[str, Any]:
+    res = provider.check(olds or {}, news)
+    assert res.failures == [], res.failures
+    return res.inputs
+
+
+def certificate(pki_dir: Path, node_id: str = "gpu-01") -> dict[str, Any]:
+    p = ClientCertificateProvider()
+    return p.create(checked(p, {"node_id": node_id, "pki_dir": str(pki_dir), "validity_hours": 100.0,
+                                "renew_before_hours": 10.0})).outs
+
+
+def identity_inputs(cert: dict[str, Any], node_id: str = "gpu-01") -> dict[str, Any]:
+    return checked(NodeIdentityProvider(), {"node_id": node_id, "connection": CONN, "ca_pem": cert["ca_pem"],
+                                            "cert_pem": cert["cert_pem"], "key_pem": cert["key_pem"]})
+
+
+def onboard_identity(pki_dir: Path, node_id: str = "gpu-01") -> tuple[dict[str, Any], dict[str, Any]]:
+    inputs = identity_inputs(certificate(pki_dir, node_id), node_id)
+    return inputs, NodeIdentityProvider().create(inputs).outs
+
+
+def agent_inputs(binary_path: Path | None = None, **extra: Any) -> dict[str, Any]:
+    props: dict[str, Any] = {"node_id": "gpu-01", "connection": CONN, "known_host_key": HOST_KEY,
+                             "hostname": "gpu-01", "servers": ["cp1.example.net:7443"]}
+    if binary_path is not None:
+        props.update(version="v1.2.3-4-gabcdef", binary_path=str(binary_path), binary_sha256=sha(binary_path.read_bytes()))
+    props.update(extra)
+    return checked(AgentInstallProvider(), props)
+
+
+def publish(node: FakeNode, tag: str, binary: bytes, tamper: bytes | None = None) -> None:
+    publish_release(node.releases, tag, {"amd64": binary}, tamper={"amd64": tamper} if tamper else None)
+
+
+# --------------------------------------------------------------------------- ClientCertificate
+
+
+def test_certificate_is_issued_kept_read_and_deleted_without_a_node(pki_dir: Path) -> None:
+    p = ClientCertificateProvider()
+    inputs = checked(p, {"node_id": "gpu-07", "pki_dir": str(pki_dir), "validity_hours": 48.0, "renew_before_hours": 4.0})
+    created = p.create(inputs)
+    outs = created.outs
+    cert = x509.load_pem_x509_certificate(outs["cert_pem"].encode())
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "gpu-07"
+    assert pki.verify_issued((pki_dir / "ca.pem").read_text(), outs["cert_pem"])
+    key = serialization.load_pem_private_key(outs["key_pem"].encode(), None)
+    assert key.public_key().public_numbers() == cert.public_key().public_numbers()  # type: ignore[union-attr]
+    assert outs["ca_pem"] == (pki_dir / "ca.pem").read_text()
+    assert 47.9 < (cert.not_valid_after_utc - cert.not_valid_before_utc).total_seconds() / 3600 < 48.1 + 5 / 60
+    assert created.id == f"gpu-07:{outs['serial']}" and outs["validity_hours"] == 48.0
+    assert "PRIVATE KEY" not in "".join(outs[k] for k in ("cert_pem", "ca_pem", "fingerprint_sha256"))
+
+    # New validity settings apply at the next issuance: the same certificate is kept.
+    news = {**inputs, "validity_hours": 96.0}
+    updated = p.update(created.id, outs, news).outs
+    assert (updated["serial"], updated["key_pem"], updated["validity_hours"]) == (outs["serial"], outs["key_pem"], 96.0)
+
+    assert p.read(created.id, updated).outs == updated
+    before = {f.name: f.read_bytes() for f in pki_dir.iterdir()}
+    assert p.delete(created.id, updated) is None
+    assert {f.name: f.read_bytes() for f in pki_dir.iterdir()} == before, "delete touched the PKI dir"
+
+
+# --------------------------------------------------------------------------- NodeIdentity
+
+
+def test_identity_create_installs_the_files_with_spec_modes(node: FakeNode, pki_dir: Path) -> None:
+    inputs, outs = onboard_identity(pki_dir)
+    for path, mode, key in [(CA, 0o644, "ca_pem"), (CERT, 0o644, "cert_pem"), (KEY, 0o600, "key_pem"), (ANCHOR, 0o644, "ca_pem")]:
+        assert node.read(path) == inputs[key].encode(), path
+        assert node.mode(path) == mode, f"{path}: {node.mode(path):o}"
+        assert node.owner(path) == "root:root", path
+    assert node.mode("/etc/llmgw") == 0o755 and node.owner("/etc/llmgw") == "root:root"
+    assert outs["host_key"] == node.host_key and outs["hostname"] == "gpu-01" and outs["arch"] == "amd64"
+    assert outs["files"] == {CA: sha(inputs["ca_pem"]), CERT: sha(inputs["cert_pem"]), KEY: sha(inputs["key_pem"]),
+                             ANCHOR: sha(inputs["ca_pem"])}
+    assert outs["trust"] == "updated" and len(node.calls("update-ca-certificates")) == 1
+    assert node.calls("systemctl") == [], "a first install has no agent to restart"
+    assert node.leftovers() == []
+    assert NodeIdentityProvider().diff("id", outs, inputs).changes is False
+
+
+def test_identity_key_is_root_only_from_its_first_byte(node: FakeNode, pki_dir: Path) -> None:
+    inputs, _ = onboard_identity(pki_dir)
+    key_writes = [r for r in node.chowns if r.path.startswith(KEY + ".llmgw-new.")]
+    assert len(key_writes) == 1, node.chowns
+    (rec,) = key_writes
+    # When chown ran, the temporary file next to the key already held all of it: it was 0600 then.
+    assert rec.size == len(inputs["key_pem"]) and rec.mode == 0o600 and rec.owner == "root:root", rec
+    assert node.mode(KEY) == 0o600
+
+
+def test_identity_renewal_restarts_the_agent_and_skips_an_unchanged_trust_anchor(node: FakeNode, pki_dir: Path) -> None:
+    inputs, outs = onboard_identity(pki_dir)
+    node.set_unit(active="active", enabled="enabled")
+    renewed = identity_inputs(certificate(pki_dir))
+    assert renewed["cert_pem"] != inputs["cert_pem"]
+    new = NodeIdentityProvider().update("id", outs, renewed).outs
+    assert node.read(CERT) == renewed["cert_pem"].encode() and node.read(KEY) == renewed["key_pem"].encode()
+    assert new["files"][CERT] == sha(renewed["cert_pem"]) and new["host_key"] == node.host_key
+    assert node.calls("systemctl") == [f"systemctl try-restart {UNIT_NAME}"]
+    assert new["trust"] == "unchanged" and len(node.calls("update-ca-certificates")) == 1
+
+
+def test_identity_tolerates_a_failing_update_ca_certificates(node: FakeNode, pki_dir: Path) -> None:
+    node.fail_trust_update = True
+    inputs, outs = onboard_identity(pki_dir)
+    assert outs["trust"] == "failed: update-ca-certificates: simulated failure"
+    assert node.read(ANCHOR) == inputs["ca_pem"].encode()
+
+
+@pytest.mark.parametrize("change,seen", [
+    ("content", lambda key: sha(key + "x")),
+    ("mode", lambda key: sha(key) + "; mode 0644, not 0600"),
+    ("owner", lambda key: sha(key) + "; owner nobody:nogroup, not root:root"),
+    ("removed", lambda key: "absent"),
+])
+def test_identity_read_shows_drift_and_update_repairs_it(node: FakeNode, pki_dir: Path, change: str, seen: Any) -> None:
+    p = NodeIdentityProvider()
+    inputs, outs = onboard_identity(pki_dir)
+    assert p.read("gpu-01", outs).outs["files"] == outs["files"], "no drift right after create"
+    key = node.path(KEY)
+    if change == "content":
+        key.write_text(inputs["key_pem"] + "x")
+    elif change == "mode":
+        key.chmod(0o644)
+    elif change == "owner":
+        node.chown(KEY, "nobody:nogroup")
+    else:
+        key.unlink()
+    refreshed = p.read("gpu-01", outs).outs
+    assert refreshed["files"] == {**outs["files"], KEY: seen(inputs["key_pem"])}
+    assert p.diff("gpu-01", refreshed, inputs).changes is True
+
+    repaired = p.update("gpu-01", refreshed, inputs).outs
+    assert node.read(KEY) == inputs["key_pem"].encode() and node.mode(KEY) == 0o600 and node.owner(KEY) == "root:root"
+    assert p.read("gpu-01", repaired).outs["files"] == outs["files"]
+    assert p.diff("gpu-01", repaired, inputs).changes is False
+
+
+def test_identity_delete_removes_exactly_what_it_installed(node: FakeNode, pki_dir: Path) -> None:
+    inputs, outs = onboard_identity(pki_dir)
+    node.write("/etc/llmgw/operator-notes.txt", b"not ours\n")
+    node.write("/usr/local/share/ca-certificates/other-ca.crt", b"not ours either\n")
+    NodeIdentityProvider().delete("gpu-01", outs)
+    for path in (CA, CERT, KEY, ANCHOR):
+        assert node.read(path) is None, f"{path} left behind"
+    assert node.read("/etc/llmgw/operator-notes.txt") == b"not ours\n"
+    assert node.read("/usr/local/share/ca-certificates/other-ca.crt") == b"not ours either\n"
+    assert len(node.calls("update-ca-certificates")) == 2, "the removed anchor must leave the system bundle"
+
+    node.path("/etc/llmgw/operator-notes.txt").unlink()
+    NodeIdentityProvider().delete("gpu-01", outs)  # a second delete finds nothing of its own and empties /etc/llmgw
+    assert not node.path("/etc/llmgw").exists()
+    assert node.path("/usr/local/share/ca-certificates").is_dir(), "a system directory was removed"
+
+
+def test_identity_delete_leaves_a_changed_file_and_another_identity_alone(node: FakeNode, pki_dir: Path) -> None:
+    p = NodeIdentityProvider()
+    inputs, outs = onboard_identity(pki_dir)
+    node.path(CA).write_text(inputs["ca_pem"] + "# edited by hand\n")
+    p.delete("gpu-01", outs)
+    assert node.read(CA) is not None and node.read(KEY) is None, "an edited file is not ours any more"
+
+    # The same machine under a new node id: the new identity is created first, then the old one deleted.
+    old_inputs, old_outs = onboard_identity(pki_dir, "gpu-old")
+    new_inputs, _ = onboard_identity(pki_dir, "gpu-new")
+    refreshed = p.read("gpu-old", old_outs).outs   # a refresh in between records the new identity's files
+    p.delete("gpu-old", refreshed)
+    for path, key in ((CERT, "cert_pem"), (KEY, "key_pem"), (CA, "ca_pem"), (ANCHOR, "ca_pem")):
+        assert node.read(path) == new_inputs[key].encode(), f"{path} of the new identity was removed"
+
+
+def test_identity_checks_the_recorded_host_key_and_reports_a_gone_node(node: FakeNode, pki_dir: Path) -> None:
+    p = NodeIdentityProvider()
+    inputs, outs = onboard_identity(pki_dir)
+    with pytest.raises(errors.HostKeyChangedError):
+        p.update("gpu-01", {**outs, "host_key": "ssh-ed25519 AAAAsomeoneelse"}, inputs)
+    node.reachable = False
+    assert p.read("gpu-01", outs).outs == {}
+
+
+# --------------------------------------------------------------------------- AgentInstall
+
+
+@pytest.fixture
+def agent_node(node: FakeNode) -> FakeNode:
+    """A node whose identity is installed (AgentInstall depends on NodeIdentity): /etc/llmgw exists."""
+    node.path("/etc/llmgw").mkdir(mode=0o755)
+    return node
+
+
+@pytest.fixture
+def dev_build(tmp_path: Path) -> Path:
+    path = tmp_path / "llmgw"
+    path.write_bytes(agent_binary("v1.2.3-4-gabcdef"))
+    return path
+
+
+def assert_agent_installed(node: FakeNode, inputs: dict[str, Any], binary: bytes, outs: dict[str, Any]) -> None:
+    assert node.read(BINARY) == binary and node.mode(BINARY) == 0o755 and node.owner(BINARY) == "root:root"
+    assert node.read(CONFIG) == inputs["agent_yaml"].encode() and node.mode(CONFIG) == 0o644
+    assert node.read(UNIT) == inputs["unit"].encode() and node.mode(UNIT) == 0o644
+    assert node.unit() == ("active", "enabled")
+    assert outs["installed_sha256"] == sha(binary) and outs["arch"] == "amd64"
+    assert outs["node_state"] == {"binary_sha256": sha(binary), "config_sha256": sha(inputs["agent_yaml"]),
+                                  "unit_sha256": sha(inputs["unit"]), "active": "active", "enabled": "enabled"}
+    assert node.leftovers() == []
+
+
+def test_agent_create_copies_a_dev_build_and_starts_it(agent_node: FakeNode, dev_build: Path) -> None:
+    node = agent_node
+    inputs = agent_inputs(dev_build)
+    outs = AgentInstallProvider().create(inputs).outs
+    assert_agent_installed(node, inputs, dev_build.read_bytes(), outs)
+    assert inputs["agent_yaml"].startswith("# gpu-01, written by llmgw-pulumi")
+    assert node.calls("curl") == []
+    assert f"systemctl enable {UNIT_NAME}" in node.calls("systemctl")
+    assert AgentInstallProvider().diff("gpu-01", outs, inputs).changes is False
+
+
+def test_agent_create_downloads_a_verified_release(agent_node: FakeNode) -> None:
+    node = agent_node
+    binary = agent_binary("v1.2.3")
+    publish(node, "v1.2.3", binary)
+    inputs = agent_inputs(version="v1.2.3", release_url=RELEASE_URL + "/")
+    outs = AgentInstallProvider().create(inputs).outs
+    assert_agent_installed(node, inputs, binary, outs)
+    assert [c.split()[-1] for c in node.calls("curl")] == [f"{RELEASE_URL}/v1.2.3/llmgw-v1.2.3-linux-amd64",
+                                                           f"{RELEASE_URL}/v1.2.3/checksums.txt"]
+
+
+@pytest.mark.parametrize("fault,error,words", [
+    ("tampered", errors.ChecksumMismatchError, "was expected; nothing was installed"),
+    ("no line", errors.ChecksumMismatchError, "checksums.txt of v1.2.3 has no line for llmgw-v1.2.3-linux-amd64"),
+    ("missing", errors.ReleaseFetchError, "llmgw-v1.2.3-linux-amd64: curl: .22. .*the installed agent was left as it was"),
+])
+def test_agent_refuses_a_bad_release_and_installs_nothing(agent_node: FakeNode, fault: str, error: type, words: str) -> None:
+    node = agent_node
+    good = agent_binary("v1.2.3")
+    if fault == "tampered":
+        publish(node, "v1.2.3", good, tamper=good + b"# evil\n")
+    elif fault == "no line":
+        publish(node, "v1.2.3", good)
+        sums = node.releases / "v1.2.3" / "checksums.txt"
+        sums.write_text(sums.read_text().replace("llmgw-v1.2.3-linux-amd64", "llmgw-v1.2.3-linux-amd64.sig"))
+    else:  # checksums.txt is there, the binary is not
+        publish(node, "v1.2.3", good)
+        (node.releases / "v1.2.3" / "llmgw-v1.2.3-linux-amd64").unlink()
+    with pytest.raises(error, match=words):
+        AgentInstallProvider().create(agent_inputs(version="v1.2.3", release_url=RELEASE_URL))
+    for path in (BINARY, CONFIG, UNIT):
+        assert node.read(path) is None, f"{path} installed from a bad release"
+    assert node.leftovers() == [] and node.calls("systemctl") == []
+
+
+def test_agent_update_rewrites_the_config_and_restarts_keeping_the_binary(agent_node: FakeNode, dev_build: Path) -> None:
+    node = agent_node
+    p = AgentInstallProvider()
+    inputs = agent_inputs(dev_build)
+    outs = p.create(inputs).outs
+    starts = len(node.calls("systemctl"))
+    news = agent_inputs(dev_build, servers=["cp1.example.net:7443", "cp2.example.net:7443"], mgmt_addr="10.1.2.3")
+    assert p.diff("gpu-01", outs, news).changes is True
+    dev_build.write_bytes(b"not read: the binary did not change")  # a `keep` install does not send it
+    new = p.update("gpu-01", outs, news).outs
+    assert b"servers:\n- cp1.example.net:7443\n- cp2.example.net:7443\n" in node.read(CONFIG)
+    assert f"systemctl restart {UNIT_NAME}" in node.calls("systemctl")[starts:]
+    assert_agent_installed(node, news, agent_binary("v1.2.3-4-gabcdef"), new)
+
+
+def test_agent_that_does_not_stay_up_after_an_upgrade_is_rolled_back(agent_node: FakeNode, dev_build: Path) -> None:
+    node = agent_node
+    p = AgentInstallProvider()
+    inputs = agent_inputs(dev_build)
+    outs = p.create(inputs).outs
+    good = dev_build.read_bytes()
+    broken = dev_build.parent / "broken"
+    broken.write_bytes(agent_binary("v2.0.0-1-gbad", starts=False))
+    news = agent_inputs(broken, servers=["cp2.example.net:7443"])
+    with pytest.raises(errors.AgentStartError, match="llmgw: fatal: simulated fault") as raised:
+        p.update("gpu-01", outs, news)
+    assert "the agent did not stay running; the end of its journal:" in str(raised.value)
+    assert node.read(BINARY) == good and node.read(CONFIG) == inputs["agent_yaml"].encode(), "not restored"
+    assert node.read(UNIT) == inputs["unit"].encode()
+    assert node.unit() == ("active", "enabled"), "the restored agent was not restarted"
+    assert node.leftovers() == []
+
+
+@pytest.mark.parametrize("change,drifted", [
+    ("config", ["node_state.config"]),
+    ("binary", ["node_state.binary"]),
+    ("binary mode", ["node_state.binary"]),
+    ("stopped", ["node_state.active", "node_state.enabled"]),
+])
+def test_agent_read_shows_drift_and_update_repairs_it(agent_node: FakeNode, dev_build: Path, change: str,
+                                                      drifted: list[str]) -> None:
+    node = agent_node
+    from llmgw_pulumi.providers.agent import drift
+
+    p = AgentInstallProvider()
+    inputs = agent_inputs(dev_build)
+    outs = p.create(inputs).outs
+    assert p.read("gpu-01", outs).outs["node_state"] == outs["node_state"], "no drift right after create"
+    if change == "config":
+        node.path(CONFIG).write_text(inputs["agent_yaml"] + "mgmt_addr: 1.2.3.4\n")
+    elif change == "binary":
+        node.path(BINARY).write_bytes(dev_build.read_bytes() + b"# replaced\n")
+    elif change == "binary mode":
+        node.path(BINARY).chmod(0o777)
+    else:
+        node.set_unit(active="inactive", enabled="disabled")
+    refreshed = p.read("gpu-01", outs).outs
+    assert drift(refreshed, inputs) == drifted
+    assert p.diff("gpu-01", refreshed, inputs).changes is True
+    repaired = p.update("gpu-01", refreshed, inputs).outs
+    assert_agent_installed(node, inputs, dev_build.read_bytes(), repaired)
+    assert drift(p.read("gpu-01", repaired).outs, inputs) == []
+
+
+def test_agent_delete_removes_its_files_unless_another_node_id_owns_them(agent_node: FakeNode, dev_build: Path) -> None:
+    node = agent_node
+    p = AgentInstallProvider()
+    node.write("/etc/llmgw/ca.pem", b"the identity's\n")
+    outs = p.create(agent_inputs(dev_build)).outs
+    other = p.create(agent_inputs(dev_build, node_id="gpu-other")).outs   # the same machine under a new id
+    p.delete("gpu-01", outs)
+    assert node.read(CONFIG) is not None and node.read(BINARY) is not None and node.unit() == ("active", "enabled")
+
+    p.delete("gpu-other", other)
+    for path in (BINARY, CONFIG, UNIT):
+        assert node.read(path) is None, f"{path} left behind"
+    assert node.unit() == ("inactive", "disabled")
+    assert f"systemctl disable --now {UNIT_NAME}" in node.calls("systemctl")
+    assert node.read("/etc/llmgw/ca.pem") == b"the identity's\n"
+    assert node.files() == ["/etc/llmgw", "/etc/llmgw/ca.pem"]
+
+
+# --------------------------------------------------------------------------- EngineCheck
+
+
+ENGINES = {
+    "llamacpp": ("/opt/llama cpp/llama-server", b"#!/bin/sh\necho 'version: 1 (fake)'\n", 0o755),
+    "vllm": ("/opt/vllm/bin/vllm", b"#!/bin/sh\necho vllm\n", 0o644),
+    "sglang": ("/opt/sglang/bin/python3",
+               b"#!/bin/sh\necho 'error while loading shared libraries: libfake.so' >&2\nexit 127\n", 0o755),
+}
+
+
+def engine_inputs(fail: bool = False, **engines: dict[str, str]) -> dict[str, Any]:
+    return checked(EngineCheckProvider(), {"node_id": "gpu-01", "connection": CONN, "known_host_key": HOST_KEY,
+                                           "engines": engines, "fail_on_problems": fail})
+
+
+def test_engine_check_reports_each_problem_with_its_hint(node: FakeNode) -> None:
+    for path, data, mode in ENGINES.values():
+        node.write(path, data, mode)
+    configured = {"llamacpp": {"bin": ENGINES["llamacpp"][0]}, "vllm": {"bin": ENGINES["vllm"][0]},
+                  "sglang": {"python": ENGINES["sglang"][0]}}
+    p = EngineCheckProvider()
+    inputs = engine_inputs(**configured)
+    outs = p.create(inputs).outs
+    problems = {x["engine"]: x for x in outs["problems"]}
+    assert {e: x["status"] for e, x in problems.items()} == {"vllm": "not-executable", "sglang": "fails"}
+    assert outs["engines_ok"] is False
+    assert "-rw-r--r-- root" in problems["vllm"]["problem"] and "chmod 0755 /opt/vllm/bin/vllm" in problems["vllm"]["hint"]
+    assert "rc=127" in problems["sglang"]["problem"] and "libfake.so" in problems["sglang"]["problem"]
+    assert "ldd /opt/sglang/bin/python3 | grep 'not found'" in problems["sglang"]["hint"]
+
+    # The operator fixes one; a refresh re-probes and sees it.
+    node.path(ENGINES["vllm"][0]).chmod(0o755)
+    assert [x["engine"] for x in p.read("gpu-01", outs).outs["problems"]] == ["sglang"]
+    # Missing, and a hostile path that stays a path.
+    hostile = "/opt/x; touch /tmp/pwned #"
+    news = engine_inputs(llamacpp={"bin": hostile})
+    new = p.update("gpu-01", outs, news).outs
+    assert [(x["status"], x["path"]) for x in new["problems"]] == [("missing", hostile)]
+    assert not node.path("/tmp/pwned").exists() and not Path("/tmp/pwned").exists()
+    with pytest.raises(errors.EngineWillNotRunError, match="does not exist"):
+        p.update("gpu-01", new, engine_inputs(fail=True, llamacpp={"bin": hostile}))
+
+    runs = len(node.runs)
+    assert p.delete("gpu-01", new) is None and len(node.runs) == runs, "a check leaves nothing to remove"
+
+
+def test_engine_check_with_engines_that_run(node: FakeNode) -> None:
+    path, data, mode = ENGINES["llamacpp"]
+    node.write(path, data, mode)
+    outs = EngineCheckProvider().create(engine_inputs(llamacpp={"bin": path})).outs
+    assert outs["problems"] == [] and outs["engines_ok"] is True
+    # No engines configured: nothing to probe, no session.
+    runs = len(node.runs)
+    assert EngineCheckProvider().create(engine_inputs()).outs["engines_ok"] is True and len(node.runs) == runs
