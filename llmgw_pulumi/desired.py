@@ -148,6 +148,8 @@ def agent_config(node_id: str, settings: AgentSettings, hostname: str) -> dict[s
         doc["node_id"] = node_id
     if settings.mgmt_addr:
         doc["mgmt_addr"] = settings.mgmt_addr
+    if settings.mgmt_interface:
+        doc["mgmt_interface"] = settings.mgmt_interface
     if settings.fabrics:
         doc["fabrics"] = [{"name": f.name, "hcas": list(f.hcas)} for f in settings.fabrics]
     discovery = settings.discovery.overrides()

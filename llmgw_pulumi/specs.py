@@ -522,6 +522,7 @@ class AgentSettings:
     servers: Sequence[str] = setting("servers", collect=collect_servers, convert=tuple)
     """Control planes as host:port; several in failover order."""
     mgmt_addr: str | None = setting("mgmtAddr", validate.address, default=None)
+    mgmt_interface: str | None = setting("mgmtInterface", validate.interface, default=None)
     fabrics: Sequence[Fabric] = setting("fabrics", collect=collect_fabrics, schema=[FABRIC_SCHEMA], default=(),
                                         convert=lambda fs: tuple(Fabric(f["name"], tuple(f["hcas"])) for f in fs))
     discovery: Discovery = setting("discovery", nested=Discovery, default=Discovery())

@@ -34,6 +34,8 @@ INPUTS: dict[type, dict[str, Any]] = {
 SAME = [
     ("management address", ("nodes", 0, "mgmtAddr"), "not an address!", "node gpu-01", "mgmtAddr",
      AgentInstallProvider, ("mgmt_addr",), None, "mgmt_addr"),
+    ("management interface", ("nodes", 0, "mgmtInterface"), "averyveryverylongifname", "node gpu-01", "mgmtInterface",
+     AgentInstallProvider, ("mgmt_interface",), None, "mgmt_interface"),
     ("server without a port", ("servers",), ["cp1.example.net"], "llmgw", "servers[0]",
      AgentInstallProvider, ("servers",), None, "servers[0]"),
     ("no servers", ("servers",), [], "llmgw", "servers", AgentInstallProvider, ("servers",), None, "servers"),

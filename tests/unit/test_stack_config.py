@@ -82,6 +82,8 @@ BAD = [
     ("unknown node key", ("nodes", 0, "adress"), "10.0.0.1", "node gpu-01", "adress", "not a node setting"),
     ("duplicate node id", ("nodes", 1, "id"), "gpu-01", "node gpu-01", "id", "used by nodes[0] too"),
     ("two nodes on the same address", ("nodes", 1, "address"), "10.0.0.11", "node gpu-02", "address", "also the address of node gpu-01"),
+    ("mgmt interface too long", ("nodes", 0, "mgmtInterface"), "averyveryverylongifname", "node gpu-01", "mgmtInterface",
+     "not a network interface"),
     ("discovery relative", ("nodes", 0, "discovery"), {"nvidiaSmi": "nvidia-smi"}, "node gpu-01", "discovery.nvidiaSmi",
      "relative"),
     ("renewal longer than validity", ("certificate",), {"validityHours": 10, "renewBeforeHours": 20}, "llmgw",
