@@ -11,6 +11,7 @@ nvidia-smi output from an H200 node in the fixtures).
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 from dataclasses import dataclass, field
@@ -47,6 +48,8 @@ class NodeFacts:
     unit_enabled: str
     files: dict[str, FileFact | None] = field(default_factory=dict)
     """Every surveyed path; None where the file does not exist."""
+    texts: dict[str, str] = field(default_factory=dict)
+    """The text of the files surveyed with their text (see remote.survey), where they exist."""
 
     def sha256(self, path: str) -> str | None:
         f = self.files.get(path)
@@ -79,9 +82,12 @@ def parse_survey(text: str) -> NodeFacts:
     """What survey.sh prints; the install scripts end with the same lines for what they installed."""
     head: dict[str, str] = {}
     files: dict[str, FileFact | None] = {}
+    texts: dict[str, str] = {}
     for line in text.splitlines():
         parts = line.split("\t")
-        if parts[0] == "file" and len(parts) >= 3:
+        if parts[0] == "text" and len(parts) == 3:
+            texts[parts[1]] = base64.b64decode(parts[2]).decode(errors="replace")
+        elif parts[0] == "file" and len(parts) >= 3:
             path = parts[1]
             if parts[2] == "-":
                 files[path] = None
@@ -96,6 +102,7 @@ def parse_survey(text: str) -> NodeFacts:
         unit_active=head.get("active", ""),
         unit_enabled=head.get("enabled", ""),
         files=files,
+        texts=texts,
     )
 
 

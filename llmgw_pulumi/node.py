@@ -85,13 +85,15 @@ class Node(pulumi.ComponentResource):
         known_host_key = self.identity.host_key
 
         self.agent = AgentInstall(name, AgentInstallArgs(
-            node_id=args.node_id, connection=conn, known_host_key=known_host_key, hostname=self.identity.hostname,
+            node_id=args.node_id, connection=conn, known_host_key=known_host_key,
+            known_jump_host_keys=self.identity.jump_host_keys, hostname=self.identity.hostname,
             settings=args.settings, version=args.version, release_url=args.release_url,
             binary_path=args.binary_path, binary_sha256=args.binary_sha256,
         ), child)
 
         self.engine_check = EngineCheck(name, EngineCheckArgs(
-            node_id=args.node_id, connection=conn, known_host_key=known_host_key, engines=args.settings.engines,
+            node_id=args.node_id, connection=conn, known_host_key=known_host_key,
+            known_jump_host_keys=self.identity.jump_host_keys, engines=args.settings.engines,
             fail_on_problems=args.fail_on_engine_problems,
         ), pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[self.agent])))
 

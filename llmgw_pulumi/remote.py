@@ -174,9 +174,10 @@ def remove_agent(node_id: str) -> Script:
 # --------------------------------------------------------------------------- reading a node
 
 
-def survey(files: Sequence[NodeFile] = desired.NODE_FILES) -> Script:
-    """Read, in one round trip, what the node looks like now: see facts.parse_survey."""
-    return Script(program("survey.sh"), (UNIT_NAME, *(f.path for f in files)))
+def survey(files: Sequence[NodeFile] = desired.NODE_FILES, texts: Sequence[NodeFile] = ()) -> Script:
+    """Read, in one round trip, what the node looks like now: see facts.parse_survey. ``texts``: files whose
+    text is read too (small text files, such as agent.yaml and the unit)."""
+    return Script(program("survey.sh"), (UNIT_NAME, *(f.path for f in files), "--text", *(f.path for f in texts)))
 
 
 ENGINE_PROBE_TIMEOUT = 30

@@ -93,6 +93,14 @@ def same_machine(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
     return all(not is_unknown(new.get(k)) and normalise(old.get(k)) == normalise(new.get(k)) for k in CONNECTION_REPLACE_KEYS)
 
 
+OPERATOR_SIDE = frozenset({
+    "connection.user", "connection.wait", "connection.jump", "connection.private_key", "connection.private_key_path",
+    "connection.passphrase", "known_jump_host_keys",
+})
+"""Inputs that concern only how the operator's side reaches the node. A change to them updates state (so
+the next operation uses them) with no connection to the node: it is not a change to the node."""
+
+
 def changed_keys(olds: Mapping[str, Any], news: Mapping[str, Any], keys: Iterable[str]) -> list[str]:
     """Input keys whose value differs; a nested ``connection`` is compared field by field."""
     changed = []
@@ -100,16 +108,28 @@ def changed_keys(olds: Mapping[str, Any], news: Mapping[str, Any], keys: Iterabl
         old, new = olds.get(key), news.get(key)
         if key == "connection" and isinstance(old, Mapping) and isinstance(new, Mapping):
             for sub in sorted(set(old) | set(new)):
-                if sub in ("host_key", "private_key") and new.get(sub) is None or sub == "private_key_path":
-                    # An unpinned host key is recorded in outputs; a missing private key
-                    # is a reviewer's preview; where the key file lies differs from one
-                    # operator's machine to the next. None is a change to the node.
+                if sub in ("host_key", "private_key", "private_key_path") and new.get(sub) is None:
+                    # An unpinned host key is recorded in outputs; a missing key is a
+                    # reviewer's preview. Neither is a change.
                     continue
                 if is_unknown(new.get(sub)) or normalise(old.get(sub)) != normalise(new.get(sub)):
                     changed.append(f"connection.{sub}")
+        elif key == "known_jump_host_keys" and (is_unknown(new) or not new):
+            continue  # none recorded yet (no jump hosts, or a stack older than them): nothing to compare
         elif is_unknown(new) or normalise(old) != normalise(new):
             changed.append(key)
     return changed
+
+
+def operator_side_only(changes: Iterable[str]) -> bool:
+    """Do these changes concern only the operator's side (see OPERATOR_SIDE)?"""
+    changes = set(changes)
+    return bool(changes) and changes <= OPERATOR_SIDE
+
+
+def carried(olds: Mapping[str, Any], news: Mapping[str, Any], output_keys: Iterable[str]) -> dict[str, Any]:
+    """The new inputs with the outputs the last operation found: an update that did not touch the node."""
+    return outputs(news, **{k: olds.get(k) for k in output_keys})
 
 
 def diff_result(changes: list[str], replace_keys: Iterable[str]) -> DiffResult:
@@ -160,14 +180,34 @@ def with_urn(resource: type, name: str, props: dict[str, Any], opts: pulumi.Reso
     return {**props, _diagnostics.URN_KEY: _diagnostics.resource_urn(name, resource_type, opts)}
 
 
-def gone(node: str, exc: Exception) -> ReadResult:
-    """What read() returns for a node that cannot be reached: the resource is gone from state.
+def read_result(id_: str, props: Mapping[str, Any], output_keys: Iterable[str], outs: Mapping[str, Any],
+                seen: Mapping[str, Any]) -> ReadResult:
+    """What read() returns for a node that answered: the outputs it found and, where the node differs from
+    what was installed, inputs that say how (``seen``: input -> the node's value, None where it is as wanted).
 
-    `pulumi refresh` then shows it as deleted instead of failing, and the next
-    `pulumi up` onboards the machine afresh if it is still declared.
+    A preview compares the stored inputs with the program's, so the preview after
+    a refresh shows, property by property, what drifted (the text of agent.yaml
+    on the node against the text wanted, a key file's mode). The engine keeps
+    the inputs' secrets secret (it copies their secretness from the old inputs).
     """
-    log.warning("%s; %s is reported as gone", exc, node)
-    return ReadResult("", {})
+    drifted = {k: v for k, v in seen.items() if v is not None}
+    if not drifted:
+        return ReadResult(id_, dict(outs))
+    skip = {*output_keys, PROVIDER_KEY}
+    inputs = {k: v for k, v in props.items() if k not in skip}
+    return ReadResult(id_, dict(outs), {**inputs, **drifted})
+
+
+def unreachable_on_read(id_: str, props: dict[str, Any], exc: Exception) -> ReadResult:
+    """What read() returns for a node that does not answer: the resource as it was, with a warning.
+
+    An outage (or a refresh run from where the nodes cannot be reached) must
+    never rewrite the fleet's record: only a node removed from the config is
+    deleted, by `pulumi up`; `pulumi destroy` lets a machine that is gone for
+    good go.
+    """
+    log.warning("%s; its state is kept as it was", exc)
+    return ReadResult(id_, props)
 
 
 _EXIT_ERRORS: dict[int, type[LlmgwError]] = {
@@ -192,6 +232,14 @@ def raise_for(res: Any, node: str, doing: str) -> None:
 def gone_on_delete(exc: Exception) -> None:
     """A delete that cannot reach its node: the machine is gone, and took its files with it."""
     log.warning("%s; assuming the machine is gone, nothing was removed from it", exc)
+
+
+def known_keys(*props: Mapping[str, Any]) -> tuple[str | None, Mapping[str, str] | None]:
+    """The host keys NodeIdentity recorded, as AgentInstall and EngineCheck get them (``known_host_key``,
+    ``known_jump_host_keys``): from the first of ``props`` (e.g. the new inputs, then the old) that has them."""
+    host_key = next((p["known_host_key"] for p in props if p.get("known_host_key")), None)
+    jump_keys = next((p["known_jump_host_keys"] for p in props if p.get("known_jump_host_keys")), None)
+    return host_key, jump_keys
 
 
 def session(conn: Any, node: str, expected_host_key: str | None,

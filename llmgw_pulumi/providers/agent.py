@@ -10,6 +10,7 @@ release is verified against its checksums.txt again); nothing is re-issued.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,15 @@ from . import _glue
 SETTINGS_KEYS = ("node_id", *names(AgentSettings, config=False))
 """The inputs agent.yaml is rendered from: the node id and AgentSettings' fields, each an input of its own."""
 BINARY_KEYS = ("version", "release_url", "binary_path", "binary_sha256")
-INPUT_KEYS = ("connection", "known_host_key", "hostname", *SETTINGS_KEYS, *BINARY_KEYS, "agent_yaml", "unit")
+INPUT_KEYS = ("connection", "known_host_key", "known_jump_host_keys", "hostname", *SETTINGS_KEYS, *BINARY_KEYS,
+              "agent_yaml", "unit")
 REPLACE_KEYS = ("node_id", "connection.host", "connection.port")
 OUTPUT_KEYS = ("installed_sha256", "arch", "node_state")
 log = logging.getLogger(__name__)
+TEXT_FILES_BY_INPUT = {"agent_yaml": desired.file_with(desired.Content.AGENT_YAML, desired.AGENT),
+                       "unit": desired.file_with(desired.Content.UNIT, desired.AGENT)}
+"""The agent's text files, by the input that holds their text."""
+TEXT_FILES = tuple(TEXT_FILES_BY_INPUT.values())
 
 
 def derive(inputs: dict[str, Any]) -> None:
@@ -67,7 +73,7 @@ def drift(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
     return out + [f"node_state.{key}" for key, want in desired.UNIT_STATE.items() if seen.get(key) != want]
 
 
-def _install(spec: AgentSpec, props: dict[str, Any], mode: str, recorded_host_key: str | None) -> dict[str, Any]:
+def _install(spec: AgentSpec, props: dict[str, Any], mode: str, known: tuple[str | None, Any]) -> dict[str, Any]:
     binary = b""
     if mode == "copy":
         path = Path(spec.binary.binary_path or "")
@@ -88,7 +94,7 @@ def _install(spec: AgentSpec, props: dict[str, Any], mode: str, recorded_host_ke
     if mode == "release":
         log.info("%s: the node fetches llmgw %s from %s and verifies it against checksums.txt",
                  spec.node_id, spec.binary.version, spec.binary.release_url)
-    with _glue.session(spec.connection, spec.node_id, recorded_host_key) as s:
+    with _glue.session(spec.connection, spec.node_id, *known) as s:
         res = s.run(script)
     _glue.raise_for(res, spec.node_id, f"installing the agent on {spec.connection.host}")
     node = facts.parse_survey(res.stdout)
@@ -108,7 +114,8 @@ class AgentInstallProvider(ResourceProvider):
     serialize_as_secret_always = False
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        return _glue.check(news, AgentSpec.collect, derive=derive, olds=olds, machine_facts=("hostname", "known_host_key"))
+        return _glue.check(news, AgentSpec.collect, derive=derive, olds=olds,
+                           machine_facts=("hostname", "known_host_key", "known_jump_host_keys"))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # A replacement is created before the old one is deleted; the delete
@@ -118,16 +125,18 @@ class AgentInstallProvider(ResourceProvider):
     @_glue.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         spec = AgentSpec.from_props(props)
-        computed = _install(spec, props, _mode(spec), props.get("known_host_key"))
+        computed = _install(spec, props, _mode(spec), _glue.known_keys(props))
         return CreateResult(spec.node_id, _glue.outputs(props, **computed))
 
     @_glue.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        if _glue.operator_side_only(_glue.changed_keys(olds, news, INPUT_KEYS) + drift(olds, news)):
+            return UpdateResult(_glue.carried(olds, news, OUTPUT_KEYS))
         spec = AgentSpec.from_props(news)
         binary_changed = any(_glue.normalise(olds.get(k)) != _glue.normalise(news.get(k)) for k in ("version", "binary_sha256"))
         binary_drifted = "node_state.binary" in drift(olds, news)
         mode = _mode(spec) if binary_changed or binary_drifted else "keep"
-        computed = _install(spec, news, mode, news.get("known_host_key") or olds.get("known_host_key"))
+        computed = _install(spec, news, mode, _glue.known_keys(news, olds))
         return UpdateResult(_glue.outputs(news, **computed))
 
     @_glue.operator_errors
@@ -135,17 +144,26 @@ class AgentInstallProvider(ResourceProvider):
         spec = AgentSpec.from_props(props)
         conn = _glue.for_read(spec.connection)
         try:
-            with _glue.session(conn, spec.node_id, props.get("known_host_key")) as s:
-                res = s.run(remote.survey(desired.files_of(desired.AGENT)))
+            with _glue.session(conn, spec.node_id, *_glue.known_keys(props)) as s:
+                res = s.run(remote.survey(desired.files_of(desired.AGENT), texts=TEXT_FILES))
         except UnreachableError as exc:
-            return _glue.gone(spec.node_id, exc)
-        return ReadResult(id_, {**props, "node_state": node_state(facts.parse_survey(res.stdout))})
+            return _glue.unreachable_on_read(id_, props, exc)
+        node = facts.parse_survey(res.stdout)
+        # The text of agent.yaml and the unit as they are on the node: the preview after a refresh
+        # shows it against the text wanted, line by line.
+        texts = {key: node.texts.get(f.path, "") for key, f in TEXT_FILES_BY_INPUT.items()}
+        state = node_state(node)
+        before = props.get("node_state") or {}
+        names = {_state_key(f): f.path for f in desired.files_of(desired.AGENT)}  # drift by path, as the operator knows it
+        drift = {names.get(k, f"unit {k}"): v for k, v in state.items() if v != before.get(k)}
+        seen = {key: text if text != props.get(key) else None for key, text in texts.items()}
+        return _glue.read_result(id_, props, OUTPUT_KEYS, {**props, "node_state": state}, {**seen, "drift": drift or None})
 
     @_glue.operator_errors
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         spec = AgentSpec.from_props(props)
         try:
-            with _glue.session(spec.connection, spec.node_id, props.get("known_host_key")) as s:
+            with _glue.session(spec.connection, spec.node_id, *_glue.known_keys(props)) as s:
                 res = s.run(remote.remove_agent(spec.node_id))
         except UnreachableError as exc:
             return _glue.gone_on_delete(exc)
@@ -158,6 +176,8 @@ class AgentInstallArgs:
     connection: Connection
     known_host_key: pulumi.Input[str]
     """The host key NodeIdentity recorded (or was pinned): every connection must see it."""
+    known_jump_host_keys: pulumi.Input[Mapping[str, str]] | None = field(default=None, kw_only=True)
+    """The jump hosts' keys NodeIdentity recorded, by 'host:port'."""
     hostname: pulumi.Input[str]
     """The node's hostname (NodeIdentity reads it): agent.yaml says node_id only when they differ."""
     settings: AgentSettings = field(metadata={"flatten": True})

@@ -7,8 +7,10 @@ component turns into warnings attached to this resource; with
 ``fail_on_problems`` they fail the deployment instead. The node stays
 onboarded either way.
 
-A `pulumi up` with unchanged inputs does not probe again (no SSH); `pulumi
-refresh` re-probes and shows an engine that stopped running as drift.
+A `pulumi up` with unchanged inputs does not probe again (no SSH), and an
+engine that stays broken is a standing warning, not a change: `pulumi
+preview --expect-no-changes` passes while nothing changed. `pulumi refresh`
+probes again and records what it finds.
 """
 
 from __future__ import annotations
@@ -26,14 +28,14 @@ from ..errors import EngineWillNotRunError, UnreachableError
 from ..specs import Connection, EngineCheckSpec, engines_input, to_inputs
 from . import _glue
 
-INPUT_KEYS = ("node_id", "connection", "known_host_key", "engines", "fail_on_problems")
+INPUT_KEYS = ("node_id", "connection", "known_host_key", "known_jump_host_keys", "engines", "fail_on_problems")
 OUTPUT_KEYS = ("problems", "engines_ok")
 
 
-def _probe(spec: EngineCheckSpec, recorded_host_key: str | None) -> dict[str, Any]:
+def _probe(spec: EngineCheckSpec, known: tuple[str | None, Any]) -> dict[str, Any]:
     if not spec.engines:
         return {"problems": [], "engines_ok": True}
-    with _glue.session(spec.connection, spec.node_id, recorded_host_key) as s:
+    with _glue.session(spec.connection, spec.node_id, *known) as s:
         res = s.run(remote.probe_engines(spec.engines), timeout=remote.ENGINE_PROBE_TIMEOUT * 2 + 30)
     _glue.raise_for(res, spec.node_id, f"probing the engines on {spec.connection.host}")
     probes = facts.parse_engine_probes(res.stdout, spec.engines)
@@ -50,35 +52,33 @@ class EngineCheckProvider(ResourceProvider):
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         return _glue.check(news, EngineCheckSpec.collect, defaults={"fail_on_problems": False},
-                           olds=olds, machine_facts=("known_host_key",))
+                           olds=olds, machine_facts=("known_host_key", "known_jump_host_keys"))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        changes = _glue.changed_keys(olds, news, INPUT_KEYS)
-        if olds.get("problems"):
-            # Not converged while an engine will not run: every preview says so,
-            # and every `up` checks again (and warns again) until it is fixed.
-            changes.append("problems")
-        return _glue.diff_result(changes, ("connection.host", "connection.port"))
+        # An engine that stays broken is not a change: its problems are outputs, which the
+        # Node component shows as warnings in every preview and `up`; refresh probes again.
+        return _glue.diff_result(_glue.changed_keys(olds, news, INPUT_KEYS), ("connection.host", "connection.port"))
 
     @_glue.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         spec = EngineCheckSpec.from_props(props)
-        return CreateResult(spec.node_id, _glue.outputs(props, **_probe(spec, props.get("known_host_key"))))
+        return CreateResult(spec.node_id, _glue.outputs(props, **_probe(spec, _glue.known_keys(props))))
 
     @_glue.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        if _glue.operator_side_only(_glue.changed_keys(olds, news, INPUT_KEYS)):
+            return UpdateResult(_glue.carried(olds, news, OUTPUT_KEYS))
         spec = EngineCheckSpec.from_props(news)
-        host_key = news.get("known_host_key") or olds.get("known_host_key")
-        return UpdateResult(_glue.outputs(news, **_probe(spec, host_key)))
+        return UpdateResult(_glue.outputs(news, **_probe(spec, _glue.known_keys(news, olds))))
 
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         spec = EngineCheckSpec.from_props({**props, "fail_on_problems": False})
         spec = dataclasses.replace(spec, connection=_glue.for_read(spec.connection))
         try:
-            return ReadResult(id_, {**props, **_probe(spec, props.get("known_host_key"))})
+            return ReadResult(id_, {**props, **_probe(spec, _glue.known_keys(props))})
         except UnreachableError as exc:
-            return _glue.gone(spec.node_id, exc)
+            return _glue.unreachable_on_read(id_, props, exc)
 
     @_glue.operator_errors
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
@@ -91,6 +91,8 @@ class EngineCheckArgs:
     connection: Connection
     known_host_key: pulumi.Input[str]
     """The host key NodeIdentity recorded (or was pinned)."""
+    known_jump_host_keys: pulumi.Input[Mapping[str, str]] | None = field(default=None, kw_only=True)
+    """The jump hosts' keys NodeIdentity recorded, by 'host:port'."""
     engines: pulumi.Input[Mapping[str, str]] | None = field(default=None, metadata={"to_input": engines_input})
     """engine -> its executable on the node, as AgentSettings.engines: {"llamacpp": "/opt/llama/bin/llama-server"}."""
     fail_on_problems: pulumi.Input[bool] | None = None

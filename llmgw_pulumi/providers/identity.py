@@ -20,7 +20,7 @@ from . import _glue
 
 INPUT_KEYS = ("node_id", "connection", "ca_pem", "cert_pem", "key_pem")
 REPLACE_KEYS = ("node_id", "connection.host", "connection.port")
-OUTPUT_KEYS = ("host_key", "hostname", "arch", "files", "trust")
+OUTPUT_KEYS = ("host_key", "jump_host_keys", "hostname", "arch", "files", "trust")
 
 
 def desired_hashes(props: dict[str, Any]) -> dict[str, str] | None:
@@ -36,19 +36,29 @@ def files_state(node: facts.NodeFacts) -> dict[str, str]:
     return {f.path: node.state(f) for f in desired.files_of(desired.IDENTITY)}
 
 
-def _apply(spec: IdentitySpec, recorded_host_key: str | None, restart_agent: bool) -> dict[str, Any]:
+def _apply(spec: IdentitySpec, recorded: dict[str, Any], restart_agent: bool) -> dict[str, Any]:
     files = desired.identity_files(spec.ca_pem, spec.cert_pem, spec.key_pem)
-    with _glue.session(spec.connection, spec.node_id, recorded_host_key) as s:
+    with _glue.session(spec.connection, spec.node_id, recorded.get("host_key"), recorded.get("jump_host_keys")) as s:
         res = s.run(remote.install_identity(files, restart_agent))
         _glue.raise_for(res, spec.node_id, f"installing the identity on {spec.connection.host}")
         node = facts.parse_survey(res.stdout)
         return {
             "host_key": s.host_key,
+            "jump_host_keys": s.jump_host_keys,  # {} without jump hosts: a known value in every preview
             "hostname": node.hostname,
             "arch": node.arch,
             "files": files_state(node),
             "trust": facts.key_values(res.stdout).get("trust", ""),
         }
+
+
+def changes(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
+    """Changed inputs, and drift found by refresh: the node's files differ from what they should hold."""
+    found = _glue.changed_keys(olds, news, INPUT_KEYS)
+    want = desired_hashes(news)
+    if want is not None and not {"ca_pem", "cert_pem", "key_pem"} & set(found) and olds.get("files") != want:
+        found.append("files")
+    return found
 
 
 class NodeIdentityProvider(ResourceProvider):
@@ -59,26 +69,23 @@ class NodeIdentityProvider(ResourceProvider):
         return _glue.check(news, IdentitySpec.collect)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        changes = _glue.changed_keys(olds, news, INPUT_KEYS)
-        # Drift found by refresh: the node's files differ from what they should hold.
-        want = desired_hashes(news)
-        if want is not None and not {"ca_pem", "cert_pem", "key_pem"} & set(changes) and olds.get("files") != want:
-            changes.append("files")
         # A replacement is created before the old one is deleted; the delete
         # leaves the node alone once it carries the replacement's certificate.
-        return _glue.diff_result(changes, REPLACE_KEYS)
+        return _glue.diff_result(changes(olds, news), REPLACE_KEYS)
 
     @_glue.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         spec = IdentitySpec.from_props(props)
-        computed = _apply(spec, None, restart_agent=False)
+        computed = _apply(spec, {}, restart_agent=False)
         return CreateResult(spec.node_id, _glue.outputs(props, **computed))
 
     @_glue.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        if _glue.operator_side_only(changes(olds, news)):
+            return UpdateResult(_glue.carried(olds, news, OUTPUT_KEYS))
         spec = IdentitySpec.from_props(news)
         renewed = olds.get("cert_pem") != news.get("cert_pem") or olds.get("key_pem") != news.get("key_pem")
-        computed = _apply(spec, olds.get("host_key"), restart_agent=renewed or olds.get("files") != desired_hashes(news))
+        computed = _apply(spec, olds, restart_agent=renewed or olds.get("files") != desired_hashes(news))
         return UpdateResult(_glue.outputs(news, **computed))
 
     @_glue.operator_errors
@@ -86,12 +93,18 @@ class NodeIdentityProvider(ResourceProvider):
         spec = IdentitySpec.from_props(props)
         conn = _glue.for_read(spec.connection)
         try:
-            with _glue.session(conn, spec.node_id, props.get("host_key")) as s:
+            with _glue.session(conn, spec.node_id, props.get("host_key"), props.get("jump_host_keys")) as s:
                 res = s.run(remote.survey(desired.files_of(desired.IDENTITY)))
+                jump_host_keys = {**(props.get("jump_host_keys") or {}), **s.jump_host_keys}
         except UnreachableError as exc:
-            return _glue.gone(spec.node_id, exc)
+            return _glue.unreachable_on_read(id_, props, exc)
         node = facts.parse_survey(res.stdout)
-        return ReadResult(id_, {**props, "files": files_state(node), "hostname": node.hostname, "arch": node.arch})
+        files = files_state(node)
+        outs = _glue.outputs({**props, "files": files, "hostname": node.hostname, "arch": node.arch},
+                             jump_host_keys=jump_host_keys)
+        want = desired_hashes(props) or {}
+        drift = {path: state for path, state in files.items() if state != want.get(path)}
+        return _glue.read_result(id_, props, OUTPUT_KEYS, outs, {"drift": drift or None})
 
     @_glue.operator_errors
     def delete(self, _id: str, props: dict[str, Any]) -> None:
@@ -99,7 +112,7 @@ class NodeIdentityProvider(ResourceProvider):
         # What this resource installed: a refresh may since have recorded another identity's files.
         owned = desired_hashes(props) or {}
         try:
-            with _glue.session(spec.connection, spec.node_id, props.get("host_key")) as s:
+            with _glue.session(spec.connection, spec.node_id, props.get("host_key"), props.get("jump_host_keys")) as s:
                 res = s.run(remote.remove_identity(owned))
         except UnreachableError as exc:
             return _glue.gone_on_delete(exc)
@@ -117,6 +130,8 @@ class NodeIdentityArgs:
 
 class NodeIdentity(Resource, module="llmgw", name="NodeIdentity"):
     host_key: pulumi.Output[str]
+    jump_host_keys: pulumi.Output[dict[str, str]]
+    """The key each jump host presented, by 'host:port': checked on every later connection."""
     hostname: pulumi.Output[str]
     arch: pulumi.Output[str]
     files: pulumi.Output[dict[str, Any]]

@@ -31,6 +31,9 @@ report_unit() {
   kv active "$(unit_is is-active "$1")"
   kv enabled "$(unit_is is-enabled "$1")"
 }
+report_text() {
+  if [ -f "$R$1" ]; then printf 'text\t%s\t%s\n' "$1" "$(base64 -w0 < "$R$1")"; fi
+}
 report_file() {
   if [ -f "$R$1" ]; then
     printf 'file\t%s\t%s\t%s\n' "$1" "$(stat -c '%a %U %G' "$R$1")" "$(sha256_of "$R$1")"

@@ -260,7 +260,7 @@ def test_modes_and_owners_drift_is_seen_by_refresh_and_repaired_by_up(cluster, h
     assert refresh.ok, refresh.output
     preview = stack.preview(diff=True)
     assert preview.ok, preview.output
-    assert "mgmt_addr: 192.0.2.7" in preview.output, preview.output  # the line on the node, shown going away
+    assert '- mgmt_addr: "192.0.2.7"' in preview.output, preview.output  # the line on the node, shown going away
     assert "0644" in preview.output and KEY in preview.output, preview.output
     assert "nobody" in preview.output and CONFIG in preview.output, preview.output
 

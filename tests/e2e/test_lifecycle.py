@@ -176,17 +176,24 @@ def test_refresh_shows_drift_and_up_repairs_exactly_that(cluster, hosts, new_sta
     assert ssh(h, cluster, "systemctl is-active llmgw-agent; systemctl is-enabled llmgw-agent")[1].split() == ["active", "enabled"]
 
 
-def test_refresh_reports_a_node_that_is_gone(cluster, hosts, new_stack):
-    (h,) = hosts(1)
-    stack = new_stack(stack_config(cluster, [h]))
+def test_a_node_gone_for_good_is_kept_by_refresh_and_let_go_when_removed_from_the_config(cluster, hosts, new_stack):
+    (h, other) = hosts(2)
+    config = stack_config(cluster, [h, other])
+    stack = new_stack(config)
     up_clean(stack)
     h.stop()
     refresh = stack.refresh()
     assert refresh.ok, refresh.output
-    # NodeIdentity and AgentInstall; the certificate lives in state, and an engine
-    # check with no engines configured has nothing on the node to find gone.
-    assert refresh.result.summary.resource_changes.get("delete") == 2, refresh.output
-    assert "is reported as gone" in refresh.output
+    # No answer is not proof of absence: refresh keeps the node's resources, with a warning.
+    assert "delete" not in refresh.changes, refresh.output
+    assert f"{h.hostname}: cannot reach deploy@{h.addr}" in refresh.output and "kept as it was" in refresh.output
+    # Taking it out of the config lets it go; the other node is untouched.
+    stack.set_config({**config, "nodes": [n for n in config["nodes"] if n["id"] == other.hostname]})
+    run = stack.up()
+    assert run.ok, run.output
+    assert run.changes.get("delete", 0) >= 5, run.changes  # its Node and four resources (and its shard, if alone there)
+    assert "assuming the machine is gone" in run.output
+    assert ssh(other, cluster, "systemctl is-active llmgw-agent")[1].strip() == "active"
 
 
 def test_destroy_removes_everything_and_leaves_engines_running(cluster, hosts, new_stack):

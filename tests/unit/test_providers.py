@@ -122,12 +122,28 @@ def test_machine_facts_are_carried_forward_while_identity_updates_in_preview():
     assert isinstance(moved.inputs["hostname"], Unknown)
 
 
-def test_outstanding_engine_problems_keep_the_check_open():
+def test_a_standing_engine_problem_is_not_a_change():
     p = EngineCheckProvider()
     news = checked(p, {"node_id": "gpu-01", "connection": CONN, "known_host_key": "k",
                        "engines": {"vllm": {"bin": "/opt/vllm"}}})
     assert p.diff("id", {**news, "problems": []}, news).changes is False
-    assert p.diff("id", {**news, "problems": [{"engine": "vllm"}]}, news).changes is True
+    assert p.diff("id", {**news, "problems": [{"engine": "vllm"}]}, news).changes is False
+    assert p.diff("id", {**news, "problems": []}, {**news, "engines": {"vllm": {"bin": "/opt/vllm2"}}}).changes is True
+
+
+def test_operator_side_connection_settings_are_state_only_changes():
+    from llmgw_pulumi.providers import _glue
+
+    old_conn = {**CONN, "user": "deploy", "wait": 30, "private_key_path": "/a/key"}
+    for field, value in [("user", "ops"), ("wait", 45), ("private_key_path", "/b/key"), ("passphrase", "x"),
+                         ("jump", [{"address": "deploy@bastion"}])]:
+        changes = _glue.changed_keys({"connection": old_conn}, {"connection": {**old_conn, field: value}}, ["connection"])
+        assert changes == [f"connection.{field}"], field
+        assert _glue.operator_side_only(changes), field
+    node_side = _glue.changed_keys({"connection": old_conn}, {"connection": {**old_conn, "host": "10.9.9.9"}}, ["connection"])
+    assert not _glue.operator_side_only(node_side)
+    assert not _glue.operator_side_only(["connection.user", "servers"])
+    assert not _glue.operator_side_only([])
 
 
 def test_identity_unknown_host_in_preview_means_replacement():

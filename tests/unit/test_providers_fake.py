@@ -234,13 +234,24 @@ def test_identity_delete_leaves_a_changed_file_and_another_identity_alone(node: 
         assert node.read(path) == new_inputs[key].encode(), f"{path} of the new identity was removed"
 
 
-def test_identity_checks_the_recorded_host_key_and_reports_a_gone_node(node: FakeNode, pki_dir: Path) -> None:
+def test_identity_checks_the_recorded_host_key_and_keeps_a_node_that_does_not_answer(node: FakeNode, pki_dir: Path) -> None:
     p = NodeIdentityProvider()
     inputs, outs = onboard_identity(pki_dir)
     with pytest.raises(errors.HostKeyChangedError):
         p.update("gpu-01", {**outs, "host_key": "ssh-ed25519 AAAAsomeoneelse"}, inputs)
     node.reachable = False
-    assert p.read("gpu-01", outs).outs == {}
+    kept = p.read("gpu-01", outs)
+    assert (kept.id, kept.outs) == ("gpu-01", outs)  # an outage never rewrites the record
+
+
+def test_an_operator_side_change_updates_state_without_reaching_the_node(node: FakeNode, pki_dir: Path) -> None:
+    p = NodeIdentityProvider()
+    inputs, outs = onboard_identity(pki_dir)
+    node.reachable = False  # any connection would fail
+    news = {**inputs, "connection": {**inputs["connection"], "user": "ops", "wait": 45.0}}
+    assert p.diff("gpu-01", outs, news).changes is True
+    new = p.update("gpu-01", outs, news).outs
+    assert new["connection"]["user"] == "ops" and new["host_key"] == outs["host_key"] and new["files"] == outs["files"]
 
 
 # --------------------------------------------------------------------------- AgentInstall

@@ -50,7 +50,7 @@ def test_the_scripts_are_told_every_file_by_the_desired_state():
     for f in desired.NODE_FILES:
         assert f.path in (identity if f.resource == desired.IDENTITY else agent), f.path
     survey = remote.survey().args
-    assert survey == (desired.UNIT_NAME, *(f.path for f in desired.NODE_FILES))
+    assert survey == (desired.UNIT_NAME, *(f.path for f in desired.NODE_FILES), "--text")
     assert remote.remove_agent("gpu-01").args[-3:] == tuple(f.path for f in desired.files_of(desired.AGENT))
 
 
