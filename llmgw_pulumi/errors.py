@@ -117,7 +117,7 @@ class EngineWillNotRunError(LlmgwError):
 class NodeDiskFullError(LlmgwError):
     """A file could not be written on the node; nothing was changed."""
 
-    fix = "free space on the node (`df -h /etc/llmgw /usr/local/bin /var/tmp`), then run `pulumi up` again"
+    fix = "free space on the node (`df -h /etc/llmgw /usr/local/bin /run`), then run `pulumi up` again"
 
 
 class NodeBusyError(LlmgwError):

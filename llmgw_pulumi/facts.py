@@ -140,7 +140,7 @@ def engine_problem(probe: EngineProbe, node: str, target: str) -> dict[str, str]
         problem = f"{probe.engine} at {probe.path} is not an executable file on {node} ({probe.detail})"
         hint = f"ssh {target} sudo chmod 0755 {probe.path}"
     else:
-        problem = f"{probe.engine} at {probe.path} exists but will not run ({probe.detail})"
+        problem = f"{probe.engine} at {probe.path} exists but will not run on {node} ({probe.detail})"
         hint = f"usually a missing shared library: ssh {target} ldd {probe.path} | grep 'not found'"
     return {"engine": probe.engine, "path": probe.path, "status": probe.status, "problem": problem, "hint": hint}
 

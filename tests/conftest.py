@@ -41,12 +41,24 @@ TAMPERED_RELEASE = "v6.6.6"
 DEV_VERSION = "v1.4.2-3-gdeadbee"
 
 
+def lab_name_and_subnet(worker: str) -> tuple[str, str]:
+    """This test process's lab: LLMGW_TEST_LAB=name:subnet (default t:10.250.0), so two test runs can share
+    a machine; under pytest-xdist each worker N gets its own lab, the name with a letter for N appended and
+    the subnet's second octet lowered by N (gw1 of t:10.250.0: tb on 10.249.0)."""
+    name, _, subnet = os.environ.get("LLMGW_TEST_LAB", "t:10.250.0").partition(":")
+    if not worker.startswith("gw"):
+        return name, subnet
+    n = int(worker[2:])
+    first, second, third = subnet.split(".")
+    return f"{name}{chr(ord('a') + n)}", f"{first}.{int(second) - n}.{third}"
+
+
 @pytest.fixture(scope="session")
-def lab() -> Iterator[Any]:
+def lab(request: pytest.FixtureRequest) -> Iterator[Any]:
     from lab.hosts import Lab
 
-    # LLMGW_TEST_LAB=name:subnet lets two test runs share a machine (default t:10.250.0).
-    name, _, subnet = os.environ.get("LLMGW_TEST_LAB", "t:10.250.0").partition(":")
+    worker = getattr(request.config, "workerinput", {}).get("workerid", "")
+    name, subnet = lab_name_and_subnet(worker)
     lab = Lab(name=name, subnet=subnet, workdir=CACHE / f"lab-{name}")
     shutil.rmtree(lab.workdir / "hosts", ignore_errors=True)
     lab.setup()

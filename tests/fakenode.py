@@ -259,7 +259,7 @@ class FakeNode:
     def leftovers(self) -> list[str]:
         """Temporary files, kept copies and staging dirs of the package, anywhere it writes."""
         found = []
-        for d in ("etc/llmgw", "usr/local/bin", "etc/systemd/system", "usr/local/share/ca-certificates", "var/tmp"):
+        for d in ("etc/llmgw", "usr/local/bin", "etc/systemd/system", "usr/local/share/ca-certificates", "var/tmp", "run"):
             for p in (self.root / d).glob("*"):
                 if ".llmgw-" in p.name or p.name.startswith("llmgw-stage."):
                     found.append("/" + str(p.relative_to(self.root)))

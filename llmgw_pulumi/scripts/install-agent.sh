@@ -70,7 +70,8 @@ rollback() {
   esac
 }
 arch=$(node_arch)
-stage=$(mktemp -d "$R/var/tmp/llmgw-stage.XXXXXX")
+# Staged in /run (a root-only tmpfs): a reboot in the middle leaves nothing behind.
+stage=$(mktemp -d "$R/run/llmgw-stage.XXXXXX")
 # A release server that sends nothing for 20s is given up on (and retried
 # while 30s have not passed); a slow but moving download may take 10 minutes.
 fetch() { curl -fsS --connect-timeout 10 --speed-limit 1 --speed-time 20 --max-time "$3" --retry 2 --retry-max-time 30 -o "$1" "$2" 2>&1; }
@@ -88,7 +89,7 @@ release)
   ;;
 copy)
   if ! dd iflag=fullblock,count_bytes bs=65536 count="$SIZE" status=none of="$stage/bin" 2>/dev/null; then
-    echo "cannot stage the binary in /var/tmp (disk full?); nothing was changed" >&2; exit "$EXIT_WRITE"
+    echo "cannot stage the binary in /run (out of memory?); nothing was changed" >&2; exit "$EXIT_WRITE"
   fi
   ;;
 esac

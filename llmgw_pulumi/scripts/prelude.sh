@@ -84,7 +84,7 @@ begin_change() {
       exit "$EXIT_BUSY"
     fi
     # Leftovers of a run killed outright; under the lock nobody else is using them.
-    rm -rf "$R"/var/tmp/llmgw-stage.*
+    rm -rf "$R"/run/llmgw-stage.* "$R"/var/tmp/llmgw-stage.*  # (/var/tmp: where earlier versions staged)
     dirs=$1
     while [ -n "$dirs" ]; do
       rm -f "$R${dirs%%:*}"/*.llmgw-new.*

@@ -32,6 +32,7 @@ CONNECT_TIMEOUT = 3.0
 
 pytestmark = [
     pytest.mark.hosts,
+    pytest.mark.xdist_group("lab-bastion"),  # one lab of a fixed name: all of this file in one test process
     pytest.mark.skipif(
         os.geteuid() != 0 or shutil.which("systemd-nspawn") is None or shutil.which("ssh") is None,
         reason="needs root, systemd-nspawn and OpenSSH",

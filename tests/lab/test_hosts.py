@@ -28,6 +28,8 @@ import pytest
 from lab.hosts import CGROUP_ROOTS, Host, Lab, LabError, NetemUnavailable, _resolve_inside
 
 NAME, SUBNET = "x", "10.252.0"
+# Labs of fixed names (x, y, z): all of this file runs in one test process under pytest-xdist.
+pytestmark = pytest.mark.xdist_group("lab-x")
 PREFIX = f"lg{NAME}"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -165,7 +165,7 @@ def test_identity_check_failures_never_echo_secrets():
     text = " ".join(f.reason + f.property for f in res.failures)
     assert "connection.host" in text and "key_pem" in text
     assert "SECRETVALUE" not in text and "SSHKEYBODY" not in text
-    assert all(f.property == "" for f in res.failures)
+    assert res.failures and all(f.property == "" for f in res.failures)
 
 
 def test_identity_check_accepts_unknowns():
