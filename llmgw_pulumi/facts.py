@@ -14,7 +14,10 @@ from __future__ import annotations
 import base64
 import csv
 import io
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .desired import NodeFile
 
@@ -197,4 +200,98 @@ def parse_gpu_list(text: str) -> list[tuple[int, str, str]]:
         head, _, rest = line.partition(": ")
         name, _, uuid = rest.rpartition(" (UUID: ")
         out.append((int(head.split()[1]), name, uuid.rstrip(")")))
+    return out
+
+
+# --------------------------------------------------------------------------- inventory (probe-engines.sh)
+
+INVENTORY_QUERY_FIELDS = ("index", "uuid", "name", "memory.total", "memory.used", "driver_version", "pci.bus_id",
+                          "compute_cap")
+"""What the inventory asks nvidia-smi for (``--format=csv,noheader,nounits``): the fields of ``Gpu``, and
+memory.used, as the fixtures of a real H200 were captured."""
+
+_SMI_HEADER = re.compile(r"Driver Version:\s*(?P<driver>\S+)\s+CUDA Version:\s*(?P<cuda>\S+)")
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What hardware a node has: its GPUs (from nvidia-smi) and its InfiniBand HCAs (from sysfs)."""
+
+    gpus: tuple[Gpu, ...] = ()
+    driver: str = ""
+    cuda: str = ""
+    hcas: tuple[str, ...] = ()
+    smi_status: str = "none"
+    """ok, none (not on PATH, not configured), missing (configured, not there) or fails."""
+    smi_path: str = ""
+    smi_detail: str = ""
+
+    def as_output(self) -> dict[str, Any]:
+        """The EngineCheck output ``inventory``."""
+        return {
+            "gpus": [{"index": g.index, "name": g.name, "memory_mib": g.memory_mib, "uuid": g.uuid,
+                      "pci_bus_id": g.pci_bus_id, "compute_cap": g.compute_cap} for g in self.gpus],
+            "driver": self.driver,
+            "cuda": self.cuda,
+            "hcas": list(self.hcas),
+        }
+
+
+def parse_inventory(text: str) -> Inventory:
+    """The ``smi``, ``gpu``, ``smi-header`` and ``hca`` lines probe-engines.sh prints.
+
+    The GPUs are nvidia-smi's CSV rows for INVENTORY_QUERY_FIELDS; the driver
+    and CUDA versions come from the header of plain ``nvidia-smi`` (the CSV has
+    no CUDA version), the driver from the CSV when the header lacks it. CSV that
+    does not parse makes nvidia-smi count as failing, in the parser's words.
+    """
+    status, path, detail, header = "none", "", "", ""
+    rows: list[str] = []
+    hcas: list[str] = []
+    for line in text.splitlines():
+        kind, _, rest = line.partition("\t")
+        if kind == "smi":
+            status, _, more = rest.partition("\t")
+            path, _, detail = more.partition("\t")
+        elif kind == "gpu":
+            rows.append(rest)
+        elif kind == "smi-header":
+            header = rest
+        elif kind == "hca" and rest:
+            hcas.append(rest)
+    gpus: list[Gpu] = []
+    if status == "ok":
+        try:
+            gpus = parse_gpu_query("\n".join(rows), INVENTORY_QUERY_FIELDS)
+        except ValueError as exc:
+            status, detail = "fails", f"unreadable output: {exc}"
+    m = _SMI_HEADER.search(header)
+    driver = m["driver"] if m else next((g.driver_version for g in gpus), "")
+    return Inventory(tuple(gpus), driver, m["cuda"] if m else "", tuple(sorted(hcas)), status, path, detail.strip())
+
+
+def inventory_problems(inv: Inventory, fabrics: Sequence[tuple[str, Sequence[str]]], ib_root: str, node: str,
+                       target: str) -> list[dict[str, str]]:
+    """What is wrong with the node's hardware, reported as engine problems are (``problem`` and ``hint``):
+    nvidia-smi that is configured but absent, or fails; a declared fabric HCA the node lacks."""
+    out = []
+    if inv.smi_status == "missing":
+        out.append({"gpu": "nvidia-smi", "path": inv.smi_path, "status": "missing",
+                    "problem": f"nvidia-smi is configured at {inv.smi_path}, which does not exist on {node}",
+                    "hint": "install the NVIDIA driver utilities there, or fix discovery.nvidiaSmi in the stack config"})
+    elif inv.smi_status == "fails":
+        out.append({"gpu": "nvidia-smi", "path": inv.smi_path, "status": "fails",
+                    "problem": f"nvidia-smi at {inv.smi_path} fails on {node} ({inv.smi_detail}): "
+                               "its GPUs are not usable",
+                    "hint": f"ssh {target} {inv.smi_path}; usually the NVIDIA kernel module is not loaded or does not "
+                            "match the driver (check dmesg, reinstall the driver for the running kernel)"})
+    for fabric, hcas in fabrics:
+        for hca in hcas:
+            if hca not in inv.hcas:
+                found = ", ".join(inv.hcas) or "none"
+                out.append({"fabric": fabric, "hca": hca, "status": "missing",
+                            "problem": f"fabric {fabric} declares HCA {hca}, which {node} does not have "
+                                       f"(under {ib_root}: {found})",
+                            "hint": f"ssh {target} ls {ib_root}; list the node's HCAs in fabric.hcas, "
+                                    "or check the HCA's driver (mlx5_core) is loaded"})
     return out

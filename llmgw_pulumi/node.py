@@ -60,6 +60,11 @@ class NodeArgs:
     fail_on_engine_problems: pulumi.Input[bool] | None = None
 
 
+def engine_problems(problems: list[dict[str, str]] | None) -> list[dict[str, str]]:
+    """The engines' problems among EngineCheck.problems (the others are about the node's hardware)."""
+    return [p for p in problems or [] if "engine" in p]
+
+
 class Node(pulumi.ComponentResource):
     certificate: ClientCertificate
     identity: NodeIdentity
@@ -95,9 +100,10 @@ class Node(pulumi.ComponentResource):
             node_id=args.node_id, connection=conn, known_host_key=known_host_key,
             known_jump_host_keys=self.identity.jump_host_keys, engines=args.settings.engines,
             fail_on_problems=args.fail_on_engine_problems,
+            fabrics=args.settings.fabrics, discovery=args.settings.discovery,
         ), pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[self.agent])))
 
-        # Engine problems are warnings on this node's check, visible in `pulumi up`.
+        # Engine and hardware problems are warnings on this node's check, visible in `pulumi up`.
         check = self.engine_check
 
         def warn(problems: list[dict[str, str]] | None) -> None:
@@ -112,7 +118,9 @@ class Node(pulumi.ComponentResource):
             "certificate_not_after": self.certificate.not_after,
             "certificate_fingerprint": self.certificate.fingerprint_sha256,
             "agent_sha256": self.agent.installed_sha256,
-            "engine_problems": self.engine_check.problems,
+            "engine_problems": self.engine_check.problems.apply(engine_problems),
+            "problems": self.engine_check.problems,
+            "inventory": self.engine_check.inventory,
         })
 
     def _child_options(self, name: str, args: NodeArgs, opts: pulumi.ResourceOptions) -> pulumi.ResourceOptions:

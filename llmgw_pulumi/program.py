@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import functools
 import hashlib
 import os
@@ -16,9 +17,9 @@ from typing import Any
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from . import stack_config, validate
+from . import fleet, stack_config, validate
 from .errors import ConfigError
-from .node import Node, NodeArgs
+from .node import Node, NodeArgs, engine_problems
 
 CONFIG_NAMESPACE = "llmgw"
 
@@ -160,6 +161,7 @@ def main() -> dict[str, Node]:
     stack_agent = agent_inputs(spec.agent)
     credentials = ssh_credentials(spec, secrets)
     nodes: dict[str, Node] = {}
+    rows: list[pulumi.Output[fleet.FleetRow]] = []
     for n in spec.nodes:
         agent = agent_inputs(n.agent) if n.agent else stack_agent
         nodes[n.node_id] = Node(n.node_id, NodeArgs(
@@ -172,10 +174,38 @@ def main() -> dict[str, Node]:
             renew_before_hours=spec.renew_before_hours,
             fail_on_engine_problems=n.fail_on_engine_problems,
         ))  # each node runs in its shard's provider process (llmgw_pulumi.shards)
-        pulumi.export(n.node_id, {
-            "hostname": nodes[n.node_id].identity.hostname,
-            "certificate_not_after": nodes[n.node_id].certificate.not_after,
-            "engine_problems": nodes[n.node_id].engine_check.problems,
-        })
+        pulumi.export(n.node_id, node_output(nodes[n.node_id]))
+        rows.append(fleet_row(n.node_id, nodes[n.node_id], agent["version"]))
     pulumi.export(NEXT_STEPS_OUTPUT, next_steps(list(nodes)))
+    pulumi.export(FLEET_OUTPUT, pulumi.Output.all(*rows).apply(
+        lambda known: fleet.fleet_table(known, dt.datetime.now(dt.UTC))))
     return nodes
+
+
+FLEET_OUTPUT = "fleet"
+"""The stack output `pulumi stack output fleet` prints: a table, one line per node (see llmgw_pulumi.fleet)."""
+
+
+def node_output(node: Node) -> dict[str, Any]:
+    """A node's stack output: who it is, its certificate, its hardware and its problems."""
+    check = node.engine_check
+    inventory = check.inventory.apply(lambda inv: inv or {})
+    return {
+        "hostname": node.identity.hostname,
+        "certificate_not_after": node.certificate.not_after,
+        "engine_problems": check.problems.apply(engine_problems),
+        "problems": check.problems,
+        "gpus": inventory.apply(lambda inv: len(inv.get("gpus") or [])),
+        "gpu_model": inventory.apply(lambda inv: fleet.gpu_model(inv.get("gpus") or [])),
+        "driver": inventory.apply(lambda inv: inv.get("driver", "")),
+        "cuda": inventory.apply(lambda inv: inv.get("cuda", "")),
+        "hcas": inventory.apply(lambda inv: inv.get("hcas") or []),
+    }
+
+
+def fleet_row(node_id: str, node: Node, version: str) -> pulumi.Output[fleet.FleetRow]:
+    """The node's line of the fleet table, once its resources' outputs are known."""
+    return pulumi.Output.all(node.identity.hostname, node.certificate.not_after, node.identity.arch,
+                             node.engine_check.inventory, node.engine_check.problems).apply(
+        lambda v: fleet.FleetRow(node_id, v[0] or "", v[1] or "", version, v[2] or "", (v[3] or {}).get("gpus") or [],
+                                 v[4] or []))

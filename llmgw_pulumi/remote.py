@@ -40,6 +40,8 @@ from .desired import (
     NodeFile,
     config_first_line,
 )
+from .facts import INVENTORY_QUERY_FIELDS
+from .specs import DEFAULT_IB_ROOT
 
 SCRIPTS = ("install-identity.sh", "remove-identity.sh", "install-agent.sh", "remove-agent.sh", "survey.sh",
            "probe-engines.sh")
@@ -184,9 +186,11 @@ ENGINE_PROBE_TIMEOUT = 30
 """Seconds an engine's --version (then --help) may take."""
 
 
-def probe_engines(engines: Sequence[tuple[str, str]]) -> Script:
-    """SPEC step 7: each engine path exists, is executable, and really runs (see probe-engines.sh)."""
-    args = [str(ENGINE_PROBE_TIMEOUT)]
+def probe_engines(engines: Sequence[tuple[str, str]], nvidia_smi: str | None = None,
+                  ib_root: str = DEFAULT_IB_ROOT) -> Script:
+    """SPEC step 7: each engine path exists, is executable, and really runs; and, in the same run, the node's
+    inventory: nvidia-smi at ``nvidia_smi`` (None: on PATH) and the HCAs under ``ib_root`` (see probe-engines.sh)."""
+    args = [str(ENGINE_PROBE_TIMEOUT), nvidia_smi or "", ib_root, ",".join(INVENTORY_QUERY_FIELDS)]
     for name, path in engines:
         args += [name, path]
     return Script(program("probe-engines.sh"), tuple(args))

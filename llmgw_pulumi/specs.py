@@ -495,6 +495,10 @@ class Fabric:
     hcas: Sequence[str]
 
 
+def _fabrics(fabrics: Sequence[Mapping[str, Any]]) -> tuple[Fabric, ...]:
+    return tuple(Fabric(f["name"], tuple(f["hcas"])) for f in fabrics)
+
+
 @dataclass(frozen=True)
 class Discovery:
     """Where the agent finds what it discovers; each written only when it differs from the agent's default."""
@@ -524,7 +528,7 @@ class AgentSettings:
     mgmt_addr: str | None = setting("mgmtAddr", validate.address, default=None)
     mgmt_interface: str | None = setting("mgmtInterface", validate.interface, default=None)
     fabrics: Sequence[Fabric] = setting("fabrics", collect=collect_fabrics, schema=[FABRIC_SCHEMA], default=(),
-                                        convert=lambda fs: tuple(Fabric(f["name"], tuple(f["hcas"])) for f in fs))
+                                        convert=_fabrics)
     discovery: Discovery = setting("discovery", nested=Discovery, default=Discovery())
     engines: Mapping[str, str] = setting("engines", collect=collect_engines, convert=engine_map, to_input=engines_input,
                                          schema={e: {k: None} for e, k in ENGINE_KEYS.items()}, default_factory=dict)
@@ -635,6 +639,18 @@ class EngineCheckSpec:
     engines: tuple[tuple[str, str], ...]
     """(engine, executable path) pairs in ENGINE_KEYS order."""
     fail_on_problems: bool = setting("failOnEngineProblems", validate.boolean, default=False)
+    # What the inventory checks the node's hardware against, as AgentSettings says it (inputs only, optional:
+    # a stack whose state predates them, or that declares none, has nothing to compare).
+    fabrics: Sequence[Fabric] = setting(None, collect=collect_fabrics, default=(), convert=_fabrics)
+    discovery: Discovery = setting(None, nested=Discovery, default=Discovery())
+
+    @property
+    def nvidia_smi(self) -> str | None:
+        return self.discovery.nvidia_smi
+
+    @property
+    def ib_root(self) -> str:
+        return self.discovery.ib_root or DEFAULT_IB_ROOT
 
     @staticmethod
     def collect(props: Mapping[str, Any], problems: Problems) -> None:

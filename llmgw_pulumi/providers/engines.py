@@ -11,12 +11,19 @@ A `pulumi up` with unchanged inputs does not probe again (no SSH), and an
 engine that stays broken is a standing warning, not a change: `pulumi
 preview --expect-no-changes` passes while nothing changed. `pulumi refresh`
 probes again and records what it finds.
+
+The same run reads the node's inventory (output ``inventory``): its GPUs from
+nvidia-smi (at ``discovery.nvidia_smi``, or on PATH) with the driver and CUDA
+versions, and its InfiniBand HCAs (under ``discovery.ib_root``). A node
+without nvidia-smi has no GPUs, which is no problem; nvidia-smi that fails,
+one configured where there is none, and a fabric HCA declared but missing
+are problems like an engine's, and warnings the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,25 +32,31 @@ from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Re
 
 from .. import facts, remote
 from ..errors import EngineWillNotRunError, UnreachableError
-from ..specs import Connection, EngineCheckSpec, engines_input, to_inputs
+from ..specs import Connection, Discovery, EngineCheckSpec, Fabric, engines_input, to_inputs
 from . import _glue
 
-INPUT_KEYS = ("node_id", "connection", "known_host_key", "known_jump_host_keys", "engines", "fail_on_problems")
-OUTPUT_KEYS = ("problems", "engines_ok")
+INPUT_KEYS = ("node_id", "connection", "known_host_key", "known_jump_host_keys", "engines", "fail_on_problems",
+              "fabrics", "discovery")
+OUTPUT_KEYS = ("problems", "engines_ok", "inventory")
 
 
 def _probe(spec: EngineCheckSpec, known: tuple[str | None, Any]) -> dict[str, Any]:
-    if not spec.engines:
-        return {"problems": [], "engines_ok": True}
+    """Probe the engines and read the inventory, in one run of probe-engines.sh on the node's pooled session."""
     with _glue.session(spec.connection, spec.node_id, *known) as s:
-        res = s.run(remote.probe_engines(spec.engines), timeout=remote.ENGINE_PROBE_TIMEOUT * 2 + 30)
+        res = s.run(remote.probe_engines(spec.engines, spec.nvidia_smi, spec.ib_root),
+                    timeout=remote.ENGINE_PROBE_TIMEOUT * 4 + 30)
     _glue.raise_for(res, spec.node_id, f"probing the engines on {spec.connection.host}")
+    target = spec.connection.target
     probes = facts.parse_engine_probes(res.stdout, spec.engines)
-    problems = [p for p in (facts.engine_problem(pr, spec.node_id, spec.connection.target) for pr in probes) if p]
+    problems = [p for p in (facts.engine_problem(pr, spec.node_id, target) for pr in probes) if p]
+    inventory = facts.parse_inventory(res.stdout)
+    problems += facts.inventory_problems(inventory, [(f.name, f.hcas) for f in spec.fabrics], spec.ib_root,
+                                         spec.node_id, target)
     if problems and spec.fail_on_problems:
         raise EngineWillNotRunError(
             spec.node_id, "; ".join(f"{p['problem']} (hint: {p['hint']})" for p in problems))
-    return {"problems": problems, "engines_ok": not problems}
+    return {"problems": problems, "engines_ok": not any("engine" in p for p in problems),
+            "inventory": inventory.as_output()}
 
 
 class EngineCheckProvider(ResourceProvider):
@@ -96,11 +109,19 @@ class EngineCheckArgs:
     engines: pulumi.Input[Mapping[str, str]] | None = field(default=None, metadata={"to_input": engines_input})
     """engine -> its executable on the node, as AgentSettings.engines: {"llamacpp": "/opt/llama/bin/llama-server"}."""
     fail_on_problems: pulumi.Input[bool] | None = None
+    fabrics: pulumi.Input[Sequence[Fabric]] | None = None
+    """The fabrics the node is declared on, as AgentSettings.fabrics: each HCA must exist on the node."""
+    discovery: pulumi.Input[Discovery] | None = None
+    """Where nvidia-smi and the InfiniBand sysfs directory are, as AgentSettings.discovery."""
 
 
 class EngineCheck(Resource, module="llmgw", name="EngineCheck"):
     problems: pulumi.Output[list[Any]]
+    """Engine problems and hardware problems (nvidia-smi that fails, a declared HCA that is missing):
+    each a dict with ``problem`` and ``hint``."""
     engines_ok: pulumi.Output[bool]
+    inventory: pulumi.Output[dict[str, Any]]
+    """{gpus: [{index, name, memory_mib, uuid, pci_bus_id, compute_cap}], driver, cuda, hcas: [...]}."""
 
     def __init__(self, name: str, args: EngineCheckArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         props = {**to_inputs(args), **{k: None for k in OUTPUT_KEYS}}

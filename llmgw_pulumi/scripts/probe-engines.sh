@@ -1,12 +1,49 @@
 # shellcheck shell=sh
 # SPEC step 7: each engine exists, is executable, and really runs (--version
 # or --help exits 0 within TIMEOUT seconds). One that will not start is
-# examined with ldd so the report can name the missing libraries.
+# examined with ldd so the report can name the missing libraries. In the same
+# run, the node's inventory: its GPUs as nvidia-smi reports them, and its
+# InfiniBand HCAs (the directories under IB_ROOT).
 #
-# probe-engines.sh TIMEOUT [NAME PATH]...
-# Prints `engine<TAB>NAME<TAB>runs|missing|not-executable|fails<TAB>DETAIL` per engine.
-TIMEOUT=$1
-shift
+# probe-engines.sh TIMEOUT NVIDIA_SMI IB_ROOT FIELDS [NAME PATH]...
+# NVIDIA_SMI: its path, or empty for nvidia-smi on PATH; FIELDS: what --query-gpu asks for.
+# Prints `engine<TAB>NAME<TAB>runs|missing|not-executable|fails<TAB>DETAIL` per engine,
+# `smi<TAB>ok|none|missing|fails<TAB>PATH<TAB>DETAIL`, then when ok `gpu<TAB>CSV ROW` per GPU and
+# `smi-header<TAB>LINE` (driver and CUDA version), and `hca<TAB>NAME` per HCA (facts.parse_inventory).
+TIMEOUT=$1 smi=$2 ib_root=$3 fields=$4
+shift 4
+
+# last_line TEXT: its last non-empty line, tabs made spaces.
+last_line() { printf '%s\n' "$1" | awk 'NF { l = $0 } END { print l }' | tr '\t' ' '; }
+
+inventory() {
+  if [ -n "$smi" ]; then
+    run=$R$smi
+    if [ ! -e "$run" ]; then printf 'smi\tmissing\t%s\t\n' "$smi"; return 0; fi
+  else
+    run=$(command -v nvidia-smi 2>/dev/null) || run=''
+    if [ -z "$run" ]; then printf 'smi\tnone\t\t\n'; return 0; fi
+    smi=$run
+  fi
+  rc=0
+  out=$(timeout "$TIMEOUT" "$run" --query-gpu="$fields" --format=csv,noheader,nounits 2>&1 </dev/null) || rc=$?
+  [ "$rc" -ne 0 ] || plain=$(timeout "$TIMEOUT" "$run" 2>&1 </dev/null) || { rc=$?; out=$plain; }
+  if [ "$rc" -ne 0 ]; then
+    printf 'smi\tfails\t%s\trc=%s; %s\n' "$smi" "$rc" "$(last_line "$out")"
+    return 0
+  fi
+  printf 'smi\tok\t%s\t\n' "$smi"
+  printf '%s\n' "$out" | awk 'NF { print "gpu\t" $0 }'
+  printf '%s\n' "$plain" | awk '/CUDA Version/ { print "smi-header\t" $0; exit }'
+}
+
+inventory
+if [ -d "$R$ib_root" ]; then
+  for d in "$R$ib_root"/*; do
+    [ -e "$d" ] && printf 'hca\t%s\n' "${d##*/}"
+  done
+fi
+
 while [ $# -gt 0 ]; do
   name=$1 path=$R$2
   shift 2
@@ -21,6 +58,6 @@ while [ $# -gt 0 ]; do
   else
     rc=$?
     libs=$(ldd "$path" 2>/dev/null | awk '/not found/ { print $1 }' | tr '\n' ' ')
-    printf 'engine\t%s\tfails\trc=%s; %s; missing: %s\n' "$name" "$rc" "$(printf '%s' "$err" | tail -n 1 | tr '\t' ' ')" "$libs"
+    printf 'engine\t%s\tfails\trc=%s; %s; missing: %s\n' "$name" "$rc" "$(last_line "$err")" "$libs"
   fi
 done

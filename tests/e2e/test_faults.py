@@ -77,9 +77,8 @@ def host_processes(host: Any) -> list[tuple[int, str]]:
 
 
 def downloading(host: Any) -> bool:
-    """An agent install is in flight and waiting for the release server."""
-    staged = host.running and list((host.root / "var" / "tmp").glob("llmgw-stage.*"))
-    return bool(staged) and any(cmd.startswith("curl ") for _, cmd in host_processes(host))
+    """An agent install is in flight and waiting for the release server: its curl writes into the staging dir."""
+    return host.running and any(cmd.startswith("curl ") and "llmgw-stage." in cmd for _, cmd in host_processes(host))
 
 
 def install_running(host: Any) -> bool:

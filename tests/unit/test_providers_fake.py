@@ -462,6 +462,7 @@ def test_engine_check_with_engines_that_run(node: FakeNode) -> None:
     node.write(path, data, mode)
     outs = EngineCheckProvider().create(engine_inputs(llamacpp={"bin": path})).outs
     assert outs["problems"] == [] and outs["engines_ok"] is True
-    # No engines configured: nothing to probe, no session.
+    # No engines configured: the check still reads the node's inventory, in one run.
     runs = len(node.runs)
-    assert EngineCheckProvider().create(engine_inputs()).outs["engines_ok"] is True and len(node.runs) == runs
+    outs = EngineCheckProvider().create(engine_inputs()).outs
+    assert outs["engines_ok"] is True and outs["problems"] == [] and len(node.runs) == runs + 1
