@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any
+from typing import Any, Self, cast
 
 from pulumi.output import Output, Unknown
 
@@ -223,6 +223,19 @@ def to_inputs(value: Any) -> Any:
     return value
 
 
+class FromProps:
+    """``from_props``: a spec from a resource's inputs, once its own ``collect`` found nothing wrong."""
+
+    @staticmethod
+    def collect(props: Mapping[str, Any], problems: Problems) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def from_props(cls, props: Mapping[str, Any]) -> Self:
+        raise_problems(cls.collect, props)
+        return cast(Self, build(cls, props))
+
+
 # --------------------------------------------------------------------------- connection
 
 
@@ -343,7 +356,7 @@ def check_renewal(props: Mapping[str, Any], problems: Problems, config: bool = F
 
 
 @dataclass(frozen=True)
-class CertificateSpec:
+class CertificateSpec(FromProps):
     node_id: str = setting("id", validate.node_id)
     pki_dir: str = setting("pkiDir", lambda v: validate.abs_path(v, "PKI directory (holding ca.pem and ca-key.pem)"))
     validity_hours: float = setting("validityHours", validate.hours, convert=float, default=DEFAULT_VALIDITY_HOURS)
@@ -354,11 +367,6 @@ class CertificateSpec:
     def collect(props: Mapping[str, Any], problems: Problems) -> None:
         collect_fields(CertificateSpec, props, problems)
         check_renewal(props, problems)
-
-    @classmethod
-    def from_props(cls, props: Mapping[str, Any]) -> CertificateSpec:
-        raise_problems(cls.collect, props)
-        return build(cls, props)  # type: ignore[no-any-return]
 
 
 # --------------------------------------------------------------------------- identity
@@ -514,7 +522,7 @@ class Discovery:
 
 
 @dataclass(frozen=True)
-class AgentSettings:
+class AgentSettings(FromProps):
     """What agent.yaml says beyond the TLS paths and the node id: only the overrides given (SPEC step 6).
 
     The one type for these settings: ``NodeArgs.settings`` and ``AgentInstallArgs.settings``
@@ -538,17 +546,12 @@ class AgentSettings:
     def collect(props: Mapping[str, Any], problems: Problems) -> None:
         collect_fields(AgentSettings, props, problems)
 
-    @classmethod
-    def from_props(cls, props: Mapping[str, Any]) -> AgentSettings:
-        raise_problems(cls.collect, props)
-        return build(cls, props)  # type: ignore[no-any-return]
-
 
 # --------------------------------------------------------------------------- the binary
 
 
 @dataclass(frozen=True)
-class BinarySource:
+class BinarySource(FromProps):
     """Where /usr/local/bin/llmgw comes from (SPEC step 5).
 
     A release tag is fetched by the node itself from ``release_url`` and verified
@@ -590,11 +593,6 @@ class BinarySource:
         elif not config:
             collect_one(BinarySource, "binary_path", props, problems)
             collect_one(BinarySource, "binary_sha256", props, problems)
-
-    @classmethod
-    def from_props(cls, props: Mapping[str, Any]) -> BinarySource:
-        raise_problems(cls.collect, props)
-        return build(cls, props)  # type: ignore[no-any-return]
 
 
 # --------------------------------------------------------------------------- agent

@@ -19,18 +19,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult
 
-from .. import errors, runner
+from .. import errors, facts, remote, runner
+from ..desired import NodeFile
 from ..errors import LlmgwError
 from ..remote import Exit
 from ..runner import Runner
-from ..specs import Problems, is_unknown
+from ..specs import Connection, Problems, is_unknown
 from . import _diagnostics
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -198,6 +199,27 @@ def read_result(id_: str, props: Mapping[str, Any], output_keys: Iterable[str], 
     return ReadResult(id_, dict(outs), {**inputs, **drifted})
 
 
+@dataclasses.dataclass(frozen=True)
+class Surveyed:
+    """What read() found on a node that answered."""
+
+    node: facts.NodeFacts
+    jump_host_keys: dict[str, str]
+
+
+def survey_for_read(conn: Any, node: str, known: tuple[str | None, Mapping[str, str] | None],
+                    files: Sequence[NodeFile], texts: Sequence[NodeFile] = ()) -> Surveyed | None:
+    """read(): the node's files surveyed, waiting at most READ_WAIT for it; None, with a warning, when the node
+    does not answer (see unreachable_on_read)."""
+    try:
+        with session(for_read(conn), node, *known) as s:
+            res = s.run(remote.survey(files, texts))
+            return Surveyed(facts.parse_survey(res.stdout), s.jump_host_keys)
+    except errors.UnreachableError as exc:
+        log.warning("%s; its state is kept as it was", exc)
+        return None
+
+
 def unreachable_on_read(id_: str, props: dict[str, Any], exc: Exception) -> ReadResult:
     """What read() returns for a node that does not answer: the resource as it was, with a warning.
 
@@ -229,9 +251,17 @@ def raise_for(res: Any, node: str, doing: str) -> None:
     raise errors.RemoteCommandError(node, f"{doing} failed (exit {res.rc}): {reason}")
 
 
-def gone_on_delete(exc: Exception) -> None:
-    """A delete that cannot reach its node: the machine is gone, and took its files with it."""
-    log.warning("%s; assuming the machine is gone, nothing was removed from it", exc)
+def remove_from_node(conn: Any, node: str, known: tuple[str | None, Mapping[str, str] | None], script: Any,
+                     what: str) -> None:
+    """A delete: run the removal ``script`` on the node. A node that cannot be reached is a machine that is gone,
+    and took its files with it (a warning, not an error)."""
+    try:
+        with session(conn, node, *known) as s:
+            res = s.run(script)
+    except errors.UnreachableError as exc:
+        log.warning("%s; assuming the machine is gone, nothing was removed from it", exc)
+        return
+    raise_for(res, node, f"removing {what} from {conn.host}")
 
 
 def known_keys(*props: Mapping[str, Any]) -> tuple[str | None, Mapping[str, str] | None]:
@@ -246,3 +276,15 @@ def session(conn: Any, node: str, expected_host_key: str | None,
             expected_jump_keys: Mapping[str, str] | None = None) -> AbstractContextManager[Runner]:
     """A session to the node from the process's current ``runner.Nodes`` (the SSH pool, imported on first use)."""
     return runner.current().session(conn, node, expected_host_key, expected_jump_keys)
+
+
+@dataclasses.dataclass
+class OnboardedNodeArgs:
+    """The inputs every resource that works on an onboarded node starts with (AgentInstall, EngineCheck)."""
+
+    node_id: pulumi.Input[str]
+    connection: Connection
+    known_host_key: pulumi.Input[str]
+    """The host key NodeIdentity recorded (or was pinned): every connection must see it."""
+    known_jump_host_keys: pulumi.Input[Mapping[str, str]] | None = dataclasses.field(default=None, kw_only=True)
+    """The jump hosts' keys NodeIdentity recorded, by 'host:port'."""

@@ -10,7 +10,6 @@ release is verified against its checksums.txt again); nothing is re-issued.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,8 @@ from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Re
 from pulumi.output import Unknown
 
 from .. import desired, facts, remote
-from ..errors import ConfigError, UnreachableError
-from ..specs import AgentSettings, AgentSpec, Connection, is_unknown, names, to_inputs
+from ..errors import ConfigError
+from ..specs import AgentSettings, AgentSpec, is_unknown, names, to_inputs
 from . import _glue
 
 SETTINGS_KEYS = ("node_id", *names(AgentSettings, config=False))
@@ -142,13 +141,11 @@ class AgentInstallProvider(ResourceProvider):
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         spec = AgentSpec.from_props(props)
-        conn = _glue.for_read(spec.connection)
-        try:
-            with _glue.session(conn, spec.node_id, *_glue.known_keys(props)) as s:
-                res = s.run(remote.survey(desired.files_of(desired.AGENT), texts=TEXT_FILES))
-        except UnreachableError as exc:
-            return _glue.unreachable_on_read(id_, props, exc)
-        node = facts.parse_survey(res.stdout)
+        seen = _glue.survey_for_read(spec.connection, spec.node_id, _glue.known_keys(props),
+                                     desired.files_of(desired.AGENT), TEXT_FILES)
+        if seen is None:
+            return ReadResult(id_, props)  # an outage never rewrites the record
+        node = seen.node
         # The text of agent.yaml and the unit as they are on the node: the preview after a refresh
         # shows it against the text wanted, line by line.
         texts = {key: node.texts.get(f.path, "") for key, f in TEXT_FILES_BY_INPUT.items()}
@@ -156,28 +153,19 @@ class AgentInstallProvider(ResourceProvider):
         before = props.get("node_state") or {}
         names = {_state_key(f): f.path for f in desired.files_of(desired.AGENT)}  # drift by path, as the operator knows it
         drift = {names.get(k, f"unit {k}"): v for k, v in state.items() if v != before.get(k)}
-        seen = {key: text if text != props.get(key) else None for key, text in texts.items()}
-        return _glue.read_result(id_, props, OUTPUT_KEYS, {**props, "node_state": state}, {**seen, "drift": drift or None})
+        on_node = {key: text if text != props.get(key) else None for key, text in texts.items()}
+        return _glue.read_result(id_, props, OUTPUT_KEYS, {**props, "node_state": state},
+                                 {**on_node, "drift": drift or None})
 
     @_glue.operator_errors
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         spec = AgentSpec.from_props(props)
-        try:
-            with _glue.session(spec.connection, spec.node_id, *_glue.known_keys(props)) as s:
-                res = s.run(remote.remove_agent(spec.node_id))
-        except UnreachableError as exc:
-            return _glue.gone_on_delete(exc)
-        _glue.raise_for(res, spec.node_id, f"removing the agent from {spec.connection.host}")
+        _glue.remove_from_node(spec.connection, spec.node_id, _glue.known_keys(props), remote.remove_agent(spec.node_id),
+                               "the agent")
 
 
 @dataclass
-class AgentInstallArgs:
-    node_id: pulumi.Input[str]
-    connection: Connection
-    known_host_key: pulumi.Input[str]
-    """The host key NodeIdentity recorded (or was pinned): every connection must see it."""
-    known_jump_host_keys: pulumi.Input[Mapping[str, str]] | None = field(default=None, kw_only=True)
-    """The jump hosts' keys NodeIdentity recorded, by 'host:port'."""
+class AgentInstallArgs(_glue.OnboardedNodeArgs):
     hostname: pulumi.Input[str]
     """The node's hostname (NodeIdentity reads it): agent.yaml says node_id only when they differ."""
     settings: AgentSettings = field(metadata={"flatten": True})

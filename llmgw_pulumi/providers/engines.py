@@ -32,7 +32,7 @@ from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Re
 
 from .. import facts, remote
 from ..errors import EngineWillNotRunError, UnreachableError
-from ..specs import Connection, Discovery, EngineCheckSpec, Fabric, engines_input, to_inputs
+from ..specs import Discovery, EngineCheckSpec, Fabric, engines_input, to_inputs
 from . import _glue
 
 INPUT_KEYS = ("node_id", "connection", "known_host_key", "known_jump_host_keys", "engines", "fail_on_problems",
@@ -99,13 +99,7 @@ class EngineCheckProvider(ResourceProvider):
 
 
 @dataclass
-class EngineCheckArgs:
-    node_id: pulumi.Input[str]
-    connection: Connection
-    known_host_key: pulumi.Input[str]
-    """The host key NodeIdentity recorded (or was pinned)."""
-    known_jump_host_keys: pulumi.Input[Mapping[str, str]] | None = field(default=None, kw_only=True)
-    """The jump hosts' keys NodeIdentity recorded, by 'host:port'."""
+class EngineCheckArgs(_glue.OnboardedNodeArgs):
     engines: pulumi.Input[Mapping[str, str]] | None = field(default=None, metadata={"to_input": engines_input})
     """engine -> its executable on the node, as AgentSettings.engines: {"llamacpp": "/opt/llama/bin/llama-server"}."""
     fail_on_problems: pulumi.Input[bool] | None = None

@@ -14,7 +14,6 @@ import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
 from .. import desired, facts, remote
-from ..errors import UnreachableError
 from ..specs import Connection, IdentitySpec, to_inputs
 from . import _glue
 
@@ -91,14 +90,12 @@ class NodeIdentityProvider(ResourceProvider):
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         spec = IdentitySpec.from_props(props)
-        conn = _glue.for_read(spec.connection)
-        try:
-            with _glue.session(conn, spec.node_id, props.get("host_key"), props.get("jump_host_keys")) as s:
-                res = s.run(remote.survey(desired.files_of(desired.IDENTITY)))
-                jump_host_keys = {**(props.get("jump_host_keys") or {}), **s.jump_host_keys}
-        except UnreachableError as exc:
-            return _glue.unreachable_on_read(id_, props, exc)
-        node = facts.parse_survey(res.stdout)
+        seen = _glue.survey_for_read(spec.connection, spec.node_id, (props.get("host_key"), props.get("jump_host_keys")),
+                                     desired.files_of(desired.IDENTITY))
+        if seen is None:
+            return ReadResult(id_, props)  # an outage never rewrites the record
+        node = seen.node
+        jump_host_keys = {**(props.get("jump_host_keys") or {}), **seen.jump_host_keys}
         files = files_state(node)
         outs = _glue.outputs({**props, "files": files, "hostname": node.hostname, "arch": node.arch},
                              jump_host_keys=jump_host_keys)
@@ -111,12 +108,8 @@ class NodeIdentityProvider(ResourceProvider):
         spec = IdentitySpec.from_props(props)
         # What this resource installed: a refresh may since have recorded another identity's files.
         owned = desired_hashes(props) or {}
-        try:
-            with _glue.session(spec.connection, spec.node_id, props.get("host_key"), props.get("jump_host_keys")) as s:
-                res = s.run(remote.remove_identity(owned))
-        except UnreachableError as exc:
-            return _glue.gone_on_delete(exc)
-        _glue.raise_for(res, spec.node_id, f"removing the identity from {spec.connection.host}")
+        _glue.remove_from_node(spec.connection, spec.node_id, (props.get("host_key"), props.get("jump_host_keys")),
+                               remote.remove_identity(owned), "the identity")
 
 
 @dataclass
