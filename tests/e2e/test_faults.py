@@ -436,10 +436,18 @@ def test_a_reboot_in_the_middle_of_onboarding(cluster, hosts, new_stack, slow_re
     (h,) = hosts(1)
     stack = new_stack(stack_config(cluster, [h], agent={"version": RELEASE, "releaseUrl": slow_release}))
 
-    injector = Injector(lambda: downloading(h), h.reboot)
+    def reboot() -> list[str]:
+        """Where the download was being written when the host went down; then the reboot."""
+        writing = [cmd for _, cmd in host_processes(h) if cmd.startswith("curl ")]
+        h.reboot()
+        return writing
+
+    injector = Injector(lambda: downloading(h), reboot)
     injector.start()
     up = stack.up()
-    injector.done()  # asserts the reboot happened, during the download
+    writing = injector.done()  # asserts the reboot happened, during the download
+    # Staged in /run, a tmpfs: a reboot empties it even when the script had no time to clean up after itself.
+    assert writing and all(" -o /run/llmgw-stage." in cmd for cmd in writing), writing
     assert h.running
     # The node went down under the command: the run fails, saying so and what to do.
     assert not up.ok
