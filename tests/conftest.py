@@ -196,6 +196,16 @@ def ssh(host: Any, cluster: Cluster, command: str, user: str = "deploy") -> tupl
         client.close()
 
 
+def up_while(stack: Any, after: float, action: Callable[..., Any], *args: Any) -> Any:
+    """`pulumi up`, with ``action(*args)`` run ``after`` seconds into it (in a thread); the up's Run."""
+    timer = threading.Timer(after, action, args)
+    timer.start()
+    try:
+        return stack.up()
+    finally:
+        timer.join()
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -1,11 +1,10 @@
 """What an operator types and reads: `pulumi config set`, and what `pulumi up` shows under each node's resources."""
 
 import re
-import threading
 
 import pytest
 
-from tests.conftest import ssh, stack_config
+from tests.conftest import ssh, stack_config, up_while
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
@@ -32,11 +31,7 @@ def test_waits_and_warnings_are_shown_under_the_nodes_resources(cluster, hosts, 
     node = h.hostname
     config = stack_config(cluster, [h], ssh={"user": "deploy", "privateKeyPath": str(cluster.ssh_key_path), "wait": 90},
                           nodes=[{"id": node, "address": h.addr, "engines": {"vllm": {"bin": "/opt/vllm/bin/vllm"}}}])
-    stack = new_stack(config)
-    timer = threading.Timer(6, h.start)
-    timer.start()
-    up = stack.up()
-    timer.join()
+    up = up_while(new_stack(config), 6, h.start)
     assert up.ok, up.output
 
     # The engine received each message with the URN of the resource it is about.

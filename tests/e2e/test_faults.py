@@ -499,18 +499,12 @@ def test_a_change_killed_outright_is_undone_by_the_next_run(cluster, hosts, new_
 
 def pulumi_up_pid(engine_bin: Path) -> int | None:
     """The `pulumi up` CLI process this test process started (a child of it)."""
+    from lab.vmctl import processes
+
     exe = str(engine_bin / "pulumi")
-    me = os.getpid()
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == me and argv and argv[0].decode(errors="replace") in (exe, "pulumi") and b"up" in argv[1:]:
-            return int(d.name)
+    for pid, ppid, argv in processes():
+        if ppid == os.getpid() and argv and argv[0].decode(errors="replace") in (exe, "pulumi") and b"up" in argv[1:]:
+            return pid
     return None
 
 

@@ -7,12 +7,11 @@ import shutil
 import signal
 import socket
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import shard, ssh, stack_config, wait_until
+from tests.conftest import shard, ssh, stack_config, up_while, wait_until
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
@@ -125,12 +124,8 @@ def test_a_passphrase_protected_key_with_its_passphrase_as_a_secret(cluster, hos
 
 def test_a_login_user_made_10s_after_sshd_starts_is_waited_for(cluster, hosts, new_stack):
     (h,) = hosts(1)
-    timer = threading.Timer(10, add_sudo_user, (h, cluster, "late"))
     config = stack_config(cluster, [h], ssh={"user": "late", "privateKeyPath": str(cluster.ssh_key_path), "wait": 60})
-    stack = new_stack(config)
-    timer.start()
-    up = stack.up()
-    timer.join()
+    up = up_while(new_stack(config), 10, add_sudo_user, h, cluster, "late")
     assert up.ok, up.output
     assert up.seconds >= 10
     assert "waiting up to 60s for ssh to late@" in up.output and "refused every key tried" in up.output, up.output
@@ -171,12 +166,9 @@ def test_cloud_init_is_waited_for_and_the_key_recorded_is_the_one_it_leaves(clus
         ssh(h, cluster, "sudo sh -c 'rm -f /etc/ssh/ssh_host_*; ssh-keygen -A -q; touch /run/cloud-init-test-done; "
                         "systemctl restart ssh'")
 
-    timer = threading.Timer(8, first_boot_ends)
     config = stack_config(cluster, [h], ssh={"user": "deploy", "privateKeyPath": str(cluster.ssh_key_path), "wait": 60})
     stack = new_stack(config)
-    timer.start()
-    up = stack.up()
-    timer.join()
+    up = up_while(stack, 8, first_boot_ends)
     assert up.ok, up.output
     assert up.seconds >= 8
     assert "waited for cloud-init" in up.output, up.output

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-import threading
 from pathlib import Path
 
 import paramiko
@@ -21,7 +20,7 @@ from cryptography.x509.oid import NameOID
 
 from lab.doubles.llmgw import build_llmgw
 from llmgw_pulumi import pki
-from tests.conftest import RELEASE, TAMPERED_RELEASE, resource_count, ssh, stack_config
+from tests.conftest import RELEASE, TAMPERED_RELEASE, resource_count, ssh, stack_config, up_while
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
@@ -198,12 +197,8 @@ def test_engine_problems_are_reported_and_the_node_stays_onboarded(cluster, host
 
 def test_a_host_that_accepts_ssh_only_after_20s_is_onboarded(cluster, hosts, new_stack):
     (h,) = hosts(1, start=False)
-    timer = threading.Timer(20, h.start)
     config = stack_config(cluster, [h], ssh={"user": "deploy", "privateKeyPath": str(cluster.ssh_key_path), "wait": 90})
-    stack = new_stack(config)
-    timer.start()
-    up = stack.up()
-    timer.join()
+    up = up_while(new_stack(config), 20, h.start)
     assert up.ok, up.output
     assert up.seconds >= 20
     assert cluster.control_plane.wait_for({h.hostname}, timeout=15)
