@@ -217,7 +217,11 @@ def test_a_changed_host_key_is_refused(cluster, hosts, new_stack):
     config = stack_config(cluster, [h])
     stack = new_stack(config)
     assert stack.up().ok
-    old_key = stack.export()["resources"]
+
+    def recorded_host_key() -> str:
+        return next(r for r in stack.export()["resources"] if r["type"].endswith("NodeIdentity"))["outputs"]["host_key"]
+
+    old_key = recorded_host_key()
     h.regenerate_host_keys()
     if not h.running:
         h.start()
@@ -225,7 +229,9 @@ def test_a_changed_host_key_is_refused(cluster, hosts, new_stack):
     up = stack.up()
     assert not up.ok
     assert "presented host key SHA256:" in up.output and "was recorded when the node was onboarded" in up.output, up.output
-    assert old_key  # state kept
+    # The record, read again after the refused run, still holds the key of the machine that was onboarded.
+    assert recorded_host_key() == old_key
+    assert old_key.split()[1] not in h.read_file(f"/etc/ssh/ssh_host_{old_key.split()[0][4:]}_key.pub").decode()
 
 
 @pytest.mark.parametrize("user,words", [("pwsudo", "sudo asks pwsudo for a password"), ("nosudo", "sudo")])
