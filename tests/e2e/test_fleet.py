@@ -7,6 +7,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,19 @@ def test_a_passphrase_protected_key_with_its_passphrase_as_a_secret(cluster, hos
     assert up.ok, up.output
     assert "correct horse" not in stack.all_output() and "correct horse" not in stack.export_raw()
     assert cluster.control_plane.wait_for({h.hostname}, timeout=15)
+
+
+@pytest.mark.parametrize("kind", ["rsa", "ecdsa"])
+def test_rsa_and_ecdsa_operator_keys_log_in(cluster, hosts, new_stack, tmp_path, kind):
+    (h,) = hosts(1)
+    key = tmp_path / f"id_{kind}"
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(key)], check=True)
+    assert ssh(h, cluster, f"echo '{key.with_suffix('.pub').read_text().strip()}' >> ~/.ssh/authorized_keys")[0] == 0
+    fingerprint = subprocess.run(["ssh-keygen", "-lf", str(key)], capture_output=True, text=True, check=True).stdout.split()[1]
+    up = new_stack(stack_config(cluster, [h], ssh={"user": "deploy", "privateKeyPath": str(key), "wait": 30})).up()
+    assert up.ok, up.output
+    rc, log = ssh(h, cluster, "sudo journalctl -u ssh --no-pager -o cat | grep 'Accepted publickey for deploy'")
+    assert f"{kind.upper()} {fingerprint}" in log, log  # sshd accepted this key, not the lab's ed25519 one
 
 
 # --------------------------------------------------------------------------- readiness
@@ -331,6 +345,18 @@ def test_ten_nodes_behind_one_bastion_are_onboarded_through_it(cluster, hosts, n
     recorded = identity["outputs"]["jump_host_keys"][f"{bastion.addr}:22"]
     assert recorded.split()[1] in bastion.read_file(f"/etc/ssh/ssh_host_{recorded.split()[0][4:]}_key.pub").decode()
     assert stack.preview(expect_no_changes=True).ok
+
+    # The jump host given another way (a list, with its key pinned): an operator-side setting, no node change.
+    stack.set_config({**config, "ssh": {**config["ssh"], "jump": [{"address": f"deploy@{bastion.addr}", "hostKey": recorded}]}})
+    opens = {h.hostname: h.passive_tcp_opens() for h in (bastion, *nodes)}
+    streams = len(private_control_plane.events)
+    again = stack.up()
+    assert again.ok, again.output
+    assert {h.hostname: h.passive_tcp_opens() - opens[h.hostname] for h in (bastion, *nodes)} == \
+        {h.hostname: 0 for h in (bastion, *nodes)}
+    assert again.changes.get("update", 0) >= 3 * len(nodes), again.changes  # recorded in state, nothing else
+    time.sleep(3)  # an agent restarted by the up would have reconnected by now
+    assert private_control_plane.events[streams:] == [], "an agent was restarted"
 
     # A bastion that comes back with other host keys is refused like a node would be.
     bastion.regenerate_host_keys()
