@@ -38,7 +38,7 @@ from .providers.certificate import ClientCertificate, ClientCertificateArgs
 from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
 from .shards import PACKAGE, provider_for
-from .specs import AgentSettings, Connection
+from .specs import AgentSettings, BinarySource, Connection
 
 ConnectionArgs = Connection
 """How to reach the node over SSH: host, user, port, private_key (made secret) or private_key_path, host_key, wait."""
@@ -89,11 +89,13 @@ class Node(pulumi.ComponentResource):
         # Every later connection expects the host key NodeIdentity saw (or was given).
         known_host_key = self.identity.host_key
 
+        # The spec types are typed for known values; in Args any of them may be a pulumi Output.
+        binary = BinarySource(version=args.version, release_url=args.release_url,  # type: ignore[arg-type]
+                              binary_path=args.binary_path, binary_sha256=args.binary_sha256)  # type: ignore[arg-type]
         self.agent = AgentInstall(name, AgentInstallArgs(
             node_id=args.node_id, connection=conn, known_host_key=known_host_key,
             known_jump_host_keys=self.identity.jump_host_keys, hostname=self.identity.hostname,
-            settings=args.settings, version=args.version, release_url=args.release_url,
-            binary_path=args.binary_path, binary_sha256=args.binary_sha256,
+            settings=args.settings, binary=binary,
         ), child)
 
         self.engine_check = EngineCheck(name, EngineCheckArgs(

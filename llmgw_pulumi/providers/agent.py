@@ -20,7 +20,7 @@ from pulumi.output import Unknown
 
 from .. import desired, facts, remote
 from ..errors import ConfigError
-from ..specs import AgentSettings, AgentSpec, is_unknown, names, to_inputs
+from ..specs import AgentSettings, AgentSpec, BinarySource, is_unknown, names, to_inputs
 from . import _glue
 
 SETTINGS_KEYS = ("node_id", *names(AgentSettings, config=False))
@@ -170,10 +170,8 @@ class AgentInstallArgs(_glue.OnboardedNodeArgs):
     """The node's hostname (NodeIdentity reads it): agent.yaml says node_id only when they differ."""
     settings: AgentSettings = field(metadata={"flatten": True})
     """What agent.yaml says; each of its fields is an input of its own (servers, mgmt_addr, ...)."""
-    version: pulumi.Input[str]
-    release_url: pulumi.Input[str] | None = None
-    binary_path: pulumi.Input[str] | None = None
-    binary_sha256: pulumi.Input[str] | None = None
+    binary: BinarySource = field(metadata={"flatten": True})
+    """Where /usr/local/bin/llmgw comes from; each of its fields is an input of its own (version, release_url, ...)."""
 
 
 class AgentInstall(Resource, module="llmgw", name="AgentInstall"):
