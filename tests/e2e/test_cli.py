@@ -74,3 +74,15 @@ def test_config_set_with_path_and_secret_as_an_operator_types_it(cluster, hosts,
     assert up.ok, up.output
     assert ssh(h, cluster, "systemctl is-active llmgw-agent")[1].strip() == "active"
     assert cluster.control_plane.wait_for({h.hostname}, timeout=15)
+
+    # A refresh that finds drift records the node's side in the stored inputs: the SSH key in them stays a secret.
+    assert ssh(h, cluster, "sudo chmod 0644 /etc/llmgw/agent-key.pem && "
+                           "echo 'mgmt_addr: 192.0.2.9' | sudo tee -a /etc/llmgw/agent.yaml")[0] == 0
+    refresh = stack.refresh()
+    assert refresh.ok, refresh.output
+    exported = stack.export_raw()
+    assert "192.0.2.9" in exported  # the drift was recorded ...
+    key_lines = [line for line in cluster.ssh_key_path.read_text().splitlines() if len(line) > 40]
+    at_rest = "\n".join(p.read_text(errors="replace") for p in stack.state_files())
+    assert key_lines and not [line for line in key_lines if line in exported or line in at_rest], \
+        "the SSH key is in plaintext in state"  # ... and the key was not
