@@ -8,8 +8,10 @@ third host's hostname differs from its node id), a control-plane test double
 on the bridge address and a release server in its own namespace, then runs the
 repository's own project (Pulumi.yaml, __main__.py, stacks/) on the `local`
 stack with the `pulumi` CLI in this directory, showing the CLI's own output:
-`pulumi up`, `pulumi preview --expect-no-changes`, a second (no-op) `pulumi
-up`, what the control plane sees, and `pulumi destroy`.
+`pulumi up`, what the control plane sees, `pulumi stack output fleet`, `pulumi
+preview --expect-no-changes`, a second (no-op) `pulumi up`, and `pulumi
+destroy`. The lab has no GPUs and no InfiniBand: gpu-03 gets an nvidia-smi
+stand-in replaying a real 8x H200 node, node2 its declared HCA under ibRoot.
 """
 
 from __future__ import annotations
@@ -21,17 +23,32 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from lab import pki as labpki
 from lab.control_plane import ControlPlane
 from lab.doubles.llmgw import build_llmgw
-from lab.hosts import Lab
+from lab.doubles.nvidia_smi import FIXTURES, build_nvidia_smi
+from lab.hosts import Host, Lab
 from lab.release_server import publish_release
 from lab.stack import REPO, LabStack, engine_bin, engine_env
 
 CACHE = Path(os.environ.get("LLMGW_CACHE", "/var/cache/llmgw-pulumi"))
+
+
+def give_hardware(host: Host, node: dict[str, Any]) -> None:
+    """What the lab has none of: the HCAs a node's fabric declares, as directories under its configured ibRoot;
+    and, on a node whose id says GPU, an nvidia-smi stand-in that replays a real 8x H200 node."""
+    ib_root = (node.get("discovery") or {}).get("ibRoot")
+    for hca in (node.get("fabric") or {}).get("hcas", []) if ib_root else []:
+        (host.upper / ib_root.lstrip("/") / hca).mkdir(parents=True, exist_ok=True)
+    if node["id"].startswith("gpu") and FIXTURES.is_dir():
+        smi = host.upper / "usr" / "bin" / "nvidia-smi"
+        smi.parent.mkdir(parents=True, exist_ok=True)
+        smi.write_text(build_nvidia_smi(8))
+        smi.chmod(0o755)
 
 
 def main() -> int:
@@ -55,7 +72,8 @@ def main() -> int:
     try:
         t = time.monotonic()
         hosts = [lab.prepare(int(n["address"].rsplit(".", 1)[1]) - 20, hostname=f"node{i + 1}") for i, n in enumerate(nodes)]
-        for h in hosts:
+        for node, h in zip(nodes, hosts, strict=True):
+            give_hardware(h, node)
             h.start()
         print(f"booted {len(hosts)} hosts in {time.monotonic() - t:.1f}s: " + ", ".join(f"{h.hostname}@{h.addr}" for h in hosts))
 
@@ -78,6 +96,7 @@ def main() -> int:
             ids = {n["id"] for n in nodes}
             connected = cp.wait_for(ids, timeout=20)
             print(f"control plane sees: {sorted(cp.connected())} ({'all' if connected else 'NOT all'} of {sorted(ids)})")
+            print("$ pulumi stack output fleet\n" + stack.cli("stack", "output", "fleet").stdout, end="")
             pv = stack.preview(expect_no_changes=True)
             print(f"pulumi preview --expect-no-changes: {'no changes' if pv.ok else 'CHANGES'} in {pv.seconds:.1f}s")
             before = sum(h.passive_tcp_opens() for h in hosts)
