@@ -25,6 +25,12 @@ class LlmgwError(Exception):
     #: Default fix, used when the raiser has nothing more specific to say.
     fix = ""
 
+    def __init_subclass__(cls, fix: str = "", **kwargs: object) -> None:
+        """``class XError(LlmgwError, fix="..."):`` declares the error's default fix."""
+        super().__init_subclass__(**kwargs)
+        if fix:
+            cls.fix = fix
+
     def __init__(self, node: str, message: str, fix: str | None = None) -> None:
         self.node = node
         self.message = message
@@ -48,85 +54,61 @@ class ConfigError(LlmgwError, RunError):
         super().__init__(node, f"{field}: {problem}", fix)
 
 
-class AuthorityError(LlmgwError):
+class AuthorityError(LlmgwError, fix="create one with 'llmgw ctl cert init-ca --dir <pki dir>', "
+                                     "or point llmgw:pkiDir (NodeArgs.pki_dir) at the right directory"):
     """The cluster CA is missing, unreadable, mismatched or expired."""
 
-    fix = (
-        "create one with 'llmgw ctl cert init-ca --dir <pki dir>', "
-        "or point llmgw:pkiDir (NodeArgs.pki_dir) at the right directory"
-    )
 
-
-class UnreachableError(LlmgwError):
+class UnreachableError(LlmgwError, fix="check the address, that sshd runs and that nothing filters the SSH port; "
+                                       "raise llmgw:ssh.wait (ConnectionArgs.wait) for slow boots"):
     """No SSH connection could be made before the wait deadline."""
 
-    fix = (
-        "check the address, that sshd runs and that nothing filters the SSH port; "
-        "raise llmgw:ssh.wait (ConnectionArgs.wait) for slow boots"
-    )
 
-
-class HostKeyChangedError(LlmgwError):
+class HostKeyChangedError(LlmgwError, fix="if the machine was legitimately replaced, set the node's hostKey "
+                                          "(ConnectionArgs.host_key) to the new key (or replace the node); "
+                                          "otherwise treat it as a substituted machine"):
     """The node presented a different SSH host key from the one recorded or pinned."""
 
-    fix = (
-        "if the machine was legitimately replaced, set the node's hostKey (ConnectionArgs.host_key) to the new key "
-        "(or replace the node); otherwise treat it as a substituted machine"
-    )
 
-
-class AuthenticationError(LlmgwError):
+class AuthenticationError(LlmgwError, fix="add the operator's public key to the user's ~/.ssh/authorized_keys on the node, "
+                                          "or fix llmgw:ssh.user / llmgw:ssh.privateKeyPath "
+                                          "(ConnectionArgs.user / private_key_path)"):
     """The node refused the SSH key."""
 
-    fix = (
-        "add the operator's public key to the user's ~/.ssh/authorized_keys on the node, or fix "
-        "llmgw:ssh.user / llmgw:ssh.privateKeyPath (ConnectionArgs.user / private_key_path)"
-    )
 
-
-class SudoUnavailableError(LlmgwError):
+class SudoUnavailableError(LlmgwError, fix="give the SSH user passwordless sudo "
+                                           "(e.g. '<user> ALL=(ALL) NOPASSWD:ALL' in /etc/sudoers.d/), or connect as root"):
     """The SSH user is not root and cannot run `sudo -n`."""
 
-    fix = "give the SSH user passwordless sudo (e.g. '<user> ALL=(ALL) NOPASSWD:ALL' in /etc/sudoers.d/), or connect as root"
 
-
-class ReleaseFetchError(LlmgwError):
+class ReleaseFetchError(LlmgwError, fix="check agent.releaseUrl and that the node can reach it (and trusts its certificate)"):
     """The node could not download the release binary or its checksums."""
 
-    fix = "check agent.releaseUrl and that the node can reach it (and trusts its certificate)"
 
-
-class ChecksumMismatchError(LlmgwError):
+class ChecksumMismatchError(LlmgwError, fix="do not install it: the release or the path to it has been tampered with "
+                                            "or corrupted; republish it"):
     """A downloaded release binary does not match the release's checksums.txt."""
 
-    fix = "do not install it: the release or the path to it has been tampered with or corrupted; republish it"
 
-
-class AgentStartError(LlmgwError):
+class AgentStartError(LlmgwError, fix="read the agent's journal on the node ('journalctl -u llmgw-agent'); "
+                                      "the previous binary and config were restored"):
     """The agent did not stay running after it was (re)started."""
 
-    fix = "read the agent's journal on the node ('journalctl -u llmgw-agent'); the previous binary and config were restored"
 
-
-class EngineWillNotRunError(LlmgwError):
+class EngineWillNotRunError(LlmgwError, fix="fix the engine installation on the node (see the hint for each engine), "
+                                            "or correct its path in the config"):
     """A configured inference engine cannot run on the node (raised only when failOnEngineProblems is set)."""
 
-    fix = "fix the engine installation on the node (see the hint for each engine), or correct its path in the config"
 
-
-class NodeDiskFullError(LlmgwError):
+class NodeDiskFullError(LlmgwError, fix="free space on the node (`df -h /etc/llmgw /usr/local/bin /run`), "
+                                        "then run `pulumi up` again"):
     """A file could not be written on the node; nothing was changed."""
 
-    fix = "free space on the node (`df -h /etc/llmgw /usr/local/bin /run`), then run `pulumi up` again"
 
-
-class NodeBusyError(LlmgwError):
+class NodeBusyError(LlmgwError, fix="another `pulumi up` is changing this node: wait for it, "
+                                    "or look for a stuck llmgw-pulumi script on the node"):
     """Another change by this package held the node's lock for too long."""
 
-    fix = "another `pulumi up` is changing this node: wait for it, or look for a stuck llmgw-pulumi script on the node"
 
-
-class RemoteCommandError(LlmgwError):
+class RemoteCommandError(LlmgwError, fix="run the command by hand on the node to see why it fails"):
     """A command on the node failed in a way none of the other errors describe."""
-
-    fix = "run the command by hand on the node to see why it fails"

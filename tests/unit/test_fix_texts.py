@@ -64,15 +64,18 @@ def literal(node: ast.expr) -> str | None:
 
 
 def fix_texts(source: Path) -> list[tuple[str, str]]:
-    """(where, text) of each fix in ``source``: errors' ``fix =``, the last argument of ``Problems.add``
-    and of the package's errors, and the second half of a validator's (problem, fix)."""
+    """(where, text) of each fix in ``source``: errors' ``fix=`` (in their class statement, or assigned), the last
+    argument of ``Problems.add``, of the package's errors and of a pattern validator, and the second half of a
+    validator's (problem, fix)."""
     found: list[tuple[ast.AST, ast.expr]] = []
     for node in ast.walk(ast.parse(source.read_text())):
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "fix" for t in node.targets):
             found.append((node, node.value))
+        elif isinstance(node, ast.ClassDef):  # class XError(LlmgwError, fix="...")
+            found += [(node, k.value) for k in node.keywords if k.arg == "fix"]
         elif isinstance(node, ast.Call):
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if (name == "add" or name.endswith("Error")) and len(node.args) >= 3:
+            if (name in ("add", "_matching") or name.endswith("Error")) and len(node.args) >= 3:
                 found.append((node, node.args[-1]))
             found += [(node, k.value) for k in node.keywords if k.arg == "fix"]
         elif isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple) and len(node.value.elts) == 2:
