@@ -112,3 +112,8 @@ class NodeBusyError(LlmgwError, fix="another `pulumi up` is changing this node: 
 
 class RemoteCommandError(LlmgwError, fix="run the command by hand on the node to see why it fails"):
     """A command on the node failed in a way none of the other errors describe."""
+
+    def __init__(self, node: str, message: str, fix: str | None = None, *, connection_broke: bool = False) -> None:
+        super().__init__(node, message, fix)
+        self.connection_broke = connection_broke
+        """The SSH connection itself broke: what was running may not have finished."""

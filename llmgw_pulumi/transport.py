@@ -196,7 +196,7 @@ class Session:
             chan = self._transport.open_session(timeout=CONNECT_TIMEOUT)
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise RemoteCommandError(self.node, f"the SSH connection to {self.conn.target} broke: {exc}",
-                                     "run `pulumi up` again; onboarding resumes where the node is") from exc
+                                     "run `pulumi up` again; onboarding resumes where the node is", connection_broke=True) from exc
         chan.settimeout(timeout)  # an inactivity timeout: no output for this long
         out, err = bytearray(), bytearray()
         try:
@@ -219,7 +219,7 @@ class Session:
                                      "check the node's load and disk; run `pulumi up` again") from None
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise RemoteCommandError(self.node, f"the SSH connection to {self.conn.target} broke: {exc}",
-                                     "run `pulumi up` again; onboarding resumes where the node is") from exc
+                                     "run `pulumi up` again; onboarding resumes where the node is", connection_broke=True) from exc
         finally:
             chan.close()
         if rc == -1:
@@ -230,7 +230,7 @@ class Session:
             if not self._transport.is_active():
                 raise RemoteCommandError(
                     self.node, f"the SSH connection to {self.conn.target} broke while a command was running",
-                    "run `pulumi up` again; onboarding resumes where the node is")
+                    "run `pulumi up` again; onboarding resumes where the node is", connection_broke=True)
             raise RemoteCommandError(
                 self.node, f"a command on {self.conn.target} was killed before it finished (no exit status)",
                 "check the node's journal for what killed it (OOM killer, shutdown); run `pulumi up` again")

@@ -35,6 +35,7 @@ from ..specs import Connection, Problems, is_unknown
 from . import _diagnostics
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 PROVIDER_KEY = "__provider"
@@ -211,13 +212,28 @@ def survey_for_read(conn: Any, node: str, known: tuple[str | None, Mapping[str, 
                     files: Sequence[NodeFile], texts: Sequence[NodeFile] = ()) -> Surveyed | None:
     """read(): the node's files surveyed, waiting at most READ_WAIT for it; None, with a warning, when the node
     does not answer (see unreachable_on_read)."""
-    try:
+    def survey() -> Surveyed:
         with session(for_read(conn), node, *known) as s:
             res = s.run(remote.survey(files, texts))
             return Surveyed(facts.parse_survey(res.stdout), s.jump_host_keys)
+
+    try:
+        return read_once_more(survey, node)
     except errors.UnreachableError as exc:
         log.warning("%s; its state is kept as it was", exc)
         return None
+
+
+def read_once_more(read: Callable[[], T], node: str) -> T:
+    """Run a read-only step; if its SSH connection broke, run it once more over a new one (a read changes
+    nothing on the node, so running it again is safe; a change is never repeated behind the operator's back)."""
+    try:
+        return read()
+    except errors.RemoteCommandError as exc:
+        if not exc.connection_broke:
+            raise
+        log.info("%s: the SSH connection broke during a read; reading again over a new one", node)
+        return read()
 
 
 def unreachable_on_read(id_: str, props: dict[str, Any], exc: Exception) -> ReadResult:

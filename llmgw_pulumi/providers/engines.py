@@ -89,7 +89,8 @@ class EngineCheckProvider(ResourceProvider):
         spec = EngineCheckSpec.from_props({**props, "fail_on_problems": False})
         spec = dataclasses.replace(spec, connection=_glue.for_read(spec.connection))
         try:
-            return ReadResult(id_, {**props, **_probe(spec, _glue.known_keys(props))})
+            probed = _glue.read_once_more(lambda: _probe(spec, _glue.known_keys(props)), spec.node_id)
+            return ReadResult(id_, {**props, **probed})
         except UnreachableError as exc:
             return _glue.unreachable_on_read(id_, props, exc)
 

@@ -466,3 +466,32 @@ def test_engine_check_with_engines_that_run(node: FakeNode) -> None:
     runs = len(node.runs)
     outs = EngineCheckProvider().create(engine_inputs()).outs
     assert outs["engines_ok"] is True and outs["problems"] == [] and len(node.runs) == runs + 1
+
+
+def test_a_read_whose_connection_broke_reads_again_over_a_new_one(node: FakeNode, pki_dir: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    p = NodeIdentityProvider()
+    inputs, outs = onboard_identity(pki_dir)
+    real_run, calls = FakeNode.run, []
+
+    def breaks_once(self: FakeNode, script: Any, timeout: float = 900) -> Any:
+        calls.append(script)
+        if len(calls) == 1:
+            raise errors.RemoteCommandError("gpu-01", "the SSH connection broke", connection_broke=True)
+        return real_run(self, script, timeout)
+
+    monkeypatch.setattr(FakeNode, "run", breaks_once)
+    read = p.read("gpu-01", outs)
+    assert len(calls) == 2 and read.outs["files"] == outs["files"]  # read again, and the node as it is
+
+    # A command that failed without the connection breaking is not repeated.
+    calls.clear()
+
+    def fails(self: FakeNode, script: Any, timeout: float = 900) -> Any:
+        calls.append(script)
+        raise errors.RemoteCommandError("gpu-01", "printed nothing for 900s")
+
+    monkeypatch.setattr(FakeNode, "run", fails)
+    with pytest.raises(errors.RemoteCommandError):
+        p.read("gpu-01", outs)
+    assert len(calls) == 1
