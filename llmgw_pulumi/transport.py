@@ -100,16 +100,16 @@ def load_private_key(conn: Connection, node: str) -> paramiko.PKey | None:
     if not text:
         return None
     field = "connection.private_key" if conn.private_key else "connection.private_key_path"
-    if conn.passphrase is None and _encrypted(text):
-        raise ConfigError(node, field, "is protected by a passphrase, and none is configured",
-                          "set it as a secret: `pulumi config set --secret llmgw:sshKeyPassphrase`, "
-                          "or load the key into ssh-agent")
     for cls in KEY_CLASSES:
         try:
             return cls.from_private_key(io.StringIO(text), password=conn.passphrase)
+        except paramiko.PasswordRequiredException:  # asked only when no passphrase was given
+            raise ConfigError(node, field, "is protected by a passphrase, and none is configured",
+                              "set it as a secret: `pulumi config set --secret llmgw:sshKeyPassphrase`, "
+                              "or load the key into ssh-agent") from None
         except (paramiko.SSHException, ValueError, TypeError):
             continue  # another type; or, for an encrypted key, a wrong passphrase
-    if _encrypted(text):
+    if conn.passphrase is not None and _encrypted(text):
         raise ConfigError(node, field, "cannot be decrypted with the configured passphrase",
                           "fix the llmgw:sshKeyPassphrase secret")
     raise ConfigError(node, field, "cannot be parsed", "give an OpenSSH or PEM private key (ed25519, ECDSA or RSA)")
@@ -183,13 +183,6 @@ class Session:
         """The key each jump host presented, by 'host:port', for recording in state."""
         self.sudo = conn.user != "root"
         self._sudo_checked = not self.sudo
-
-    @property
-    def alive(self) -> bool:
-        return self._transport.is_active()
-
-    def close(self) -> None:
-        self._transport.close()
 
     def _exec(self, command: str, stdin: bytes, timeout: float) -> Result:
         try:
@@ -513,17 +506,19 @@ class Pool:
                                        functools.partial(establish, hop, conn, node, recorded, deadline, via))
                 held.append(entry)
                 via, shown[_where(hop)] = entry.transport, entry.host_key
-            target = self._checkout(self._route(conn, len(conn.jump) + 1), conn, expected_host_key, node,
+            key = self._route(conn, len(conn.jump) + 1)
+            target = self._checkout(key, conn, expected_host_key, node,
                                     functools.partial(self._open_node, conn, node, expected_host_key, deadline, via))
             held.append(target)
-            if target.session is None:
-                target.session = Session(target.transport, conn, node, target.host_key, shown)
+            with self._lock:  # one Session per connection, even when resources of the node check it out at once
+                if target.session is None:
+                    target.session = Session(target.transport, conn, node, target.host_key, shown)
+                checked_out = target.session
             try:
-                yield target.session
+                yield checked_out
             except RemoteCommandError:
                 # A broken connection must not be handed out again.
                 with self._lock:
-                    key = self._route(conn, len(conn.jump) + 1)
                     if self._entries.get(key) is target and not target.alive:
                         del self._entries[key]
                 raise

@@ -149,11 +149,6 @@ def outputs(props: Mapping[str, Any], **computed: Any) -> dict[str, Any]:
     return {**{k: v for k, v in props.items() if v is not None}, **{k: v for k, v in computed.items() if v is not None}}
 
 
-def node_of(props: Mapping[str, Any]) -> str:
-    node = props.get("node_id")
-    return node if isinstance(node, str) else "?"
-
-
 def operator_errors(fn: F) -> F:
     """Wrap a provider's create/update/read/delete: what it logs is shown under its resource, and the
     package's errors carry a one-frame traceback.
@@ -220,7 +215,7 @@ def survey_for_read(conn: Any, node: str, known: tuple[str | None, Mapping[str, 
     try:
         return read_once_more(survey, node)
     except errors.UnreachableError as exc:
-        log.warning("%s; its state is kept as it was", exc)
+        warn_state_kept(exc)
         return None
 
 
@@ -244,8 +239,13 @@ def unreachable_on_read(id_: str, props: dict[str, Any], exc: Exception) -> Read
     deleted, by `pulumi up`; `pulumi destroy` lets a machine that is gone for
     good go.
     """
-    log.warning("%s; its state is kept as it was", exc)
+    warn_state_kept(exc)
     return ReadResult(id_, props)
+
+
+def warn_state_kept(exc: Exception) -> None:
+    """The warning of a read that could not reach its node (see unreachable_on_read)."""
+    log.warning("%s; its state is kept as it was", exc)
 
 
 _EXIT_ERRORS: dict[int, type[LlmgwError]] = {

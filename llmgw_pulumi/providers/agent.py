@@ -151,8 +151,8 @@ class AgentInstallProvider(ResourceProvider):
         texts = {key: node.texts.get(f.path, "") for key, f in TEXT_FILES_BY_INPUT.items()}
         state = node_state(node)
         before = props.get("node_state") or {}
-        names = {_state_key(f): f.path for f in desired.files_of(desired.AGENT)}  # drift by path, as the operator knows it
-        drift = {names.get(k, f"unit {k}"): v for k, v in state.items() if v != before.get(k)}
+        paths = {_state_key(f): f.path for f in desired.files_of(desired.AGENT)}  # drift by path, as the operator knows it
+        drift = {paths.get(k, f"unit {k}"): v for k, v in state.items() if v != before.get(k)}
         on_node = {key: text if text != props.get(key) else None for key, text in texts.items()}
         return _glue.read_result(id_, props, OUTPUT_KEYS, {**props, "node_state": state},
                                  {**on_node, "drift": drift or None})

@@ -35,9 +35,14 @@ def files_state(node: facts.NodeFacts) -> dict[str, str]:
     return {f.path: node.state(f) for f in desired.files_of(desired.IDENTITY)}
 
 
+def recorded_keys(props: dict[str, Any]) -> tuple[str | None, Any]:
+    """The host keys this resource recorded (its outputs ``host_key`` and ``jump_host_keys``), for the next session."""
+    return props.get("host_key"), props.get("jump_host_keys")
+
+
 def _apply(spec: IdentitySpec, recorded: dict[str, Any], restart_agent: bool) -> dict[str, Any]:
     files = desired.identity_files(spec.ca_pem, spec.cert_pem, spec.key_pem)
-    with _glue.session(spec.connection, spec.node_id, recorded.get("host_key"), recorded.get("jump_host_keys")) as s:
+    with _glue.session(spec.connection, spec.node_id, *recorded_keys(recorded)) as s:
         res = s.run(remote.install_identity(files, restart_agent))
         _glue.raise_for(res, spec.node_id, f"installing the identity on {spec.connection.host}")
         node = facts.parse_survey(res.stdout)
@@ -90,7 +95,7 @@ class NodeIdentityProvider(ResourceProvider):
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         spec = IdentitySpec.from_props(props)
-        seen = _glue.survey_for_read(spec.connection, spec.node_id, (props.get("host_key"), props.get("jump_host_keys")),
+        seen = _glue.survey_for_read(spec.connection, spec.node_id, recorded_keys(props),
                                      desired.files_of(desired.IDENTITY))
         if seen is None:
             return ReadResult(id_, props)  # an outage never rewrites the record
@@ -108,7 +113,7 @@ class NodeIdentityProvider(ResourceProvider):
         spec = IdentitySpec.from_props(props)
         # What this resource installed: a refresh may since have recorded another identity's files.
         owned = desired_hashes(props) or {}
-        _glue.remove_from_node(spec.connection, spec.node_id, (props.get("host_key"), props.get("jump_host_keys")),
+        _glue.remove_from_node(spec.connection, spec.node_id, recorded_keys(props),
                                remote.remove_identity(owned), "the identity")
 
 
