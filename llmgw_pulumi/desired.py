@@ -24,6 +24,9 @@ IDENTITY_DIR = "/etc/llmgw"
 CA_PATH = "/etc/llmgw/ca.pem"
 CERT_PATH = "/etc/llmgw/agent.pem"
 KEY_PATH = "/etc/llmgw/agent-key.pem"
+PENDING_KEY_PATH = "/etc/llmgw/agent-key.pending.pem"
+"""Where a node keeps the key pair it made for a certificate not yet installed (keyOrigin node): NodeIdentity
+renames it over KEY_PATH together with the certificate it was signed into."""
 TRUST_ANCHOR_PATH = "/usr/local/share/ca-certificates/llmgw-ca.crt"
 BINARY_PATH = "/usr/local/bin/llmgw"
 CONFIG_PATH = "/etc/llmgw/agent.yaml"
@@ -38,7 +41,7 @@ class Content(Enum):
 
     CA_PEM = "the cluster CA's root certificate (ClientCertificate.ca_pem)"
     CERT_PEM = "the node's certificate (ClientCertificate.cert_pem)"
-    KEY_PEM = "the node's private key (ClientCertificate.key_pem)"
+    KEY_PEM = "the node's private key: made on the node (keyOrigin node), or ClientCertificate.key_pem (operator)"
     AGENT_YAML = "agent.yaml as render_agent_yaml renders it"
     UNIT = "the unit as render_unit renders it"
     BINARY = "the llmgw binary: a release verified against its checksums.txt, or the local build"
@@ -125,9 +128,12 @@ def with_contents(files: Iterable[NodeFile], contents: Mapping[Content, str]) ->
     return [File(f.path, f.mode, contents[f.content].encode(), f.owner) for f in files]
 
 
-def identity_files(ca_pem: str, cert_pem: str, key_pem: str) -> list[File]:
-    """SPEC step 3 and 4: the identity in /etc/llmgw, and the CA root as a system trust anchor."""
-    return with_contents(files_of(IDENTITY), {Content.CA_PEM: ca_pem, Content.CERT_PEM: cert_pem, Content.KEY_PEM: key_pem})
+def identity_files(ca_pem: str, cert_pem: str, key_pem: str | None) -> list[File]:
+    """SPEC step 3 and 4: the identity in /etc/llmgw, and the CA root as a system trust anchor. Without
+    ``key_pem`` the key was made on the node (keyOrigin node), and is not among the files sent to it."""
+    files = [f for f in files_of(IDENTITY) if key_pem is not None or f.content is not Content.KEY_PEM]
+    contents = {Content.CA_PEM: ca_pem, Content.CERT_PEM: cert_pem, Content.KEY_PEM: key_pem or ""}
+    return with_contents(files, contents)
 
 
 def agent_files(agent_yaml: str, unit: str) -> list[File]:
@@ -162,7 +168,13 @@ def agent_config(node_id: str, settings: AgentSettings, hostname: str) -> dict[s
 
 def config_first_line(node_id: str) -> str:
     """agent.yaml's first line; it also tells whose the file is (remote.remove_agent)."""
-    return f"# {node_id}, written by {WRITER}. Only overrides are written here:"
+    return f"{config_owner_prefix(node_id)}{WRITER}. Only overrides are written here:"
+
+
+def config_owner_prefix(node_id: str) -> str:
+    """How agent.yaml's first line begins while it is ``node_id``'s: as this package writes it, and as
+    onboard-node.sh wrote it ("# gpu-01, written by onboard-node.sh."), whose files an up adopts."""
+    return f"# {node_id}, written by "
 
 
 def render_agent_yaml(node_id: str, settings: AgentSettings, hostname: str) -> str:
@@ -195,6 +207,40 @@ def render_unit() -> str:
         "[Install]\n"
         "WantedBy=multi-user.target\n"
     )
+
+
+def _unit_directives(text: str) -> list[str]:
+    """A unit file's lines that systemd reads: no comments (# or ;), no blank lines, no surrounding blanks."""
+    lines = (line.strip() for line in text.splitlines())
+    return [line for line in lines if line and not line.startswith(("#", ";"))]
+
+
+def _yaml_data(text: str) -> object:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return _UNREADABLE
+
+
+_UNREADABLE = object()
+
+
+def equivalent(content: Content, have: str, want: str) -> bool:
+    """Does a text file the node already has say what ``want`` says, though its bytes may differ?
+
+    agent.yaml: the same YAML data (comments, quoting and key order aside);
+    the unit: the same directives in the same order (comments and blank lines
+    aside). This is how an up adopts a node onboarded by the script: its files
+    say the same things in other words, and are left as they are.
+    """
+    if have == want:
+        return True
+    if content is Content.AGENT_YAML:
+        data = _yaml_data(have)
+        return data is not _UNREADABLE and data == _yaml_data(want)
+    if content is Content.UNIT:
+        return _unit_directives(have) == _unit_directives(want)
+    return False
 
 
 def sha256_text(text: str) -> str:

@@ -110,6 +110,22 @@ class NodeBusyError(LlmgwError, fix="another `pulumi up` is changing this node: 
     """Another change by this package held the node's lock for too long."""
 
 
+class NoKeygenError(LlmgwError, fix="install openssl on the node (`apt-get install openssl`), or give the node "
+                                    "`keyOrigin: operator` to have its key made on the machine running Pulumi"):
+    """The node cannot make its own key pair: it has no openssl."""
+
+
+class NodeKeyMissingError(LlmgwError, fix="the key made on the node for this certificate is gone (the node was "
+                                          "re-imaged or /etc/llmgw was cleaned): run `pulumi up --replace` on the "
+                                          "node's ClientCertificate to have a new pair made and signed"):
+    """The private key made on the node for its certificate is not on the node any more."""
+
+
+class CertificateRequestError(LlmgwError, fix="check that the node's openssl works (`openssl req -help`); "
+                                              "or give the node `keyOrigin: operator`"):
+    """The certificate signing request the node returned cannot be signed."""
+
+
 class RemoteCommandError(LlmgwError, fix="run the command by hand on the node to see why it fails"):
     """A command on the node failed in a way none of the other errors describe."""
 

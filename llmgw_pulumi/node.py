@@ -3,7 +3,8 @@
     ClientCertificate -> NodeIdentity -> AgentInstall -> EngineCheck
 
 Data flows along the chain, so the order is real, not declared: the identity
-needs the certificate; the agent needs the host key NodeIdentity recorded (it
+needs the certificate (signed for the key pair the node made, which
+ClientCertificate asked it for, reaching it first); the agent needs the host key NodeIdentity recorded (it
 is pinned for every later connection) and the hostname it read (agent.yaml
 says node_id only when they differ); the engine check runs once the agent is
 installed.
@@ -38,7 +39,7 @@ from .providers.certificate import ClientCertificate, ClientCertificateArgs
 from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
 from .shards import PACKAGE, provider_for
-from .specs import AgentSettings, BinarySource, Connection
+from .specs import KEY_ORIGIN_NODE, AgentSettings, BinarySource, Connection
 
 ConnectionArgs = Connection
 """How to reach the node over SSH: host, user, port, private_key (made secret) or private_key_path, host_key, wait."""
@@ -58,6 +59,8 @@ class NodeArgs:
     validity_hours: pulumi.Input[float] | None = None
     renew_before_hours: pulumi.Input[float] | None = None
     fail_on_engine_problems: pulumi.Input[bool] | None = None
+    key_origin: str | None = None
+    """Where the node's key pair is made: ``node`` (the default: it never leaves the node) or ``operator``."""
 
 
 def engine_problems(problems: list[dict[str, str]] | None) -> list[dict[str, str]]:
@@ -76,14 +79,21 @@ class Node(pulumi.ComponentResource):
         child = self._child_options(name, args, opts or pulumi.ResourceOptions())
         conn = args.connection
 
+        key_on_node = args.key_origin in (None, KEY_ORIGIN_NODE)
         self.certificate = ClientCertificate(name, ClientCertificateArgs(
             node_id=args.node_id, pki_dir=args.pki_dir,
             validity_hours=args.validity_hours, renew_before_hours=args.renew_before_hours,
+            key_origin=args.key_origin or KEY_ORIGIN_NODE, connection=conn if key_on_node else None,
         ), child)
 
+        # With the key made on the node, ClientCertificate reached it first: its host keys are expected.
         self.identity = NodeIdentity(name, NodeIdentityArgs(
             node_id=args.node_id, connection=conn,
-            ca_pem=self.certificate.ca_pem, cert_pem=self.certificate.cert_pem, key_pem=self.certificate.key_pem,
+            ca_pem=self.certificate.ca_pem, cert_pem=self.certificate.cert_pem,
+            key_pem=None if key_on_node else self.certificate.key_pem,
+            key_origin=args.key_origin or KEY_ORIGIN_NODE,
+            known_host_key=self.certificate.host_key if key_on_node else None,
+            known_jump_host_keys=self.certificate.jump_host_keys if key_on_node else None,
         ), child)
 
         # Every later connection expects the host key NodeIdentity saw (or was given).
@@ -119,6 +129,7 @@ class Node(pulumi.ComponentResource):
             "host_key": self.identity.host_key,
             "certificate_not_after": self.certificate.not_after,
             "certificate_fingerprint": self.certificate.fingerprint_sha256,
+            "certificate_adopted": self.certificate.adopted,
             "agent_sha256": self.agent.installed_sha256,
             "engine_problems": self.engine_check.problems.apply(engine_problems),
             "problems": self.engine_check.problems,

@@ -9,6 +9,8 @@ input).
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import datetime as dt
 import os
 from dataclasses import dataclass, field
@@ -17,10 +19,10 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from .errors import AuthorityError
+from .errors import AuthorityError, CertificateRequestError
 
 
 @dataclass(frozen=True)
@@ -87,20 +89,29 @@ def _sign_hash(key: object) -> hashes.HashAlgorithm | None:
     return None if isinstance(key, ed25519.Ed25519PrivateKey) else hashes.SHA256()
 
 
-def issue(authority: Authority, node_id: str, validity: dt.timedelta, now: dt.datetime) -> IssuedCertificate:
-    """A fresh client certificate and key for ``node_id`` (CN = node id, clientAuth), signed by the CA.
+PublicKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey | ed25519.Ed25519PublicKey
+"""The public keys a node's key pair may have."""
 
+
+def issue(authority: Authority, node_id: str, validity: dt.timedelta, now: dt.datetime,
+          public_key: PublicKey | None = None) -> IssuedCertificate:
+    """A fresh client certificate for ``node_id`` (CN = node id, clientAuth), signed by the CA.
+
+    With ``public_key`` (from the node's CSR, see ``requested_key``) the
+    certificate is issued for it and no key is made here (``key_pem`` is
+    empty); without, a new P-256 key pair is made here (keyOrigin operator).
     Validity is capped at the CA's own expiry: a leaf that outlives its issuer
     would fail verification anyway, later and more confusingly.
     """
-    key = ec.generate_private_key(ec.SECP256R1())
+    key = None if public_key is not None else ec.generate_private_key(ec.SECP256R1())
+    subject_key = public_key if public_key is not None else key.public_key()  # type: ignore[union-attr]
     not_before = now - dt.timedelta(minutes=5)  # tolerate small clock skew on the node
     not_after = min(now + validity, authority.cert.not_valid_after_utc)
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_id)]))
         .issuer_name(authority.cert.subject)
-        .public_key(key.public_key())
+        .public_key(subject_key)
         .serial_number(x509.random_serial_number())
         .not_valid_before(not_before)
         .not_valid_after(not_after)
@@ -112,21 +123,14 @@ def issue(authority: Authority, node_id: str, validity: dt.timedelta, now: dt.da
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(subject_key), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(authority.key.public_key()), critical=False)  # type: ignore[attr-defined]
         .sign(authority.key, _sign_hash(authority.key))  # type: ignore[arg-type]
     )
-    cert_pem = cert.public_bytes(serialization.Encoding.PEM).decode()
-    key_pem = key.private_bytes(
+    key_pem = "" if key is None else key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     ).decode()
-    return IssuedCertificate(
-        cert_pem=cert_pem,
-        key_pem=key_pem,
-        serial=format(cert.serial_number, "x"),
-        not_after=not_after.isoformat(),
-        fingerprint_sha256=cert.fingerprint(hashes.SHA256()).hex(),
-    )
+    return dataclasses.replace(described(cert), key_pem=key_pem)
 
 
 def verify_issued(ca_pem: str, cert_pem: str) -> bool:
@@ -138,3 +142,78 @@ def verify_issued(ca_pem: str, cert_pem: str) -> bool:
     except (ValueError, TypeError, InvalidSignature):
         return False
     return True
+
+
+MIN_RSA_BITS = 2048
+
+
+def requested_key(csr_pem: str, node_id: str) -> PublicKey:
+    """The public key of the CSR a node made for itself, once its signature proves the node holds the private key.
+
+    Only the key is taken from the request: the certificate's subject, usage
+    and validity are the operator's (``issue``), whatever the request asks for.
+    """
+    try:
+        csr = x509.load_pem_x509_csr(csr_pem.encode())
+    except ValueError:
+        raise CertificateRequestError(node_id, "the node returned something that is not a PEM certificate signing request") from None
+    if not csr.is_signature_valid:
+        raise CertificateRequestError(node_id, "the node's certificate signing request is not signed by its own key")
+    key = csr.public_key()
+    if isinstance(key, ec.EllipticCurvePublicKey) and key.curve.key_size >= 256:
+        return key
+    if isinstance(key, rsa.RSAPublicKey) and key.key_size >= MIN_RSA_BITS:
+        return key
+    if isinstance(key, ed25519.Ed25519PublicKey):
+        return key
+    raise CertificateRequestError(node_id, f"the node's key ({type(key).__name__}) is too weak to sign for",
+                                  "make the node's key P-256 or stronger (ECDSA), RSA of 2048 bits or more, or Ed25519")
+
+
+def spki_b64(cert_pem: str) -> str:
+    """The certificate's public key as base64 of its DER SubjectPublicKeyInfo: how node-key.sh prints a key's."""
+    cert = x509.load_pem_x509_certificate(cert_pem.encode())
+    der = cert.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return base64.b64encode(der).decode()
+
+
+def described(cert: x509.Certificate, cert_pem: str | None = None) -> IssuedCertificate:
+    """An issued certificate's record (no key: it stays where it was made); ``cert_pem``: its text as found."""
+    return IssuedCertificate(
+        cert_pem=cert_pem or cert.public_bytes(serialization.Encoding.PEM).decode(),
+        key_pem="",
+        serial=format(cert.serial_number, "x"),
+        not_after=cert.not_valid_after_utc.isoformat(),
+        fingerprint_sha256=cert.fingerprint(hashes.SHA256()).hex(),
+    )
+
+
+def adoptable(authority: Authority, node_id: str, cert_pem: str | None, key_spki: str, renew_before: dt.timedelta,
+              now: dt.datetime) -> IssuedCertificate | None:
+    """The identity a node already holds, when it can be kept as it is: None when a new one must be issued.
+
+    Kept when the certificate's CN is the node id, it is issued by this CA for
+    client authentication, it is valid now and not yet in the renewal window,
+    and the node's key (``key_spki``, its public half as node-key.sh prints it)
+    is the certificate's. This is how the first `pulumi up` over a node that
+    onboard-node.sh onboarded takes it over without re-issuing.
+    """
+    if not cert_pem or not key_spki:
+        return None
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem.encode())
+        cert.verify_directly_issued_by(authority.cert)
+        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except (ValueError, TypeError, InvalidSignature, x509.ExtensionNotFound):
+        return None
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    record = described(cert, cert_pem)  # the node's very text: installing it again rewrites nothing
+    if (
+        [n.value for n in names] != [node_id]
+        or ExtendedKeyUsageOID.CLIENT_AUTH not in usage
+        or not cert.not_valid_before_utc <= now
+        or cert.not_valid_after_utc - renew_before <= now
+        or spki_b64(record.cert_pem) != key_spki
+    ):
+        return None
+    return record

@@ -173,6 +173,7 @@ def main() -> dict[str, Node]:
             validity_hours=spec.validity_hours,
             renew_before_hours=spec.renew_before_hours,
             fail_on_engine_problems=n.fail_on_engine_problems,
+            key_origin=n.key_origin,
         ))  # each node runs in its shard's provider process (llmgw_pulumi.shards)
         pulumi.export(n.node_id, node_output(nodes[n.node_id]))
         rows.append(fleet_row(n.node_id, nodes[n.node_id], agent["version"]))

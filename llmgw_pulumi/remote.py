@@ -33,18 +33,20 @@ from . import desired
 from .desired import (
     CERT_PATH,
     CONFIG_PATH,
+    KEY_PATH,
+    PENDING_KEY_PATH,
     TRUST_ANCHOR_PATH,
     UNIT_NAME,
     Content,
     File,
     NodeFile,
-    config_first_line,
+    config_owner_prefix,
 )
 from .facts import INVENTORY_QUERY_FIELDS
 from .specs import DEFAULT_IB_ROOT
 
-SCRIPTS = ("install-identity.sh", "remove-identity.sh", "install-agent.sh", "remove-agent.sh", "survey.sh",
-           "probe-engines.sh")
+SCRIPTS = ("node-key.sh", "install-identity.sh", "remove-identity.sh", "install-agent.sh", "remove-agent.sh",
+           "survey.sh", "probe-engines.sh")
 """The programs that run on nodes; each is run after exits.sh and prelude.sh."""
 
 
@@ -71,6 +73,8 @@ class Exit(IntEnum):
     WRITE = _CODES["WRITE"]
     BUSY = _CODES["BUSY"]
     """Another change to the node held its lock for too long."""
+    NO_KEYGEN = _CODES["NO_KEYGEN"]
+    KEY_MISSING = _CODES["KEY_MISSING"]
 
 
 if set(_CODES) != set(Exit.__members__) - {"OK"}:
@@ -108,22 +112,43 @@ _WRITE_DIRS = ":".join(desired.WRITE_DIRS)
 # --------------------------------------------------------------------------- identity
 
 
-def install_identity(files: Sequence[File], restart_agent: bool) -> Script:
-    """SPEC steps 3 and 4. update-ca-certificates runs only when the anchor changed (it costs ~1 CPU-second)."""
+def read_node_key() -> Script:
+    """keyOrigin node: the node's certificate and the public half of its key (see node-key.sh read)."""
+    return Script(program("node-key.sh"), ("read", CERT_PATH, KEY_PATH))
+
+
+def make_node_key(node_id: str) -> Script:
+    """keyOrigin node: a new key pair made on the node, pending, and its CSR (see node-key.sh make)."""
+    identity_dir = desired.DIRECTORIES[0]
+    return Script(program("node-key.sh"), ("make", _WRITE_DIRS, identity_dir.path, _mode(identity_dir.mode),
+                                           identity_dir.owner, PENDING_KEY_PATH, node_id))
+
+
+def install_identity(files: Sequence[File], restart_agent: bool, node_key_spki: str | None = None) -> Script:
+    """SPEC steps 3 and 4. update-ca-certificates runs only when the anchor changed (it costs ~1 CPU-second).
+
+    ``node_key_spki``: the key was made on the node (keyOrigin node) and is not among ``files``; this is the
+    public half of it, as the certificate carries it (base64 DER), for the node to find the key by.
+    """
     args = [_WRITE_DIRS, UNIT_NAME, "yes" if restart_agent else "no", TRUST_ANCHOR_PATH]
     for d in desired.DIRECTORIES:
         args += ["dir", d.path, _mode(d.mode), d.owner]
     for f in files:
         args += ["file", f.path, _mode(f.mode), f.owner, str(len(f.content))]
+    if node_key_spki is not None:
+        key = desired.file_with(Content.KEY_PEM, desired.IDENTITY)
+        args += ["nodekey", key.path, _mode(key.mode), key.owner, PENDING_KEY_PATH, node_key_spki]
     return Script(program("install-identity.sh"), tuple(args), b"".join(f.content for f in files))
 
 
 def remove_identity(owned: Mapping[str, str]) -> Script:
     """Remove the identity files (``owned``: path -> the sha256 this resource installed there), but only
-    while the node still carries this resource's certificate (see remove-identity.sh)."""
+    while the node still carries this resource's certificate (see remove-identity.sh); and a key pair the
+    node made for a certificate that was never installed."""
     args = [_WRITE_DIRS, TRUST_ANCHOR_PATH, CERT_PATH, owned.get(CERT_PATH, "")]
     for path, sha in sorted(owned.items()):
         args += ["file", path, sha]
+    args += ["pending", PENDING_KEY_PATH]
     for d in desired.DIRECTORIES:
         if d.removed_when_empty:
             args += ["dir", d.path]
@@ -144,6 +169,7 @@ def install_agent(
     binary_sha256: str = "",
     restart: bool = True,
     settle_seconds: float = 1.5,
+    keep: Sequence[Content] = (),
 ) -> Script:
     """SPEC steps 5, 6 and 8 as one transaction (see install-agent.sh).
 
@@ -152,7 +178,9 @@ def install_agent(
     installed), ``copy`` (the local build arrives on stdin and is checked
     against ``binary_sha256``) or ``keep`` (the binary is already right). The
     restarted agent must stay up for ``settle_seconds``, or the previous
-    binary, config and unit are put back.
+    binary, config and unit are put back. ``keep``: the config and/or unit the
+    node has already say the same in other words (``desired.equivalent``) and
+    stay as they are. When nothing is replaced, a running agent is not restarted.
     """
     assert mode in ("release", "copy", "keep")
     bin_file = desired.file_with(Content.BINARY, desired.AGENT)
@@ -161,16 +189,19 @@ def install_agent(
     args = [_WRITE_DIRS, UNIT_NAME, mode, version, release_url.rstrip("/"), binary_sha256, str(len(binary)), str(ticks),
             "restart" if restart else "start",
             bin_file.path, _mode(bin_file.mode), bin_file.owner]
-    for f in (cfg, unit_file):
-        args += [f.path, _mode(f.mode), f.owner, str(len(f.content))]
-    return Script(program("install-agent.sh"), tuple(args), binary + cfg.content + unit_file.content)
+    sent = b""
+    for f, content in ((cfg, Content.AGENT_YAML), (unit_file, Content.UNIT)):
+        kept = content in keep
+        args += [f.path, _mode(f.mode), f.owner, "-" if kept else str(len(f.content))]
+        sent += b"" if kept else f.content
+    return Script(program("install-agent.sh"), tuple(args), binary + sent)
 
 
 def remove_agent(node_id: str) -> Script:
     """Stop (only the agent's main process: KillMode=process leaves engines running), disable, remove;
     only while agent.yaml is still this node's (its first line names the node id)."""
     paths = [f.path for f in desired.files_of(desired.AGENT)]
-    return Script(program("remove-agent.sh"), (_WRITE_DIRS, UNIT_NAME, CONFIG_PATH, config_first_line(node_id), *paths))
+    return Script(program("remove-agent.sh"), (_WRITE_DIRS, UNIT_NAME, CONFIG_PATH, config_owner_prefix(node_id), *paths))
 
 
 # --------------------------------------------------------------------------- reading a node

@@ -355,6 +355,14 @@ def check_renewal(props: Mapping[str, Any], problems: Problems, config: bool = F
                      "renew some time before expiry, e.g. a tenth of the validity")
 
 
+KEY_ORIGIN_NODE, KEY_ORIGIN_OPERATOR = "node", "operator"
+
+
+def _certificate_connection(value: object, problems: Problems, where: str, _config: bool) -> None:
+    if value is not None:
+        Connection.collect(value, problems, where)
+
+
 @dataclass(frozen=True)
 class CertificateSpec(FromProps):
     node_id: str = setting("id", validate.node_id)
@@ -362,11 +370,23 @@ class CertificateSpec(FromProps):
     validity_hours: float = setting("validityHours", validate.hours, convert=float, default=DEFAULT_VALIDITY_HOURS)
     renew_before_hours: float = setting("renewBeforeHours", validate.hours, convert=float,
                                         default=DEFAULT_RENEW_BEFORE_HOURS)
+    key_origin: str = setting("keyOrigin", validate.key_origin, default=KEY_ORIGIN_NODE)
+    """Where the node's key pair is made: on the node (``node``: it never leaves it) or here (``operator``)."""
+    connection: Connection | None = setting(None, collect=_certificate_connection, default=None,
+                                            convert=lambda c: None if c is None else build(Connection, c))
+    """How to reach the node, for a key made on it (keyOrigin node); None with keyOrigin operator."""
 
     @staticmethod
     def collect(props: Mapping[str, Any], problems: Problems) -> None:
         collect_fields(CertificateSpec, props, problems)
         check_renewal(props, problems)
+        if props.get("key_origin", KEY_ORIGIN_NODE) == KEY_ORIGIN_NODE and props.get("connection") is None:
+            problems.add("connection", "is missing: the node makes its key pair (keyOrigin node), so it must be reached",
+                         "pass ClientCertificateArgs.connection, or key_origin='operator' to make the key here")
+
+    @property
+    def key_on_node(self) -> bool:
+        return self.key_origin == KEY_ORIGIN_NODE
 
 
 # --------------------------------------------------------------------------- identity
@@ -378,13 +398,21 @@ class IdentitySpec:
     connection: Connection
     ca_pem: str
     cert_pem: str
-    key_pem: str = field(repr=False)
+    key_pem: str | None = field(repr=False)
+    """The key ClientCertificate made (keyOrigin operator); None when the node made it (keyOrigin node)."""
 
     @staticmethod
     def collect(props: Mapping[str, Any], problems: Problems) -> None:
         problems.check("node_id", props.get("node_id"), validate.node_id)
         Connection.collect(props.get("connection"), problems)
-        for name, marker in (("ca_pem", "BEGIN CERTIFICATE"), ("cert_pem", "BEGIN CERTIFICATE"), ("key_pem", "PRIVATE KEY-----")):
+        problems.check("key_origin", props.get("key_origin", KEY_ORIGIN_NODE), validate.key_origin)
+        pems = [("ca_pem", "BEGIN CERTIFICATE"), ("cert_pem", "BEGIN CERTIFICATE")]
+        if props.get("key_origin") == KEY_ORIGIN_OPERATOR:
+            pems.append(("key_pem", "PRIVATE KEY-----"))
+        elif props.get("key_pem") is not None and not is_unknown(props.get("key_pem")):
+            problems.add("key_pem", "is given, but the node makes its own key (keyOrigin node)",
+                         "pass key_origin='operator' with the key, or no key_pem")
+        for name, marker in pems:
             value = props.get(name)
             if not is_unknown(value) and not (isinstance(value, str) and marker in value):
                 # Never echo the value: key_pem is secret.
@@ -398,7 +426,7 @@ class IdentitySpec:
             connection=Connection.from_props(props["connection"], node),
             ca_pem=props["ca_pem"],
             cert_pem=props["cert_pem"],
-            key_pem=props["key_pem"],
+            key_pem=props["key_pem"] if props.get("key_origin") == KEY_ORIGIN_OPERATOR else None,
         )
 
 

@@ -10,13 +10,16 @@ file in one pass. Reading secrets and local files happens in program.py.
       llmgw:agent: {version: v1.4.2, releaseUrl: https://releases.example.net/llmgw}
       #            or {binary: /home/me/llmgw/bin/llmgw}  (a dev build is copied)
       llmgw:ssh: {user: deploy, privateKeyPath: ~/.ssh/id_ed25519, wait: 120}
-      llmgw:certificate: {validityHours: 8760, renewBeforeHours: 720}
+      llmgw:certificate: {validityHours: 8760, renewBeforeHours: 720}   # keyOrigin: node (default) | operator
       llmgw:failOnEngineProblems: false
       llmgw:nodes:
         - id: gpu-01
           address: 10.0.0.11
           fabric: {name: ib-east, hcas: [mlx5_0, mlx5_1]}
           engines: {llamacpp: {bin: /opt/llama/bin/llama-server}}
+        - id: gpu-02                              # a node without openssl: its key is made here,
+          address: 10.0.0.12                      # kept in state as a secret
+          keyOrigin: operator
 """
 
 from __future__ import annotations
@@ -50,13 +53,16 @@ from .specs import (
 SSH_FIELDS = ("user", "wait", "port", "jump")
 NODE_CONNECTION_FIELDS = ("host", "port", "user", "host_key", "jump")
 VALIDITY_FIELDS = ("validity_hours", "renew_before_hours")
+CERTIFICATE_FIELDS = (*VALIDITY_FIELDS, "key_origin")
+NODE_CERTIFICATE_FIELDS = ("key_origin",)
 
 AGENT_SCHEMA: Schema = config_schema(BinarySource)
 SSH_SCHEMA: Schema = {**config_schema(Connection, SSH_FIELDS), "privateKeyPath": None}
-CERTIFICATE_SCHEMA: Schema = config_schema(CertificateSpec, VALIDITY_FIELDS)
+CERTIFICATE_SCHEMA: Schema = config_schema(CertificateSpec, CERTIFICATE_FIELDS)
 NODE_SCHEMA: Schema = {
     "id": None, **config_schema(Connection, NODE_CONNECTION_FIELDS), **config_schema(AgentSettings),
     "fabric": FABRIC_SCHEMA, **config_schema(EngineCheckSpec), "agent": AGENT_SCHEMA,
+    **config_schema(CertificateSpec, NODE_CERTIFICATE_FIELDS),
 }
 SCHEMA: Schema = {
     "pkiDir": None, "servers": None, "agent": AGENT_SCHEMA,
@@ -103,6 +109,8 @@ class NodeConfig:
     fail_on_engine_problems: bool = False
     agent: AgentSource | None = None
     """This node's own agent source (e.g. a canary on a newer release); None: the stack's."""
+    key_origin: str = CertificateSpec.key_origin
+    """Where the node's key pair is made (``keyOrigin``): on the node, or on the operator's machine."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +175,7 @@ def _check_node(raw: Mapping[str, Any], p: Problems, stack_agent: AgentSource) -
     collect_fields(Connection, raw, p, config=True, only=NODE_CONNECTION_FIELDS)
     collect_fields(AgentSettings, raw, p, config=True, partial=True)
     collect_fields(EngineCheckSpec, raw, p, config=True, partial=True)
+    collect_fields(CertificateSpec, raw, p, config=True, partial=True, only=NODE_CERTIFICATE_FIELDS)
     if "fabric" in raw:
         if "fabrics" in raw:
             p.add("fabric", "is given together with fabrics", "use fabric for one fabric, or fabrics for several")
@@ -174,7 +183,8 @@ def _check_node(raw: Mapping[str, Any], p: Problems, stack_agent: AgentSource) -
     return _agent_source(raw["agent"], "agent", p, fallback=stack_agent) if "agent" in raw else None
 
 
-def _node(raw: Mapping[str, Any], agent: AgentSource | None, config: Mapping[str, Any], ssh: Mapping[str, Any]) -> NodeConfig:
+def _node(raw: Mapping[str, Any], agent: AgentSource | None, config: Mapping[str, Any], ssh: Mapping[str, Any],
+          cert: Mapping[str, Any]) -> NodeConfig:
     """A valid node's typed settings; those it does not give are the stack's."""
     given = {"servers": config.get("servers"), **raw}
     if "fabric" in raw:
@@ -186,6 +196,7 @@ def _node(raw: Mapping[str, Any], agent: AgentSource | None, config: Mapping[str
         settings=build(AgentSettings, renamed(AgentSettings, given)),
         fail_on_engine_problems=raw.get("failOnEngineProblems", config.get("failOnEngineProblems", False)),
         agent=agent,
+        key_origin=raw.get("keyOrigin", cert.get("keyOrigin", CertificateSpec.key_origin)),
     )
 
 
@@ -215,7 +226,7 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
                 "or run Pulumi with SSH_AUTH_SOCK pointing at an ssh-agent holding the key")
     cert = _mapping(config.get("certificate"), "certificate", top)
     _unknown_keys(cert, CERTIFICATE_SCHEMA, "certificate", "a certificate setting", top)
-    collect_fields(CertificateSpec, cert, top, config=True, prefix="certificate.", only=VALIDITY_FIELDS)
+    collect_fields(CertificateSpec, cert, top, config=True, prefix="certificate.", only=CERTIFICATE_FIELDS)
     check_renewal(cert, top, config=True, prefix="certificate.")
     everyone += [("llmgw", *item) for item in top if re.split(r"[.\[]", item[0])[0] not in unread]
     everyone += [("llmgw", key, f"is set as a secret, but only {' and '.join(SECRET_KEYS)} are read as secrets",
@@ -259,5 +270,5 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
         ssh_private_key_path=ssh.get("privateKeyPath"),
         validity_hours=float(cert.get("validityHours", CertificateSpec.validity_hours)),
         renew_before_hours=float(cert.get("renewBeforeHours", CertificateSpec.renew_before_hours)),
-        nodes=tuple(_node(raw, node_agent, config, ssh) for raw, node_agent in valid),
+        nodes=tuple(_node(raw, node_agent, config, ssh, cert) for raw, node_agent in valid),
     )

@@ -231,6 +231,9 @@ def _matching(pattern: re.Pattern[str], what: str, fix: str) -> Callable[[object
 interface = _matching(_IFNAME, "a network interface name", "give an interface name such as eth0 or bond0")
 hca = _matching(_HCA, "an HCA name", "give InfiniBand HCA names as listed in /sys/class/infiniband, e.g. mlx5_0")
 fabric_name = _matching(_LABEL, "a fabric name", "name the fabric with lowercase letters, digits and '-', e.g. ib-east")
+key_origin = _matching(re.compile(r"\A(node|operator)\Z"), "node or operator",
+                       "write node (the node makes its key pair and it never leaves it; the default) "
+                       "or operator (the key is made on the machine running Pulumi and kept in state, encrypted)")
 
 
 def hours(value: object, upper: float = 24 * 3650) -> Problem:

@@ -254,6 +254,8 @@ _EXIT_ERRORS: dict[int, type[LlmgwError]] = {
     Exit.AGENT_START: errors.AgentStartError,
     Exit.WRITE: errors.NodeDiskFullError,
     Exit.BUSY: errors.NodeBusyError,
+    Exit.NO_KEYGEN: errors.NoKeygenError,
+    Exit.KEY_MISSING: errors.NodeKeyMissingError,
 }
 
 

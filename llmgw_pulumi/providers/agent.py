@@ -9,6 +9,7 @@ release is verified against its checksums.txt again); nothing is re-issued.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,11 +52,28 @@ def _state_key(f: desired.NodeFile) -> str:
     return f"{f.name}_sha256"
 
 
-def node_state(node: facts.NodeFacts) -> dict[str, str]:
+def node_state(node: facts.NodeFacts, wants: dict[str, Any]) -> dict[str, str]:
     """The ``node_state`` output: each of the agent's files as seen (its sha256, or what differs from the
-    desired state), and the unit's state."""
-    return {**{_state_key(f): node.state(f) for f in desired.files_of(desired.AGENT)},
-            "active": node.unit_active, "enabled": node.unit_enabled}
+    desired state), and the unit's state.
+
+    ``wants``: the inputs holding the texts wanted (``agent_yaml``, ``unit``). A
+    text file that says the same in other words (``desired.equivalent``: one
+    the script wrote, adopted as it is) is recorded as the text wanted, so it
+    is not seen as drift; one that says something else is recorded as it is.
+    """
+    state = {_state_key(f): node.state(f) for f in desired.files_of(desired.AGENT)}
+    for key, f in TEXT_FILES_BY_INPUT.items():
+        have, want, sha = node.texts.get(f.path), wants.get(key), node.sha256(f.path)
+        if sha and isinstance(have, str) and isinstance(want, str) and desired.equivalent(f.content, have, want):
+            state[_state_key(f)] = state[_state_key(f)].replace(sha, desired.sha256_text(want), 1)
+    return {**state, "active": node.unit_active, "enabled": node.unit_enabled}
+
+
+def equivalent_texts(node: facts.NodeFacts, wants: dict[str, Any]) -> tuple[desired.Content, ...]:
+    """The agent's text files the node has in other words than ``wants`` (see ``desired.equivalent``): kept."""
+    return tuple(f.content for key, f in TEXT_FILES_BY_INPUT.items()
+                 if isinstance(node.texts.get(f.path), str) and isinstance(wants.get(key), str)
+                 and node.texts[f.path] != wants[key] and desired.equivalent(f.content, node.texts[f.path], wants[key]))
 
 
 def drift(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
@@ -72,7 +90,20 @@ def drift(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
     return out + [f"node_state.{key}" for key, want in desired.UNIT_STATE.items() if seen.get(key) != want]
 
 
-def _install(spec: AgentSpec, props: dict[str, Any], mode: str, known: tuple[str | None, Any]) -> dict[str, Any]:
+def unchanged_texts(olds: dict[str, Any], news: dict[str, Any]) -> tuple[desired.Content, ...]:
+    """The agent's text files an update leaves alone: the text wanted is the same, and the node was last seen
+    holding it (or its equivalent, as adopted from the script)."""
+    seen = olds.get("node_state") or {}
+    return tuple(f.content for key, f in TEXT_FILES_BY_INPUT.items()
+                 if isinstance(news.get(key), str) and olds.get(key) == news[key]
+                 and seen.get(_state_key(f)) == desired.sha256_text(news[key]))
+
+
+def _install(spec: AgentSpec, props: dict[str, Any], mode: str, known: tuple[str | None, Any],
+             adopt: bool = False, keep: tuple[desired.Content, ...] = ()) -> dict[str, Any]:
+    """Install the agent over one session. ``adopt`` (create): first read what the node has, and keep what
+    already says what is wanted (a node onboarded by the script): the binary when its sha256 is the one wanted,
+    agent.yaml and the unit when equivalent. A release's binary is compared by the node (install-agent.sh)."""
     binary = b""
     if mode == "copy":
         path = Path(spec.binary.binary_path or "")
@@ -81,27 +112,39 @@ def _install(spec: AgentSpec, props: dict[str, Any], mode: str, known: tuple[str
         except OSError as exc:
             raise ConfigError(spec.node_id, "binary_path", f"cannot read the local binary {path}: {exc.strerror}",
                               "build llmgw there, or point agent.binary at the build") from None
-    script = remote.install_agent(
-        mode=mode,
-        config=props["agent_yaml"],
-        unit=props["unit"],
-        version=spec.binary.version,
-        release_url=spec.binary.release_url or "",
-        binary=binary,
-        binary_sha256=spec.binary.binary_sha256 or "",
-    )
     if mode == "release":
         log.info("%s: the node fetches llmgw %s from %s and verifies it against checksums.txt",
                  spec.node_id, spec.binary.version, spec.binary.release_url)
     with _glue.session(spec.connection, spec.node_id, *known) as s:
+        if adopt:
+            res = s.run(remote.survey(desired.files_of(desired.AGENT), TEXT_FILES))
+            _glue.raise_for(res, spec.node_id, f"reading the agent's files on {spec.connection.host}")
+            before = facts.parse_survey(res.stdout)
+            keep = equivalent_texts(before, props)
+            if mode == "copy" and before.sha256(desired.BINARY_PATH) == (spec.binary.binary_sha256 or _sha256(binary)):
+                mode, binary = "keep", b""
+        script = remote.install_agent(
+            mode=mode,
+            config=props["agent_yaml"],
+            unit=props["unit"],
+            version=spec.binary.version,
+            release_url=spec.binary.release_url or "",
+            binary=binary,
+            binary_sha256=spec.binary.binary_sha256 or "",
+            keep=keep,
+        )
         res = s.run(script)
     _glue.raise_for(res, spec.node_id, f"installing the agent on {spec.connection.host}")
     node = facts.parse_survey(res.stdout)
     return {
         "installed_sha256": node.sha256(desired.BINARY_PATH) or "",
         "arch": node.arch,
-        "node_state": node_state(node),
+        "node_state": node_state(node, props),
     }
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _mode(spec: AgentSpec) -> str:
@@ -124,7 +167,7 @@ class AgentInstallProvider(ResourceProvider):
     @_glue.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         spec = AgentSpec.from_props(props)
-        computed = _install(spec, props, _mode(spec), _glue.known_keys(props))
+        computed = _install(spec, props, _mode(spec), _glue.known_keys(props), adopt=True)
         return CreateResult(spec.node_id, _glue.outputs(props, **computed))
 
     @_glue.operator_errors
@@ -135,7 +178,7 @@ class AgentInstallProvider(ResourceProvider):
         binary_changed = any(_glue.normalise(olds.get(k)) != _glue.normalise(news.get(k)) for k in ("version", "binary_sha256"))
         binary_drifted = "node_state.binary" in drift(olds, news)
         mode = _mode(spec) if binary_changed or binary_drifted else "keep"
-        computed = _install(spec, news, mode, _glue.known_keys(news, olds))
+        computed = _install(spec, news, mode, _glue.known_keys(news, olds), keep=unchanged_texts(olds, news))
         return UpdateResult(_glue.outputs(news, **computed))
 
     @_glue.operator_errors
@@ -149,11 +192,12 @@ class AgentInstallProvider(ResourceProvider):
         # The text of agent.yaml and the unit as they are on the node: the preview after a refresh
         # shows it against the text wanted, line by line.
         texts = {key: node.texts.get(f.path, "") for key, f in TEXT_FILES_BY_INPUT.items()}
-        state = node_state(node)
+        state = node_state(node, props)
         before = props.get("node_state") or {}
         paths = {_state_key(f): f.path for f in desired.files_of(desired.AGENT)}  # drift by path, as the operator knows it
         drift = {paths.get(k, f"unit {k}"): v for k, v in state.items() if v != before.get(k)}
-        on_node = {key: text if text != props.get(key) else None for key, text in texts.items()}
+        on_node = {key: None if isinstance(props.get(key), str) and desired.equivalent(f.content, text, props[key]) else text
+                   for (key, text), f in zip(texts.items(), TEXT_FILES_BY_INPUT.values(), strict=True)}
         return _glue.read_result(id_, props, OUTPUT_KEYS, {**props, "node_state": state},
                                  {**on_node, "drift": drift or None})
 

@@ -1,14 +1,32 @@
 """ClientCertificate: a node's client certificate, issued from the cluster CA (SPEC step 2).
 
-The key pair is generated on the machine running Pulumi and kept in state as a
-secret output; the CA key is read from the PKI dir at issue time and never
-enters state. Renewal is a replacement: inside the renewal window the preview
-says ``replace (not_after)``, and the new certificate flows into NodeIdentity
-as an in-place update.
+Where the key pair is made is the node's ``key_origin``:
+
+- ``node`` (the default): the node makes its key pair in /etc/llmgw and sends
+  back a certificate signing request (``node-key.sh``); the certificate is
+  signed here for the request's public key. The private key never crosses
+  the network and never enters state or outputs. NodeIdentity installs the
+  certificate and, in the same step, puts the key made for it in place.
+  Before it makes a key, the provider reads the identity the node already
+  holds: one that this CA issued to this node id for client authentication,
+  outside the renewal window, whose key is on the node, is kept as it is
+  (``adopted``) — how the first `pulumi up` over a node onboarded by
+  ``onboard-node.sh`` takes it over without re-issuing anything. This is also
+  where the node is first reached: the host key seen (trusted on first use,
+  unless pinned) is the ``host_key`` output, which NodeIdentity then expects.
+- ``operator``: the key pair is made on the machine running Pulumi and kept in
+  state as a secret output (``key_pem``), for nodes without openssl.
+
+The CA key is read from the PKI dir at issue time and never enters state.
+Renewal is a replacement: inside the renewal window the preview says
+``replace (not_after)``; with the key on the node the replacement has the
+node make a new pair, and the new certificate flows into NodeIdentity as an
+in-place update that swaps certificate and key together.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import hashlib
 import ssl
@@ -19,13 +37,16 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
-from ..specs import DEFAULT_RENEW_BEFORE_HOURS, DEFAULT_VALIDITY_HOURS, CertificateSpec, to_inputs
+from .. import desired, facts, remote
+from ..specs import DEFAULT_RENEW_BEFORE_HOURS, DEFAULT_VALIDITY_HOURS, KEY_ORIGIN_NODE, CertificateSpec, Connection, to_inputs
 from . import _glue
 
-INPUT_KEYS = ("node_id", "pki_dir", "validity_hours", "renew_before_hours")
-REPLACE_KEYS = ("node_id", "ca_fingerprint")
-"""A new node id or another CA needs a new certificate; a PKI dir that moved does not."""
-OUTPUT_KEYS = ("cert_pem", "key_pem", "ca_pem", "ca_not_after", "serial", "not_after", "fingerprint_sha256")
+INPUT_KEYS = ("node_id", "pki_dir", "validity_hours", "renew_before_hours", "key_origin", "connection")
+REPLACE_KEYS = ("node_id", "ca_fingerprint", "key_origin")
+"""A new node id, another CA or another origin of the key needs a new certificate; a PKI dir that moved or a new
+way to reach the node does not (the connection is only used to issue)."""
+OUTPUT_KEYS = ("cert_pem", "key_pem", "ca_pem", "ca_not_after", "serial", "not_after", "fingerprint_sha256",
+               "adopted", "host_key", "jump_host_keys")
 
 
 def _now() -> dt.datetime:
@@ -73,7 +94,8 @@ class ClientCertificateProvider(ResourceProvider):
                 inputs["ca_fingerprint"] = fp or olds["ca_fingerprint"]
 
         return _glue.check(news, CertificateSpec.collect, derive=derive,
-                           defaults={"validity_hours": DEFAULT_VALIDITY_HOURS, "renew_before_hours": DEFAULT_RENEW_BEFORE_HOURS})
+                           defaults={"validity_hours": DEFAULT_VALIDITY_HOURS, "renew_before_hours": DEFAULT_RENEW_BEFORE_HOURS,
+                                     "key_origin": KEY_ORIGIN_NODE})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         changes = _glue.changed_keys(olds, news, INPUT_KEYS)
@@ -90,22 +112,26 @@ class ClientCertificateProvider(ResourceProvider):
         spec = CertificateSpec.from_props(props)
         now = _now()
         authority = pki.load_authority(spec.pki_dir, spec.node_id, now)
-        issued = pki.issue(authority, spec.node_id, dt.timedelta(hours=spec.validity_hours), now)
+        if spec.key_on_node:
+            issued, reached = _issue_for_node_key(spec, authority, now)
+        else:
+            issued, reached = pki.issue(authority, spec.node_id, dt.timedelta(hours=spec.validity_hours), now), {}
         outs = _glue.outputs(
             props,
             cert_pem=issued.cert_pem,
-            key_pem=issued.key_pem,
+            key_pem=issued.key_pem or None,
             ca_pem=authority.cert_pem,
             ca_not_after=authority.cert.not_valid_after_utc.isoformat(),
             serial=issued.serial,
             not_after=issued.not_after,
             fingerprint_sha256=issued.fingerprint_sha256,
+            **reached,
         )
         return CreateResult(f"{spec.node_id}:{issued.serial}", outs)
 
     @_glue.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        # Only validity settings changed: they apply at the next issuance.
+        # Only validity settings or the way to reach the node changed: they apply at the next issuance.
         return UpdateResult(_glue.outputs(news, **{k: olds.get(k) for k in OUTPUT_KEYS}))
 
     @_glue.operator_errors
@@ -119,6 +145,28 @@ class ClientCertificateProvider(ResourceProvider):
         return None
 
 
+def _issue_for_node_key(spec: CertificateSpec, authority: Any, now: dt.datetime) -> tuple[Any, dict[str, Any]]:
+    """keyOrigin node: keep the identity the node holds, if it can be kept (``pki.adoptable``); else have the node
+    make a new key pair and sign its request. Returns the certificate and what reaching the node recorded."""
+    from .. import pki
+
+    assert spec.connection is not None  # checked by ClientCertificateArgs / check()
+    with _glue.session(spec.connection, spec.node_id, None) as s:
+        res = s.run(remote.read_node_key())
+        _glue.raise_for(res, spec.node_id, f"reading the identity on {spec.connection.host}")
+        held = facts.parse_survey(res.stdout).texts.get(desired.CERT_PATH)
+        key_spki = facts.key_values(res.stdout).get("key_spki", "")
+        adopted = pki.adoptable(authority, spec.node_id, held, key_spki, dt.timedelta(hours=spec.renew_before_hours), now)
+        issued = adopted
+        if issued is None:
+            res = s.run(remote.make_node_key(spec.node_id))
+            _glue.raise_for(res, spec.node_id, f"making the node's key pair on {spec.connection.host}")
+            csr = base64.b64decode(facts.key_values(res.stdout).get("csr", "")).decode(errors="replace")
+            issued = pki.issue(authority, spec.node_id, dt.timedelta(hours=spec.validity_hours), now,
+                               public_key=pki.requested_key(csr, spec.node_id))
+        return issued, {"adopted": adopted is not None, "host_key": s.host_key, "jump_host_keys": s.jump_host_keys}
+
+
 @dataclass
 class ClientCertificateArgs:
     node_id: pulumi.Input[str]
@@ -127,6 +175,10 @@ class ClientCertificateArgs:
     validity_hours: pulumi.Input[float] | None = None
     renew_before_hours: pulumi.Input[float] | None = None
     """A `pulumi up` this close to expiry issues a new certificate."""
+    key_origin: pulumi.Input[str] | None = None
+    """``node`` (the default): the node makes its key pair, which never leaves it; ``operator``: made here."""
+    connection: Connection | None = None
+    """How to reach the node: needed when the key is made on the node."""
 
 
 class ClientCertificate(Resource, module="llmgw", name="ClientCertificate"):
@@ -137,6 +189,11 @@ class ClientCertificate(Resource, module="llmgw", name="ClientCertificate"):
     serial: pulumi.Output[str]
     not_after: pulumi.Output[str]
     fingerprint_sha256: pulumi.Output[str]
+    adopted: pulumi.Output[bool]
+    """The node's certificate was kept as it was (onboarded before, e.g. by the script), not issued here."""
+    host_key: pulumi.Output[str]
+    """keyOrigin node: the host key the node presented (NodeIdentity expects it)."""
+    jump_host_keys: pulumi.Output[dict[str, str]]
 
     def __init__(self, name: str, args: ClientCertificateArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         props = {**to_inputs(args), **{k: None for k in OUTPUT_KEYS}}

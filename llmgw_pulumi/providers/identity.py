@@ -14,20 +14,39 @@ import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
 from .. import desired, facts, remote
-from ..specs import Connection, IdentitySpec, to_inputs
+from ..specs import KEY_ORIGIN_NODE, Connection, IdentitySpec, to_inputs
 from . import _glue
 
-INPUT_KEYS = ("node_id", "connection", "ca_pem", "cert_pem", "key_pem")
+INPUT_KEYS = ("node_id", "connection", "ca_pem", "cert_pem", "key_pem", "key_origin")
 REPLACE_KEYS = ("node_id", "connection.host", "connection.port")
 OUTPUT_KEYS = ("host_key", "jump_host_keys", "hostname", "arch", "files", "trust")
+PEM_KEYS = ("ca_pem", "cert_pem", "key_pem")
+KEY_FILE = desired.file_with(desired.Content.KEY_PEM, desired.IDENTITY)
+KEY_MADE_ON_NODE = "the key pair made on the node for cert_pem"
+"""What the key file should hold with keyOrigin node, before the node has been seen to hold it."""
 
 
-def desired_hashes(props: dict[str, Any]) -> dict[str, str] | None:
-    """path -> sha256 the node should hold, or None while a PEM is unknown (preview)."""
-    pems = [props.get(k) for k in ("ca_pem", "cert_pem", "key_pem")]
+def key_on_node(props: dict[str, Any]) -> bool:
+    return bool(props.get("key_origin", KEY_ORIGIN_NODE) == KEY_ORIGIN_NODE)
+
+
+def desired_hashes(props: dict[str, Any], recorded: dict[str, Any] | None = None) -> dict[str, str] | None:
+    """path -> sha256 the node should hold, or None while a PEM is unknown (preview).
+
+    With the key made on the node its bytes are never seen here: the key file
+    should hold what it held when this resource last installed or read it
+    (``recorded``'s ``files``), as long as the certificate is the same.
+    """
+    on_node = key_on_node(props)
+    pems = [props.get(k) for k in PEM_KEYS[: 2 if on_node else 3]]
     if not all(isinstance(p, str) for p in pems):
         return None
-    return {f.path: f.sha256 for f in desired.identity_files(*pems)}  # type: ignore[arg-type]
+    want = {f.path: f.sha256 for f in desired.identity_files(*pems, *([None] if on_node else []))}  # type: ignore[arg-type]
+    if on_node:
+        seen = ((recorded if recorded is not None else props).get("files") or {}).get(KEY_FILE.path)
+        sha = seen.split(";")[0] if isinstance(seen, str) else facts.ABSENT
+        want[KEY_FILE.path] = sha if sha != facts.ABSENT else KEY_MADE_ON_NODE
+    return want
 
 
 def files_state(node: facts.NodeFacts) -> dict[str, str]:
@@ -36,14 +55,21 @@ def files_state(node: facts.NodeFacts) -> dict[str, str]:
 
 
 def recorded_keys(props: dict[str, Any]) -> tuple[str | None, Any]:
-    """The host keys this resource recorded (its outputs ``host_key`` and ``jump_host_keys``), for the next session."""
-    return props.get("host_key"), props.get("jump_host_keys")
+    """The host keys to expect: those this resource recorded (its outputs ``host_key`` and ``jump_host_keys``),
+    else those ClientCertificate recorded when it had the node make its key (``known_*``)."""
+    return (props.get("host_key") or props.get("known_host_key"),
+            props.get("jump_host_keys") or props.get("known_jump_host_keys"))
 
 
 def _apply(spec: IdentitySpec, recorded: dict[str, Any], restart_agent: bool) -> dict[str, Any]:
     files = desired.identity_files(spec.ca_pem, spec.cert_pem, spec.key_pem)
+    spki = None
+    if spec.key_pem is None:
+        from .. import pki  # cryptography: only to name the node's key by its public half
+
+        spki = pki.spki_b64(spec.cert_pem)
     with _glue.session(spec.connection, spec.node_id, *recorded_keys(recorded)) as s:
-        res = s.run(remote.install_identity(files, restart_agent))
+        res = s.run(remote.install_identity(files, restart_agent, spki))
         _glue.raise_for(res, spec.node_id, f"installing the identity on {spec.connection.host}")
         node = facts.parse_survey(res.stdout)
         return {
@@ -59,8 +85,8 @@ def _apply(spec: IdentitySpec, recorded: dict[str, Any], restart_agent: bool) ->
 def changes(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
     """Changed inputs, and drift found by refresh: the node's files differ from what they should hold."""
     found = _glue.changed_keys(olds, news, INPUT_KEYS)
-    want = desired_hashes(news)
-    if want is not None and not {"ca_pem", "cert_pem", "key_pem"} & set(found) and olds.get("files") != want:
+    want = desired_hashes(news, olds)
+    if want is not None and not set(PEM_KEYS) & set(found) and olds.get("files") != want:
         found.append("files")
     return found
 
@@ -70,7 +96,7 @@ class NodeIdentityProvider(ResourceProvider):
     serialize_as_secret_always = False
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        return _glue.check(news, IdentitySpec.collect)
+        return _glue.check(news, IdentitySpec.collect, defaults={"key_origin": KEY_ORIGIN_NODE})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # A replacement is created before the old one is deleted; the delete
@@ -80,7 +106,7 @@ class NodeIdentityProvider(ResourceProvider):
     @_glue.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         spec = IdentitySpec.from_props(props)
-        computed = _apply(spec, {}, restart_agent=False)
+        computed = _apply(spec, props, restart_agent=False)
         return CreateResult(spec.node_id, _glue.outputs(props, **computed))
 
     @_glue.operator_errors
@@ -89,7 +115,7 @@ class NodeIdentityProvider(ResourceProvider):
             return UpdateResult(_glue.carried(olds, news, OUTPUT_KEYS))
         spec = IdentitySpec.from_props(news)
         renewed = olds.get("cert_pem") != news.get("cert_pem") or olds.get("key_pem") != news.get("key_pem")
-        computed = _apply(spec, olds, restart_agent=renewed or olds.get("files") != desired_hashes(news))
+        computed = _apply(spec, olds, restart_agent=renewed or olds.get("files") != desired_hashes(news, olds))
         return UpdateResult(_glue.outputs(news, **computed))
 
     @_glue.operator_errors
@@ -112,7 +138,7 @@ class NodeIdentityProvider(ResourceProvider):
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         spec = IdentitySpec.from_props(props)
         # What this resource installed: a refresh may since have recorded another identity's files.
-        owned = desired_hashes(props) or {}
+        owned = {path: sha for path, sha in (desired_hashes(props) or {}).items() if sha != KEY_MADE_ON_NODE}
         _glue.remove_from_node(spec.connection, spec.node_id, recorded_keys(props),
                                remote.remove_identity(owned), "the identity")
 
@@ -123,7 +149,13 @@ class NodeIdentityArgs:
     connection: Connection
     ca_pem: pulumi.Input[str]
     cert_pem: pulumi.Input[str]
-    key_pem: pulumi.Input[str]
+    key_pem: pulumi.Input[str] | None = None
+    """keyOrigin operator: the key ClientCertificate made. Absent with the key made on the node."""
+    key_origin: pulumi.Input[str] | None = None
+    """``node`` (the default) or ``operator``, as the node's ClientCertificate was given."""
+    known_host_key: pulumi.Input[str] | None = None
+    """The host key ClientCertificate saw when it had the node make its key (keyOrigin node): expected here."""
+    known_jump_host_keys: pulumi.Input[dict[str, str]] | None = None
 
 
 class NodeIdentity(Resource, module="llmgw", name="NodeIdentity"):

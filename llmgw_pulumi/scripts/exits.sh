@@ -7,5 +7,7 @@ EXIT_CHECKSUM=72        # the binary does not match the checksum it must have
 EXIT_AGENT_START=73     # the new agent did not stay running; the previous one was restored
 EXIT_WRITE=74           # a file could not be written (disk full, read-only); nothing was changed
 EXIT_BUSY=75            # another change to the node held its lock for too long
+EXIT_NO_KEYGEN=76       # the node has no openssl to make its own key pair
+EXIT_KEY_MISSING=77     # the key pair made on the node for this certificate is not there
 # shellcheck disable=SC2034 # each script uses the codes it needs; Python reads them all
-readonly EXIT_RELEASE_FETCH EXIT_CHECKSUM EXIT_AGENT_START EXIT_WRITE EXIT_BUSY
+readonly EXIT_RELEASE_FETCH EXIT_CHECKSUM EXIT_AGENT_START EXIT_WRITE EXIT_BUSY EXIT_NO_KEYGEN EXIT_KEY_MISSING

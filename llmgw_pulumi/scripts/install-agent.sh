@@ -8,10 +8,15 @@
 #                   it against the release's checksums.txt;
 #          copy:    the local build arrives on stdin (SIZE bytes, sha256 WANT);
 #          keep:    the binary is already right.
+#          (release: when the installed binary has the release's checksum
+#          already, nothing is downloaded and it stays.)
 #   TICKS  tenths of a second the restarted agent must stay up
 #   START  restart|start: how the agent is (re)started
 #   then each file, its mode and owner (user:group); the config's and the
-#   unit's bytes follow the binary's on stdin.
+#   unit's bytes follow the binary's on stdin. A config or unit SIZE of `-`
+#   keeps the node's file (it says the same in other words), and a file that
+#   holds the very bytes already stays too (see `put`): when nothing is to be
+#   replaced, a running agent is not restarted.
 #
 # Everything new is staged first (download, checksum, temporary files next to
 # their destinations), so a failed download, a bad checksum or a full disk end
@@ -23,7 +28,8 @@
 # shuts down) puts them back as well; one killed outright leaves them for the
 # next run, which puts them back before it starts.
 #
-# Prints the architecture, `staged`, the unit's state and a survey line per file.
+# Prints the architecture, `staged`, the unit's state, a survey line per file
+# and the text of the config and the unit.
 begin_change "$1"
 UNIT=$2 MODE=$3 TAG=$4 URL=$5 WANT=$6 SIZE=$7 SETTLE_TICKS=$8 START=$9
 shift 9
@@ -78,14 +84,16 @@ fetch() { curl -fsS --connect-timeout 10 --speed-limit 1 --speed-time 20 --max-t
 case $MODE in
 release)
   name="llmgw-$TAG-linux-$arch"
-  if ! err=$(fetch "$stage/bin" "$URL/$TAG/$name" 600); then
-    echo "cannot download $URL/$TAG/$name: $err; the installed agent was left as it was" >&2; exit "$EXIT_RELEASE_FETCH"
-  fi
   if ! err=$(fetch "$stage/sums" "$URL/$TAG/checksums.txt" 60); then
     echo "cannot download $URL/$TAG/checksums.txt: $err; the installed agent was left as it was" >&2; exit "$EXIT_RELEASE_FETCH"
   fi
   WANT=$(awk -v n="$name" '$2 == n || $2 == "*" n { print $1; exit }' "$stage/sums")
   if [ -z "$WANT" ]; then echo "checksums.txt of $TAG has no line for $name; nothing was installed" >&2; exit "$EXIT_CHECKSUM"; fi
+  if [ "$(sha256_of "$R$B")" = "$WANT" ]; then
+    MODE=keep  # the node runs this release already: nothing to download
+  elif ! err=$(fetch "$stage/bin" "$URL/$TAG/$name" 600); then
+    echo "cannot download $URL/$TAG/$name: $err; the installed agent was left as it was" >&2; exit "$EXIT_RELEASE_FETCH"
+  fi
   ;;
 copy)
   if ! dd iflag=fullblock,count_bytes bs=65536 count="$SIZE" status=none of="$stage/bin" 2>/dev/null; then
@@ -102,22 +110,54 @@ if [ "$MODE" != keep ]; then
   cp "$stage/bin" "$t" 2>/dev/null || cannot_write "$B"
   stage_temp "$B" "$B_MODE" "$B_OWNER"
 fi
-put "$C" "$C_MODE" "$C_OWNER" "$C_SIZE"
-put "$U" "$U_MODE" "$U_OWNER" "$U_SIZE"
+# SIZE `-`: the node's file says the same in other words (desired.equivalent), and stays.
+if [ "$C_SIZE" = - ]; then keep "$C" "$C_MODE" "$C_OWNER"; else put "$C" "$C_MODE" "$C_OWNER" "$C_SIZE"; fi
+if [ "$U_SIZE" = - ]; then keep "$U" "$U_MODE" "$U_OWNER"; else put "$U" "$U_MODE" "$U_OWNER" "$U_SIZE"; fi
+
+if [ -z "$staged" ]; then
+  # The node has this binary, config and unit already (a re-run, or a node the
+  # script onboarded): nothing is replaced, and a running agent is not restarted.
+  kv staged "$arch"
+  if [ "$(unit_is is-active "$UNIT")" = active ] && [ "$(unit_is is-enabled "$UNIT")" = enabled ]; then
+    kv agent kept
+  else
+    systemctl enable "$UNIT" >/dev/null 2>&1
+    systemctl start "$UNIT"
+    if ! settle; then
+      printf 'the agent did not stay running; the end of its journal:\n%s\n' \
+        "$(journalctl -u "$UNIT" -n 15 --no-pager -o cat 2>&1 | tail -n 15)" >&2
+      exit "$EXIT_AGENT_START"
+    fi
+    kv agent started
+  fi
+  kv arch "$arch"
+  report_unit "$UNIT"
+  for f in "$B" "$C" "$U"; do report_file "$f"; done
+  for f in "$C" "$U"; do report_text "$f"; done
+  exit 0
+fi
 
 # What is replaced is kept as a hard link: that takes no space, so it cannot
-# fail on a full disk (a copy is the fallback where links are refused).
-phase=backup
-for f in "$R$B" "$R$C" "$R$U"; do
-  rm -f "$f.llmgw-prev" "$f.llmgw-absent"
-  if [ -e "$f" ]; then
-    if ! ln -f "$f" "$f.llmgw-prev" 2>/dev/null && ! cp -p "$f" "$f.llmgw-prev" 2>/dev/null; then
-      echo "cannot keep a copy of ${f#"$R"} (disk full?); nothing was changed" >&2; exit "$EXIT_WRITE"
+# fail on a full disk (a copy is the fallback where links are refused). Only
+# what is replaced: a file that stays is its own backup.
+# back_up TEMP DEST [TEMP DEST]...: the staged pairs.
+back_up() {
+  while [ $# -ge 2 ]; do
+    f=$2
+    shift 2
+    rm -f "$f.llmgw-prev" "$f.llmgw-absent"
+    if [ -e "$f" ]; then
+      if ! ln -f "$f" "$f.llmgw-prev" 2>/dev/null && ! cp -p "$f" "$f.llmgw-prev" 2>/dev/null; then
+        echo "cannot keep a copy of ${f#"$R"} (disk full?); nothing was changed" >&2; exit "$EXIT_WRITE"
+      fi
+    else
+      : > "$f.llmgw-absent"
     fi
-  else
-    : > "$f.llmgw-absent"
-  fi
-done
+  done
+}
+phase=backup
+# shellcheck disable=SC2086 # mktemp's names and our own paths: no blanks, no patterns
+back_up $staged
 # A session that died during the download ends the script here (SIGPIPE), before anything changed.
 kv staged "$arch"
 phase=commit
@@ -138,3 +178,4 @@ for f in "$R$B" "$R$C" "$R$U"; do rm -f "$f.llmgw-prev" "$f.llmgw-absent"; done
 kv arch "$arch"
 report_unit "$UNIT"
 for f in "$B" "$C" "$U"; do report_file "$f"; done
+for f in "$C" "$U"; do report_text "$f"; done

@@ -2,13 +2,19 @@
 # NodeIdentity's change (SPEC steps 3 and 4): the node's certificate, key and
 # CA root, and the root as a system trust anchor.
 #
-# install-identity.sh DIRS UNIT RESTART ANCHOR [dir PATH MODE OWNER | file PATH MODE OWNER SIZE]...
+# install-identity.sh DIRS UNIT RESTART ANCHOR [dir PATH MODE OWNER | file PATH MODE OWNER SIZE |
+#                                              nodekey PATH MODE OWNER PENDING SPKI]...
 #   DIRS     directories the package writes in (begin_change)
 #   UNIT     the agent's unit, restarted when RESTART is `yes` (a renewed
 #            identity only takes effect when the agent reconnects)
 #   ANCHOR   the trust anchor: update-ca-certificates runs when it changed
 #   dir      a directory to have, MODE, OWNER (user:group)
-#   file     a file to have: its SIZE bytes come next on stdin
+#   file     a file to have: its SIZE bytes come next on stdin (a file that
+#            already holds them stays as it is: see `put`)
+#   nodekey  the key pair the node made for the certificate (keyOrigin node),
+#            whose public half is SPKI: kept at PATH when it is there already,
+#            else renamed from PENDING to PATH in the same step as the
+#            certificate is installed. Neither: EXIT_KEY_MISSING, nothing changed.
 # Prints the node's hostname and architecture, `trust`, `agent`, and a survey
 # line for each file.
 begin_change "$1"
@@ -16,11 +22,26 @@ UNIT=$2 RESTART=$3 ANCHOR=$4
 shift 4
 anchor_before=$(sha256_of "$R$ANCHOR")
 files=''
+# take_node_key PATH MODE OWNER PENDING SPKI: see `nodekey` above.
+take_node_key() {
+  if [ -f "$R$1" ] && [ "$(spki_of_key "$R$1")" = "$5" ]; then
+    keep "$1" "$2" "$3"
+  elif [ -f "$R$4" ] && [ "$(spki_of_key "$R$4")" = "$5" ]; then
+    chown "$3" "$R$4"
+    chmod "$2" "$R$4"
+    staged="$staged $R$4 $R$1"
+  else
+    echo "the private key for this certificate is on the node neither at $1 nor at $4; nothing was changed" >&2
+    exit "$EXIT_KEY_MISSING"
+  fi
+}
 while [ $# -gt 0 ]; do
   case $1 in
   dir) ensure_dir "$2" "$3" "$4"; shift 4 ;;
   file) put "$2" "$3" "$4" "$5"; files="$files$2
 "; shift 5 ;;
+  nodekey) take_node_key "$2" "$3" "$4" "$5" "$6"; files="$files$2
+"; shift 6 ;;
   *) echo "install-identity.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done

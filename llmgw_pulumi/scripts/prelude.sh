@@ -123,14 +123,36 @@ stage_temp() {
 
 # put PATH MODE OWNER SIZE: the next SIZE bytes of stdin are staged for PATH.
 # Nothing is in place until `place` renames every staged file, so a disk that
-# fills up fails the script before any file changed.
+# fills up fails the script before any file changed. A file that already holds
+# those bytes is not replaced (its inode and mtime stay): only its MODE and
+# OWNER are made right, in place.
 put() {
   new_temp "$1"
   if ! dd iflag=fullblock,count_bytes bs=65536 count="$4" status=none of="$t" 2>/dev/null \
      || [ "$(wc -c < "$t")" -ne "$4" ]; then
     cannot_write "$1"
   fi
+  if [ -f "$R$1" ] && [ "$(sha256_of "$t")" = "$(sha256_of "$R$1")" ]; then
+    rm -f "$t"
+    keep "$1" "$2" "$3"
+    return 0
+  fi
   stage_temp "$1" "$2" "$3"
+}
+
+# keep PATH MODE OWNER: the file stays as it is, with MODE and OWNER (user:group).
+keep() {
+  chown "$3" "$R$1"
+  chmod "$2" "$R$1"
+}
+
+# spki_of_key FILE: the public half of the private key in FILE, as base64 of its
+# DER SubjectPublicKeyInfo (one line); nothing when FILE is not a key openssl reads.
+# The private key itself never leaves the node: only this is printed.
+spki_of_key() {
+  if der=$(openssl pkey -in "$1" -pubout -outform DER 2>/dev/null | base64 -w0) && [ -n "$der" ]; then
+    printf '%s' "$der"
+  fi
 }
 
 # place: every staged file replaces its destination.

@@ -104,3 +104,18 @@ def test_agent_files_take_their_bytes_from_the_rendered_texts():
     files = {f.path: f for f in desired.agent_files("YAML", "UNIT")}
     assert {p: (f.content, f.mode) for p, f in files.items()} == {
         "/etc/llmgw/agent.yaml": (b"YAML", 0o644), "/etc/systemd/system/llmgw-agent.service": (b"UNIT", 0o644)}
+
+
+def test_files_that_say_the_same_in_other_words_are_equivalent():
+    """How an up adopts what onboard-node.sh wrote: same YAML data, same unit directives."""
+    want_yaml = desired.render_agent_yaml("gpu-01", AgentSettings(servers=("cp1:7443",)), "gpu-01")
+    script_yaml = ('# gpu-01, written by onboard-node.sh.\nserver: "cp1:7443"\n\ntls:\n  ca: /etc/llmgw/ca.pem\n'
+                   '  cert: /etc/llmgw/agent.pem\n  key: /etc/llmgw/agent-key.pem\n')
+    assert desired.equivalent(desired.Content.AGENT_YAML, script_yaml, want_yaml)
+    assert not desired.equivalent(desired.Content.AGENT_YAML, script_yaml.replace("cp1:", "cp2:"), want_yaml)
+    assert not desired.equivalent(desired.Content.AGENT_YAML, "server: [unclosed", want_yaml)
+    unit = desired.render_unit()
+    bare = "\n".join(line for line in unit.splitlines() if not line.startswith("#") and line) + "\n"
+    assert bare != unit and desired.equivalent(desired.Content.UNIT, bare, unit)
+    assert not desired.equivalent(desired.Content.UNIT, bare.replace("KillMode=process", "KillMode=control-group"), unit)
+    assert not desired.equivalent(desired.Content.CA_PEM, "a", "b")

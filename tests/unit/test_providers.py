@@ -34,7 +34,7 @@ def checked(provider, news):
 
 def test_certificate_no_diff_for_floats_and_provider_changes():
     p = ClientCertificateProvider()
-    news = checked(p, {"node_id": "gpu-01", "pki_dir": "/pki", "__provider": "new"})
+    news = checked(p, {"node_id": "gpu-01", "pki_dir": "/pki", "key_origin": "operator", "__provider": "new"})
     olds = {**news, "validity_hours": 8760, "renew_before_hours": 720, "__provider": "old",
             "not_after": (dt.datetime.now(dt.UTC) + dt.timedelta(days=300)).isoformat()}
     assert p.diff("id", olds, {**news, "validity_hours": 8760.0}).changes is False
@@ -42,7 +42,8 @@ def test_certificate_no_diff_for_floats_and_provider_changes():
 
 def test_certificate_replaced_for_a_new_node_id_and_inside_the_renewal_window():
     p = ClientCertificateProvider()
-    base = {"node_id": "gpu-01", "pki_dir": "/pki", "validity_hours": 100.0, "renew_before_hours": 10.0}
+    base = {"node_id": "gpu-01", "pki_dir": "/pki", "validity_hours": 100.0, "renew_before_hours": 10.0,
+            "key_origin": "operator"}
     far = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=50)).isoformat()
     near = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=5)).isoformat()
     ca_end = (dt.datetime.now(dt.UTC) + dt.timedelta(days=300)).isoformat()
@@ -57,7 +58,8 @@ def test_certificate_replaced_for_a_new_node_id_and_inside_the_renewal_window():
 
 def test_certificate_replaced_for_another_ca_but_not_for_a_moved_pki_dir():
     p = ClientCertificateProvider()
-    base = {"node_id": "gpu-01", "pki_dir": "/pki", "validity_hours": 100.0, "renew_before_hours": 10.0}
+    base = {"node_id": "gpu-01", "pki_dir": "/pki", "validity_hours": 100.0, "renew_before_hours": 10.0,
+            "key_origin": "operator"}
     later = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=90)).isoformat()
     olds = {**base, "ca_fingerprint": "aa", "not_after": later, "ca_not_after": later}
     assert p.diff("id", olds, {**base, "ca_fingerprint": "bb"}).replaces == ["ca_fingerprint"]
@@ -70,7 +72,8 @@ def test_certificate_replaced_for_another_ca_but_not_for_a_moved_pki_dir():
 
 def test_certificate_validity_change_updates_without_reissuing():
     p = ClientCertificateProvider()
-    base = {"node_id": "gpu-01", "pki_dir": "/pki", "validity_hours": 100.0, "renew_before_hours": 10.0}
+    base = {"node_id": "gpu-01", "pki_dir": "/pki", "validity_hours": 100.0, "renew_before_hours": 10.0,
+            "key_origin": "operator"}
     later = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=90)).isoformat()
     olds = {**base, "cert_pem": "C", "key_pem": "K", "serial": "ab", "not_after": later, "ca_pem": "CA",
             "ca_not_after": later, "fingerprint_sha256": "f"}

@@ -8,7 +8,10 @@ root, no SSH, no network.
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
 import hashlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,7 @@ from cryptography.x509.oid import NameOID
 
 from lab import pki as labpki
 from lab.release_server import publish_release
-from llmgw_pulumi import errors, pki, runner
+from llmgw_pulumi import desired, errors, pki, runner
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
@@ -66,15 +69,21 @@ def checked(provider: Any, news: dict[str, Any], olds: dict[str, Any] | None = N
     return res.inputs
 
 
-def certificate(pki_dir: Path, node_id: str = "gpu-01") -> dict[str, Any]:
+def certificate(pki_dir: Path, node_id: str = "gpu-01", key_origin: str = "operator") -> dict[str, Any]:
+    """A certificate as ClientCertificate issues it: keyOrigin operator (a key in its outputs) unless told
+    ``node`` (the fake node makes the key pair; it must be installed, see the ``node`` fixture)."""
     p = ClientCertificateProvider()
-    return p.create(checked(p, {"node_id": node_id, "pki_dir": str(pki_dir), "validity_hours": 100.0,
-                                "renew_before_hours": 10.0})).outs
+    props = {"node_id": node_id, "pki_dir": str(pki_dir), "validity_hours": 100.0, "renew_before_hours": 10.0,
+             "key_origin": key_origin, **({"connection": CONN} if key_origin == "node" else {})}
+    return p.create(checked(p, props)).outs
 
 
 def identity_inputs(cert: dict[str, Any], node_id: str = "gpu-01") -> dict[str, Any]:
-    return checked(NodeIdentityProvider(), {"node_id": node_id, "connection": CONN, "ca_pem": cert["ca_pem"],
-                                            "cert_pem": cert["cert_pem"], "key_pem": cert["key_pem"]})
+    on_node = cert["key_origin"] == "node"
+    return checked(NodeIdentityProvider(), {
+        "node_id": node_id, "connection": CONN, "ca_pem": cert["ca_pem"], "cert_pem": cert["cert_pem"],
+        "key_origin": cert["key_origin"],
+        **({"known_host_key": cert["host_key"]} if on_node else {"key_pem": cert["key_pem"]})})
 
 
 def onboard_identity(pki_dir: Path, node_id: str = "gpu-01") -> tuple[dict[str, Any], dict[str, Any]]:
@@ -91,6 +100,11 @@ def agent_inputs(binary_path: Path | None = None, **extra: Any) -> dict[str, Any
     return checked(AgentInstallProvider(), props)
 
 
+def changes_to_systemd(node: FakeNode) -> list[str]:
+    """The systemctl calls that change something (reading a unit's state does not)."""
+    return [c for c in node.calls("systemctl") if c.split()[1] not in ("is-active", "is-enabled")]
+
+
 def publish(node: FakeNode, tag: str, binary: bytes, tamper: bytes | None = None) -> None:
     publish_release(node.releases, tag, {"amd64": binary}, tamper={"amd64": tamper} if tamper else None)
 
@@ -100,7 +114,8 @@ def publish(node: FakeNode, tag: str, binary: bytes, tamper: bytes | None = None
 
 def test_certificate_is_issued_kept_read_and_deleted_without_a_node(pki_dir: Path) -> None:
     p = ClientCertificateProvider()
-    inputs = checked(p, {"node_id": "gpu-07", "pki_dir": str(pki_dir), "validity_hours": 48.0, "renew_before_hours": 4.0})
+    inputs = checked(p, {"node_id": "gpu-07", "pki_dir": str(pki_dir), "validity_hours": 48.0, "renew_before_hours": 4.0,
+                         "key_origin": "operator"})
     created = p.create(inputs)
     outs = created.outs
     cert = x509.load_pem_x509_certificate(outs["cert_pem"].encode())
@@ -300,8 +315,9 @@ def test_agent_create_downloads_a_verified_release(agent_node: FakeNode) -> None
     inputs = agent_inputs(version="v1.2.3", release_url=RELEASE_URL + "/")
     outs = AgentInstallProvider().create(inputs).outs
     assert_agent_installed(node, inputs, binary, outs)
-    assert [c.split()[-1] for c in node.calls("curl")] == [f"{RELEASE_URL}/v1.2.3/llmgw-v1.2.3-linux-amd64",
-                                                           f"{RELEASE_URL}/v1.2.3/checksums.txt"]
+    # checksums.txt first: a node that has this release's binary already downloads nothing more.
+    assert [c.split()[-1] for c in node.calls("curl")] == [f"{RELEASE_URL}/v1.2.3/checksums.txt",
+                                                           f"{RELEASE_URL}/v1.2.3/llmgw-v1.2.3-linux-amd64"]
 
 
 @pytest.mark.parametrize("fault,error,words", [
@@ -325,7 +341,7 @@ def test_agent_refuses_a_bad_release_and_installs_nothing(agent_node: FakeNode, 
         AgentInstallProvider().create(agent_inputs(version="v1.2.3", release_url=RELEASE_URL))
     for path in (BINARY, CONFIG, UNIT):
         assert node.read(path) is None, f"{path} installed from a bad release"
-    assert node.leftovers() == [] and node.calls("systemctl") == []
+    assert node.leftovers() == [] and changes_to_systemd(node) == []
 
 
 def test_agent_update_rewrites_the_config_and_restarts_keeping_the_binary(agent_node: FakeNode, dev_build: Path) -> None:
@@ -495,3 +511,172 @@ def test_a_read_whose_connection_broke_reads_again_over_a_new_one(node: FakeNode
     with pytest.raises(errors.RemoteCommandError):
         p.read("gpu-01", outs)
     assert len(calls) == 1
+
+
+# --------------------------------------------------------------------------- keyOrigin node, and adoption
+#
+# The node makes its key pair with the real openssl of this machine; the
+# provider signs its request. The key is 0600 from its first byte and never in
+# any output, the certificate is the key's, renewal swaps key and certificate
+# together, and a node that already holds an identity this CA issued (as
+# onboard-node.sh leaves it) is kept as it is.
+
+PENDING = desired.PENDING_KEY_PATH
+MARKER = "PRIVATE" + " KEY"  # built here: no key-shaped literal in the tree
+
+
+def public_of(key_pem: bytes) -> bytes:
+    key = serialization.load_pem_private_key(key_pem, None)
+    return key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def cert_public(cert_pem: str) -> bytes:
+    return x509.load_pem_x509_certificate(cert_pem.encode()).public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def onboard(pki_dir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    cert = certificate(pki_dir, key_origin="node")
+    inputs = identity_inputs(cert)
+    return cert, inputs, NodeIdentityProvider().create(inputs).outs
+
+
+def test_the_node_makes_its_key_and_it_never_leaves_it(node: FakeNode, pki_dir: Path) -> None:
+    cert, inputs, outs = onboard(pki_dir)
+    assert "key_pem" not in cert and cert["adopted"] is False and cert["host_key"] == node.host_key
+    # (connection holds the operator's SSH key, a fake one here: not the node's)
+    shown = [{k: v for k, v in d.items() if k != "connection"} for d in (cert, inputs, outs)]
+    assert MARKER not in repr(shown)
+    parsed = x509.load_pem_x509_certificate(cert["cert_pem"].encode())
+    assert parsed.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "gpu-01"
+    assert pki.verify_issued((pki_dir / "ca.pem").read_text(), cert["cert_pem"])
+    # The key on the node is the certificate's, root-only, and the pending pair is gone (renamed into place).
+    key = node.read(KEY)
+    assert key is not None and MARKER in key.decode()
+    assert public_of(key) == cert_public(cert["cert_pem"])
+    assert node.mode(KEY) == 0o600 and node.owner(KEY) == "root:root"
+    assert node.read(PENDING) is None and node.leftovers() == []
+    # Made in a temporary file that was 0600 and root's when it was given its owner, before it held the key.
+    made = [r for r in node.chowns if r.path.startswith(PENDING + ".llmgw-new.")]
+    assert len(made) == 1 and made[0].mode == 0o600 and made[0].owner == "root:root", node.chowns
+    assert outs["files"][KEY] == sha(key)
+    assert NodeIdentityProvider().diff("gpu-01", outs, inputs).changes is False
+
+
+def test_renewal_makes_a_new_pair_and_swaps_it_with_the_certificate(node: FakeNode, pki_dir: Path) -> None:
+    cert, _, outs = onboard(pki_dir)
+    old_key = node.read(KEY)
+    node.set_unit(active="active", enabled="enabled")
+    # Inside the renewal window (the certificate ends in 100 h; renewal 200 h before) the identity is not kept.
+    p = ClientCertificateProvider()
+    props = checked(p, {"node_id": "gpu-01", "pki_dir": str(pki_dir), "validity_hours": 1000.0,
+                        "renew_before_hours": 200.0, "connection": CONN})
+    renewed = p.create(props).outs
+    assert renewed["adopted"] is False and renewed["serial"] != cert["serial"]
+    # Until NodeIdentity installs the new certificate, the key in use is untouched and the new one waits.
+    assert node.read(KEY) == old_key and node.read(PENDING) is not None and node.mode(PENDING) == 0o600
+    new = NodeIdentityProvider().update("gpu-01", outs, identity_inputs(renewed)).outs
+    key = node.read(KEY)
+    assert key != old_key and public_of(key or b"") == cert_public(renewed["cert_pem"])
+    assert node.read(CERT) == renewed["cert_pem"].encode() and node.read(PENDING) is None
+    assert new["files"][KEY] == sha(key or b"") and node.mode(KEY) == 0o600
+    assert f"systemctl try-restart {desired.UNIT_NAME}" in node.calls("systemctl")
+
+
+def test_a_node_that_holds_an_identity_of_this_ca_is_adopted_without_a_change(node: FakeNode, pki_dir: Path) -> None:
+    # As onboard-node.sh leaves a node: the key made elsewhere, copied in; the certificate this CA issued.
+    issued = certificate(pki_dir)  # keyOrigin operator: a key in hand, to write like the script does
+    node.path("/etc/llmgw").mkdir(mode=0o755)
+    for path, text, mode in ((desired.CA_PATH, issued["ca_pem"], 0o644), (CERT, issued["cert_pem"], 0o644),
+                             (KEY, issued["key_pem"], 0o600), (desired.TRUST_ANCHOR_PATH, issued["ca_pem"], 0o644)):
+        node.path(path).parent.mkdir(parents=True, exist_ok=True)
+        node.path(path).write_text(text)
+        node.path(path).chmod(mode)
+    before = {p: os.stat(node.path(p)) for p in (desired.CA_PATH, CERT, KEY, desired.TRUST_ANCHOR_PATH)}
+
+    cert = certificate(pki_dir, key_origin="node")
+    assert cert["adopted"] is True and cert["serial"] == issued["serial"] and cert["cert_pem"] == issued["cert_pem"]
+    assert not [c for c in node.calls() if "genpkey" in c], "a key pair was made for a node that has one"
+    outs = NodeIdentityProvider().create(identity_inputs(cert)).outs
+    after = {p: os.stat(node.path(p)) for p in before}
+    assert {p: (s.st_ino, s.st_mtime_ns) for p, s in after.items()} == {p: (s.st_ino, s.st_mtime_ns) for p, s in before.items()}
+    assert outs["trust"] == "unchanged" and node.calls("update-ca-certificates") == []
+    assert changes_to_systemd(node) == []
+
+
+@pytest.mark.parametrize("why", ["another CA", "another node id", "renewal due", "key does not match"])
+def test_an_identity_that_cannot_be_kept_is_replaced(tmp_path: Path, pki_dir: Path, why: str) -> None:
+    from lab import pki as labpki
+
+    now = dt.datetime.now(dt.UTC)
+    authority = pki.load_authority(str(pki_dir), "gpu-01", now)
+    labpki.init_ca(tmp_path / "other")
+    other = pki.load_authority(str(tmp_path / "other"), "gpu-01", now)
+    issuer, node_id = (other, "gpu-01") if why == "another CA" else (authority, "gpu-02" if why == "another node id" else "gpu-01")
+    issued = pki.issue(issuer, node_id, dt.timedelta(hours=100), now)
+    key_pem = pki.issue(authority, "gpu-01", dt.timedelta(hours=1), now).key_pem if why == "key does not match" else issued.key_pem
+    spki = base64.b64encode(public_of(key_pem.encode())).decode()
+    renew_before = dt.timedelta(hours=100.5 if why == "renewal due" else 10)
+    assert pki.adoptable(authority, "gpu-01", issued.cert_pem, spki, renew_before, now) is None
+    # ... and the same identity, right in every respect, is kept: the test above can fail.
+    good = pki.issue(authority, "gpu-01", dt.timedelta(hours=100), now)
+    good_spki = base64.b64encode(public_of(good.key_pem.encode())).decode()
+    assert pki.adoptable(authority, "gpu-01", good.cert_pem, good_spki, dt.timedelta(hours=10), now) is not None
+
+
+def test_a_missing_node_key_is_an_error_that_names_the_fix(node: FakeNode, pki_dir: Path) -> None:
+    cert = certificate(pki_dir, key_origin="node")
+    node.path(PENDING).unlink()
+    with pytest.raises(errors.NodeKeyMissingError, match="--replace"):
+        NodeIdentityProvider().create(identity_inputs(cert))
+    assert node.read(CERT) is None, "the certificate was installed without its key"
+
+
+def test_a_request_not_signed_by_its_key_is_refused(pki_dir: Path) -> None:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = (x509.CertificateSigningRequestBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpu-01")]))
+           .sign(key, hashes.SHA256()))
+    pem = csr.public_bytes(serialization.Encoding.PEM).decode()
+    assert isinstance(pki.requested_key(pem, "gpu-01"), ec.EllipticCurvePublicKey)
+    der = bytearray(csr.public_bytes(serialization.Encoding.DER))
+    der[-5] ^= 0xFF  # a flipped bit in the signature
+    forged = "-----BEGIN CERTIFICATE REQUEST-----\n" + base64.encodebytes(bytes(der)).decode() + "-----END CERTIFICATE REQUEST-----\n"
+    with pytest.raises(errors.CertificateRequestError, match="not signed by its own key"):
+        pki.requested_key(forged, "gpu-01")
+
+
+def test_the_agent_of_a_script_onboarded_node_is_kept_running(node: FakeNode, dev_build: Path) -> None:
+    node.path("/etc/llmgw").mkdir(mode=0o755)
+    inputs = agent_inputs(dev_build)
+    # What onboard-node.sh writes: the same settings and unit, in its own words.
+    script_yaml = ('# gpu-01, written by onboard-node.sh.\nserver: "cp1.example.net:7443"\n\ntls:\n'
+                   '  ca: /etc/llmgw/ca.pem\n  cert: /etc/llmgw/agent.pem\n  key: /etc/llmgw/agent-key.pem\n')
+    script_unit = "\n".join(line for line in inputs["unit"].splitlines() if not line.startswith("#")) + "\n"
+    assert script_yaml != inputs["agent_yaml"] and script_unit != inputs["unit"]
+    for path, data, mode in ((desired.BINARY_PATH, dev_build.read_bytes(), 0o755),
+                             (desired.CONFIG_PATH, script_yaml.encode(), 0o644), (desired.UNIT_PATH, script_unit.encode(), 0o644)):
+        node.path(path).parent.mkdir(parents=True, exist_ok=True)
+        node.path(path).write_bytes(data)
+        node.path(path).chmod(mode)
+    node.set_unit(active="active", enabled="enabled")
+    before = {p: os.stat(node.path(p)) for p in (desired.BINARY_PATH, desired.CONFIG_PATH, desired.UNIT_PATH)}
+
+    p = AgentInstallProvider()
+    outs = p.create(inputs).outs
+    after = {path: os.stat(node.path(path)) for path in before}
+    assert {k: (v.st_ino, v.st_mtime_ns) for k, v in after.items()} == {k: (v.st_ino, v.st_mtime_ns) for k, v in before.items()}
+    assert changes_to_systemd(node) == [], "the running agent was restarted or reconfigured"
+    assert node.read(desired.CONFIG_PATH) == script_yaml.encode()
+    # Recorded as what is wanted: no drift, now or after a refresh.
+    assert p.diff("gpu-01", outs, inputs).changes is False
+    assert p.diff("gpu-01", p.read("gpu-01", outs).outs, inputs).changes is False
+
+    # What differs is changed, and only that: another server rewrites agent.yaml, not the unit.
+    news = agent_inputs(dev_build, servers=["cp2.example.net:7443"])
+    p.update("gpu-01", outs, news)
+    assert node.read(desired.CONFIG_PATH) == news["agent_yaml"].encode()
+    assert os.stat(node.path(desired.UNIT_PATH)).st_ino == before[desired.UNIT_PATH].st_ino

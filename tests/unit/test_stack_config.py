@@ -90,6 +90,8 @@ BAD = [
      "certificate.renewBeforeHours", "not shorter"),
     ("bad pinned host key", ("nodes", 0, "hostKey"), "AAAA-not-a-key", "node gpu-01", "hostKey", "not an SSH public key"),
     ("nodes empty", ("nodes",), [], "llmgw", "nodes", "empty"),
+    ("bad key origin", ("nodes", 1, "keyOrigin"), "ssh", "node gpu-02", "keyOrigin", "not node or operator"),
+    ("bad stack key origin", ("certificate",), {"keyOrigin": "cloud"}, "llmgw", "certificate.keyOrigin", "not node or operator"),
 ]
 
 
@@ -98,6 +100,14 @@ def test_the_good_config_parses():
     assert [n.node_id for n in spec.nodes] == ["gpu-01", "gpu-02"]
     assert spec.nodes[1].settings.fabrics == (Fabric("ib-east", ("mlx5_0",)),)
     assert spec.nodes[0].connection.user == "deploy" and spec.nodes[0].settings.servers == ("cp1.example.net:7443",)
+
+
+def test_the_key_is_made_on_the_node_unless_a_node_or_the_stack_says_operator():
+    assert [n.key_origin for n in stack_config.parse(GOOD).nodes] == ["node", "node"]
+    one = stack_config.parse(mutate(("nodes", 1, "keyOrigin"), "operator"))
+    assert [n.key_origin for n in one.nodes] == ["node", "operator"]
+    every = stack_config.parse(mutate(("certificate",), {"keyOrigin": "operator"}))
+    assert [n.key_origin for n in every.nodes] == ["operator", "operator"]
 
 
 @pytest.mark.parametrize("case,path,value,node,field,words", BAD, ids=[b[0] for b in BAD])
