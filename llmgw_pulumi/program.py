@@ -194,6 +194,7 @@ def node_output(node: Node) -> dict[str, Any]:
     return {
         "hostname": node.identity.hostname,
         "certificate_not_after": node.certificate.not_after,
+        "certificate_adopted": node.certificate.adopted.apply(bool),
         "engine_problems": check.problems.apply(engine_problems),
         "problems": check.problems,
         "gpus": inventory.apply(lambda inv: len(inv.get("gpus") or [])),

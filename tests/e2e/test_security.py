@@ -34,6 +34,7 @@ from tests.e2e.test_faults import BINARY, CONFIG, UNIT, leftovers, report
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
 KEY_PATH = "/etc/llmgw/agent-key.pem"
+PENDING_KEY_PATH = "/etc/llmgw/agent-key.pending.pem"
 # Renewal is due 3.6 s after issue: every `pulumi up` after the first renews the identity.
 RENEW_EVERY_UP = {"validityHours": 1, "renewBeforeHours": 0.999}
 
@@ -128,7 +129,7 @@ while not os.path.exists(stop):
         except OSError:
             names = []
         for name in names:
-            if ".llmgw-new." in name and os.path.join(roots[0], name) not in tried:
+            if (".llmgw-new." in name or ".pending." in name) and os.path.join(roots[0], name) not in tried:
                 attempt(os.path.join(roots[0], name))
     for root in roots:
         for dirpath, dirs, files in os.walk(root, onerror=lambda e: denied.add(e.filename)):
@@ -196,8 +197,9 @@ def test_the_node_key_is_never_readable_by_another_user(cluster, hosts, new_stac
     assert "ClientCertificate node" in renewal.output and "replaced" in renewal.output, renewal.output
     assert list(result["leaks"]) == [DECOY], {p: v[:80] for p, v in result["leaks"].items()}
     assert KEY_PATH in result["denied"], "the watcher never tried the key file"
-    # The key's temporary files (the certificate's and the CA's are public, and may be readable).
-    temps = [p for p in result["tried"] if p.startswith(KEY_PATH + ".llmgw-new.")]
+    # The key's files on their way (the certificate's and the CA's are public, and may be readable): the node
+    # makes the pair in a temporary file next to the pending key, which NodeIdentity renames over the key.
+    temps = [p for p in result["tried"] if p.startswith((KEY_PATH + ".llmgw-new.", PENDING_KEY_PATH))]
     assert temps, "the watcher tried no temporary file of the key: it cannot tell whether one was readable"
     assert [p for p in temps if p not in result["denied"]] == [], "a temporary file of the key was readable"
 
