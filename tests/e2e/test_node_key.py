@@ -50,8 +50,11 @@ def main_pid(host, cluster) -> str:
 def test_the_key_is_born_on_the_node_and_never_leaves_it(cluster, hosts, new_stack, tmp_path):
     (h,) = hosts(1)
     stack = new_stack(stack_config(cluster, [h], certificate=RENEW_EVERY_UP))
+    opens = h.passive_tcp_opens()
     first = stack.up()
     assert first.ok, first.output
+    # Making the key on the node, signing, installing identity and agent and checking engines: one SSH connection.
+    assert h.passive_tcp_opens() - opens == 1, "onboarding with the key made on the node took more than one connection"
     key1 = h.read_file(KEY_PATH)
     assert key1 and b"PRIVATE KEY" in key1
     cert1 = x509.load_pem_x509_certificate(h.read_file(CERT_PATH) or b"")
