@@ -110,6 +110,11 @@ class NodeBusyError(LlmgwError, fix="another `pulumi up` is changing this node: 
     """Another change by this package held the node's lock for too long."""
 
 
+class RolloutStoppedError(LlmgwError, fix="fix the release or config that failed (its error is above), "
+                                           "then run `pulumi up` again: nodes already updated stay updated"):
+    """A node's update was not started: another node's update failed earlier in this rollout (llmgw:rollout)."""
+
+
 class RemoteCommandError(LlmgwError, fix="run the command by hand on the node to see why it fails"):
     """A command on the node failed in a way none of the other errors describe."""
 

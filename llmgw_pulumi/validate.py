@@ -233,6 +233,12 @@ hca = _matching(_HCA, "an HCA name", "give InfiniBand HCA names as listed in /sy
 fabric_name = _matching(_LABEL, "a fabric name", "name the fabric with lowercase letters, digits and '-', e.g. ib-east")
 
 
+def positive_int(value: object) -> Problem:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+        return f"{value!r} is not a whole number above 0", "give how many agents may restart at once, e.g. 2"
+    return None
+
+
 def hours(value: object, upper: float = 24 * 3650) -> Problem:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= upper:
         return f"{value!r} is not a number of hours above 0 and at most {upper:g}", "give a duration in hours, e.g. 8760 for a year"

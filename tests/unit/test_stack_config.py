@@ -150,7 +150,7 @@ MISSPELLED = [
     ("discovery", ("nodes", 0, "discovery"), {"nvidiaSMI": "/usr/bin/nvidia-smi"}, "node gpu-01", "discovery.nvidiaSMI",
      "did you mean nvidiaSmi?"),
     ("nothing close", ("zzz",), 1, "llmgw", "zzz", "use one of agent, certificate, failOnEngineProblems, nodes, pkiDir, "
-                                                     "servers, ssh, sshKeyPassphrase, sshPrivateKey"),
+                                                     "rollout, servers, ssh, sshKeyPassphrase, sshPrivateKey"),
 ]
 
 
