@@ -61,6 +61,17 @@ def agent_steps(run_events: list[tuple[float, dict[str, Any]]], op: str) -> dict
     return steps
 
 
+def install_begins(run_events: list[tuple[float, dict[str, Any]]]) -> dict[str, float]:
+    """node -> when its agent's install began on the node: AgentInstall logs that the node fetches the release
+    once the node's turn has come (after any rollout wait), as a diagnostic under the resource."""
+    begins: dict[str, float] = {}
+    for t, event in run_events:
+        diag = event.get("diagnosticEvent") or {}
+        if "AgentInstall::" in diag.get("urn", "") and "the node fetches llmgw" in diag.get("message", ""):
+            begins.setdefault(diag["urn"].split("::")[-1], t)
+    return begins
+
+
 def timed_up(stack: Any) -> tuple[Any, list[tuple[float, dict[str, Any]]]]:
     """`pulumi up`, and each engine event with the time it appeared (the control plane's clock)."""
     seen: list[tuple[float, dict[str, Any]]] = []
@@ -93,11 +104,10 @@ def test_onboarding_is_not_gated_and_a_version_bump_restarts_two_at_a_time_canar
     # First-time onboarding with the rollout set: the creates run side by side, none waits for the canary.
     up, seen = timed_up(stack)
     assert up.ok, up.output
-    creates = agent_steps(seen, "create")
-    assert set(creates) == set(ids), creates
-    canary_end = creates[canary][1]
-    early = [n for n in ids if n != canary and creates[n][0] < canary_end]
-    assert early, f"every other node's agent was installed after the canary's: {creates}"
+    creates, begins = agent_steps(seen, "create"), install_begins(seen)
+    assert set(creates) == set(begins) == set(ids), (creates, begins)
+    early = [n for n in ids if n != canary and begins[n] < creates[canary][1]]
+    assert early, f"every other node's install began after the canary's agent was installed: {begins} {creates}"
     assert cluster.control_plane.wait_for(ids, timeout=20)
 
     # A version bump: canary first, then never more than 2 agents down at once.
