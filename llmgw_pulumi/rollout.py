@@ -95,8 +95,9 @@ def stack_dir(project_dir: str, organization: str, project: str, stack: str) -> 
 
 
 def private_dir(path: Path) -> Path:
-    """``path`` made (0700, with its missing parents), and checked: ours, writable by nobody else."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """``path`` made 0700 (its missing parents as usual), and checked: ours, writable by nobody else."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, exist_ok=True)
     st = path.stat()
     if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or not stat.S_ISDIR(st.st_mode):
         raise ConfigError("llmgw", "rollout", f"the coordination directory {path} is not a directory of this user's "
@@ -115,7 +116,7 @@ def _write(path: Path, text: str) -> None:
 
 def start_run(directory: Path, now: float | None = None) -> str:
     """A new run of this stack (the program calls it once per `pulumi up`): its id, written to ``<dir>/run``."""
-    runs = private_dir(directory / RUNS)
+    runs = private_dir(private_dir(directory) / RUNS)
     now = time.time() if now is None else now
     for old in runs.iterdir():
         with contextlib.suppress(OSError):
