@@ -126,6 +126,11 @@ class CertificateRequestError(LlmgwError, fix="check that the node's openssl wor
     """The certificate signing request the node returned cannot be signed."""
 
 
+class RolloutStoppedError(LlmgwError, fix="fix the release or config that failed (its error is above), "
+                                           "then run `pulumi up` again: nodes already updated stay updated"):
+    """A node's update was not started: another node's update failed earlier in this rollout (llmgw:rollout)."""
+
+
 class RemoteCommandError(LlmgwError, fix="run the command by hand on the node to see why it fails"):
     """A command on the node failed in a way none of the other errors describe."""
 

@@ -39,7 +39,7 @@ from .providers.certificate import ClientCertificate, ClientCertificateArgs
 from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
 from .shards import PACKAGE, provider_for
-from .specs import KEY_ORIGIN_NODE, AgentSettings, BinarySource, Connection
+from .specs import KEY_ORIGIN_NODE, AgentSettings, BinarySource, Connection, Rollout
 
 ConnectionArgs = Connection
 """How to reach the node over SSH: host, user, port, private_key (made secret) or private_key_path, host_key, wait."""
@@ -61,6 +61,8 @@ class NodeArgs:
     fail_on_engine_problems: pulumi.Input[bool] | None = None
     key_origin: str | None = None
     """Where the node's key pair is made: ``node`` (the default: it never leaves the node) or ``operator``."""
+    rollout: Rollout | None = None
+    """How updates of running agents are spread over the stack (see llmgw_pulumi.rollout); None: not gated."""
 
 
 def engine_problems(problems: list[dict[str, str]] | None) -> list[dict[str, str]]:
@@ -105,7 +107,7 @@ class Node(pulumi.ComponentResource):
         self.agent = AgentInstall(name, AgentInstallArgs(
             node_id=args.node_id, connection=conn, known_host_key=known_host_key,
             known_jump_host_keys=self.identity.jump_host_keys, hostname=self.identity.hostname,
-            settings=args.settings, binary=binary,
+            settings=args.settings, binary=binary, rollout=args.rollout,
         ), child)
 
         self.engine_check = EngineCheck(name, EngineCheckArgs(

@@ -17,9 +17,10 @@ from typing import Any
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from . import fleet, stack_config, validate
+from . import fleet, rollout, stack_config, validate
 from .errors import ConfigError
 from .node import Node, NodeArgs, engine_problems
+from .specs import Rollout
 
 CONFIG_NAMESPACE = "llmgw"
 
@@ -115,6 +116,20 @@ def agent_inputs(source: stack_config.AgentSource) -> dict[str, Any]:
     return {"version": version, "release_url": release_url, "binary_path": binary_path, "binary_sha256": binary_sha}
 
 
+def rollout_plan(spec: stack_config.StackSpec) -> Rollout | None:
+    """llmgw:rollout with this stack's coordination directory; for `pulumi up` (not a preview), a new run started.
+
+    The directory is the same at every run of the stack from this checkout, so
+    the input never changes by itself (and it is never a reason to change a node).
+    """
+    if spec.rollout is None:
+        return None
+    directory = rollout.stack_dir(os.getcwd(), pulumi.get_organization(), pulumi.get_project(), pulumi.get_stack())
+    if not pulumi.runtime.is_dry_run():
+        rollout.start_run(directory)
+    return dataclasses.replace(spec.rollout, directory=str(directory))
+
+
 NEXT_STEPS_OUTPUT = "nextSteps"
 """The stack output telling the operator what to check (SPEC step 9); not a DNS label, so never a node id."""
 
@@ -160,9 +175,11 @@ def main() -> dict[str, Node]:
                               has_agent=bool(os.environ.get("SSH_AUTH_SOCK")))
     stack_agent = agent_inputs(spec.agent)
     credentials = ssh_credentials(spec, secrets)
+    plan = rollout_plan(spec)
     nodes: dict[str, Node] = {}
-    rows: list[pulumi.Output[fleet.FleetRow]] = []
-    for n in spec.nodes:
+    # Canaries are registered first, so that the engine reaches their updates before the others'.
+    canaries = plan.canaries if plan else ()
+    for n in sorted(spec.nodes, key=lambda n: n.node_id not in canaries):
         agent = agent_inputs(n.agent) if n.agent else stack_agent
         nodes[n.node_id] = Node(n.node_id, NodeArgs(
             node_id=n.node_id,
@@ -174,10 +191,12 @@ def main() -> dict[str, Node]:
             renew_before_hours=spec.renew_before_hours,
             fail_on_engine_problems=n.fail_on_engine_problems,
             key_origin=n.key_origin,
+            rollout=plan,
         ))  # each node runs in its shard's provider process (llmgw_pulumi.shards)
+    for n in spec.nodes:
         pulumi.export(n.node_id, node_output(nodes[n.node_id]))
-        rows.append(fleet_row(n.node_id, nodes[n.node_id], agent["version"]))
-    pulumi.export(NEXT_STEPS_OUTPUT, next_steps(list(nodes)))
+    rows = [fleet_row(n.node_id, nodes[n.node_id]) for n in spec.nodes]
+    pulumi.export(NEXT_STEPS_OUTPUT, next_steps([n.node_id for n in spec.nodes]))
     pulumi.export(FLEET_OUTPUT, pulumi.Output.all(*rows).apply(
         lambda known: fleet.fleet_table(known, dt.datetime.now(dt.UTC))))
     return nodes
@@ -193,6 +212,7 @@ def node_output(node: Node) -> dict[str, Any]:
     inventory = check.inventory.apply(lambda inv: inv or {})
     return {
         "hostname": node.identity.hostname,
+        "agent_version": node.agent.version,
         "certificate_not_after": node.certificate.not_after,
         "certificate_adopted": node.certificate.adopted.apply(bool),
         "engine_problems": check.problems.apply(engine_problems),
@@ -205,9 +225,11 @@ def node_output(node: Node) -> dict[str, Any]:
     }
 
 
-def fleet_row(node_id: str, node: Node, version: str) -> pulumi.Output[fleet.FleetRow]:
-    """The node's line of the fleet table, once its resources' outputs are known."""
-    return pulumi.Output.all(node.identity.hostname, node.certificate.not_after, node.identity.arch,
+def fleet_row(node_id: str, node: Node) -> pulumi.Output[fleet.FleetRow]:
+    """The node's line of the fleet table, once its resources' outputs are known. The agent version is the one
+    AgentInstall installed (its state), not the one configured: a node whose update failed or was refused shows
+    the version it still runs."""
+    return pulumi.Output.all(node.identity.hostname, node.certificate.not_after, node.agent.version, node.identity.arch,
                              node.engine_check.inventory, node.engine_check.problems).apply(
-        lambda v: fleet.FleetRow(node_id, v[0] or "", v[1] or "", version, v[2] or "", (v[3] or {}).get("gpus") or [],
-                                 v[4] or []))
+        lambda v: fleet.FleetRow(node_id, v[0] or "", v[1] or "", v[2] or "", v[3] or "", (v[4] or {}).get("gpus") or [],
+                                 v[5] or []))

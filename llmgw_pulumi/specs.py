@@ -623,6 +623,44 @@ class BinarySource(FromProps):
             collect_one(BinarySource, "binary_sha256", props, problems)
 
 
+# --------------------------------------------------------------------------- rollout
+
+
+def collect_canaries(value: Any, problems: Problems, where: str, _config: bool) -> None:
+    """A list of node ids, each once (that each is a node of the stack, the stack config checks)."""
+    if is_unknown(value) and not isinstance(value, (list, tuple)):
+        return
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        problems.add(where, "is not a list of node ids", "write canary: [gpu-01], the ids of the nodes to update first")
+        return
+    for i, node in enumerate(value):
+        problems.check(f"{where}[{i}]", node, validate.node_id)
+    if len(set(map(str, value))) != len(value):
+        problems.add(where, "lists a node twice", "list each canary once")
+
+
+def canaries_as_given(value: Any) -> tuple[str, ...]:
+    """One node id or a list of them (validated) as a tuple."""
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """How updates of running agents are spread (stack config ``llmgw:rollout``; see llmgw_pulumi.rollout).
+
+    ``directory`` is the stack's coordination directory on the operator's machine
+    (the program sets it); it is not a stack-config setting.
+    """
+
+    max_parallel: int | None = setting("maxParallel", validate.positive_int, convert=int, default=None)
+    """At most this many agents restart at once, across the whole stack; None: no limit."""
+    canaries: tuple[str, ...] = setting("canary", collect=collect_canaries, convert=canaries_as_given, default=())
+    """Node ids updated first; the others start only once these succeeded."""
+    directory: str | None = setting(None, lambda v: validate.abs_path(v, "rollout coordination directory"), default=None)
+
+
 # --------------------------------------------------------------------------- agent
 
 
@@ -633,6 +671,7 @@ class AgentSpec:
     settings: AgentSettings
     binary: BinarySource
     hostname: str
+    rollout: Rollout | None = None
 
     @staticmethod
     def collect(props: Mapping[str, Any], problems: Problems) -> None:
@@ -640,6 +679,8 @@ class AgentSpec:
         Connection.collect(props.get("connection"), problems)
         AgentSettings.collect(props, problems)
         BinarySource.collect(props, problems)
+        if props.get("rollout") is not None:
+            nested_settings(Rollout)(props["rollout"], problems, "rollout", False)
         problems.check("hostname", props.get("hostname"), lambda h: None if isinstance(h, str) and h else
                        ("is missing", "pass the hostname NodeIdentity read from the node"))
 
@@ -652,6 +693,7 @@ class AgentSpec:
             settings=build(AgentSettings, props),
             binary=build(BinarySource, props),
             hostname=props["hostname"],
+            rollout=build(Rollout, props["rollout"]) if props.get("rollout") else None,
         )
 
 

@@ -12,6 +12,7 @@ file in one pass. Reading secrets and local files happens in program.py.
       llmgw:ssh: {user: deploy, privateKeyPath: ~/.ssh/id_ed25519, wait: 120}
       llmgw:certificate: {validityHours: 8760, renewBeforeHours: 720}   # keyOrigin: node (default) | operator
       llmgw:failOnEngineProblems: false
+      llmgw:rollout: {maxParallel: 2, canary: [gpu-01]}   # how running agents are upgraded
       llmgw:nodes:
         - id: gpu-01
           address: 10.0.0.11
@@ -39,6 +40,7 @@ from .specs import (
     Connection,
     EngineCheckSpec,
     Problems,
+    Rollout,
     Schema,
     build,
     check_renewal,
@@ -59,6 +61,7 @@ NODE_CERTIFICATE_FIELDS = ("key_origin",)
 AGENT_SCHEMA: Schema = config_schema(BinarySource)
 SSH_SCHEMA: Schema = {**config_schema(Connection, SSH_FIELDS), "privateKeyPath": None}
 CERTIFICATE_SCHEMA: Schema = config_schema(CertificateSpec, CERTIFICATE_FIELDS)
+ROLLOUT_SCHEMA: Schema = config_schema(Rollout)
 NODE_SCHEMA: Schema = {
     "id": None, **config_schema(Connection, NODE_CONNECTION_FIELDS), **config_schema(AgentSettings),
     "fabric": FABRIC_SCHEMA, **config_schema(EngineCheckSpec), "agent": AGENT_SCHEMA,
@@ -67,7 +70,7 @@ NODE_SCHEMA: Schema = {
 SCHEMA: Schema = {
     "pkiDir": None, "servers": None, "agent": AGENT_SCHEMA,
     "ssh": SSH_SCHEMA, "sshPrivateKey": None, "sshKeyPassphrase": None, "certificate": CERTIFICATE_SCHEMA,
-    **config_schema(EngineCheckSpec), "nodes": [NODE_SCHEMA],
+    **config_schema(EngineCheckSpec), "rollout": ROLLOUT_SCHEMA, "nodes": [NODE_SCHEMA],
 }
 """Every setting of the llmgw namespace; anything else in a stack's config is refused by name."""
 SECRET_KEY = "sshPrivateKey"
@@ -121,6 +124,8 @@ class StackSpec:
     validity_hours: float
     renew_before_hours: float
     nodes: tuple[NodeConfig, ...]
+    rollout: Rollout | None = None
+    """llmgw:rollout, when given (without its directory: the program adds it)."""
 
 
 class StackConfigError(ConfigError):
@@ -200,6 +205,25 @@ def _node(raw: Mapping[str, Any], agent: AgentSource | None, config: Mapping[str
     )
 
 
+def _rollout(value: Any, node_ids: list[Any], p: Problems) -> Rollout | None:
+    """llmgw:rollout: {maxParallel, canary}, each canary a node of this stack."""
+    if value is None:
+        return None
+    rollout = _mapping(value, "rollout", p)
+    _unknown_keys(rollout, ROLLOUT_SCHEMA, "rollout", "a rollout setting", p)
+    before = len(p.items)
+    collect_fields(Rollout, rollout, p, config=True, prefix="rollout.")
+    canaries = rollout.get("canary", [])
+    for node in [canaries] if isinstance(canaries, str) else canaries if isinstance(canaries, list) else []:
+        if isinstance(node, str) and validate.node_id(node) is None and node not in node_ids:
+            p.add("rollout.canary", f"{node!r} is not a node of this stack",
+                  f"list ids from llmgw:nodes in llmgw:rollout.canary ({validate.did_you_mean(node, map(str, node_ids))})")
+    if len(p.items) > before or not isinstance(value, Mapping):
+        return None
+    built: Rollout = build(Rollout, renamed(Rollout, rollout))
+    return built
+
+
 def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: Collection[str] = (),
           has_agent: bool = False) -> StackSpec:
     """``config``: the llmgw:* keys without their namespace, values as YAML data.
@@ -262,6 +286,9 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
         node_agent = _check_node(raw, p, agent)
         everyone += [(p.node, *item) for item in p]
         valid.append((raw, node_agent))
+    rollout_problems = Problems("llmgw")
+    rollout = _rollout(config.get("rollout"), [raw.get("id") for raw, _ in valid], rollout_problems)
+    everyone += [("llmgw", *item) for item in rollout_problems]
     if everyone:
         raise StackConfigError(everyone)
     return StackSpec(
@@ -271,4 +298,5 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
         validity_hours=float(cert.get("validityHours", CertificateSpec.validity_hours)),
         renew_before_hours=float(cert.get("renewBeforeHours", CertificateSpec.renew_before_hours)),
         nodes=tuple(_node(raw, node_agent, config, ssh, cert) for raw, node_agent in valid),
+        rollout=rollout,
     )

@@ -236,6 +236,12 @@ key_origin = _matching(re.compile(r"\A(node|operator)\Z"), "node or operator",
                        "or operator (the key is made on the machine running Pulumi and kept in state, encrypted)")
 
 
+def positive_int(value: object) -> Problem:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+        return f"{value!r} is not a whole number above 0", "give how many agents may restart at once, e.g. 2"
+    return None
+
+
 def hours(value: object, upper: float = 24 * 3650) -> Problem:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= upper:
         return f"{value!r} is not a number of hours above 0 and at most {upper:g}", "give a duration in hours, e.g. 8760 for a year"

@@ -19,9 +19,9 @@ import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 from pulumi.output import Unknown
 
-from .. import desired, facts, remote
+from .. import desired, facts, remote, rollout
 from ..errors import ConfigError
-from ..specs import AgentSettings, AgentSpec, BinarySource, is_unknown, names, to_inputs
+from ..specs import AgentSettings, AgentSpec, BinarySource, Rollout, build, is_unknown, names, to_inputs
 from . import _glue
 
 SETTINGS_KEYS = ("node_id", *names(AgentSettings, config=False))
@@ -147,6 +147,15 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def rollout_plan(props: dict[str, Any]) -> Rollout | None:
+    """The ``rollout`` input (llmgw:rollout, with the stack's coordination directory), when there is one."""
+    plan = props.get("rollout")
+    if not isinstance(plan, dict) or is_unknown(plan):
+        return None
+    built: Rollout = build(Rollout, plan)
+    return built
+
+
 def _mode(spec: AgentSpec) -> str:
     return "release" if spec.binary.is_release else "copy"
 
@@ -162,23 +171,31 @@ class AgentInstallProvider(ResourceProvider):
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # A replacement is created before the old one is deleted; the delete
         # leaves the node alone once agent.yaml names another node id.
-        return _glue.diff_result(_glue.changed_keys(olds, news, INPUT_KEYS) + drift(olds, news), REPLACE_KEYS)
+        # ``rollout`` is not among INPUT_KEYS: how updates are spread is never a change to a node.
+        changes = _glue.changed_keys(olds, news, INPUT_KEYS) + drift(olds, news)
+        if not changes and isinstance(news.get("node_id"), str):
+            rollout.unchanged(rollout_plan(news), news["node_id"])
+        return _glue.diff_result(changes, REPLACE_KEYS)
 
     @_glue.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         spec = AgentSpec.from_props(props)
-        computed = _install(spec, props, _mode(spec), _glue.known_keys(props), adopt=True)
+        with rollout.onboarding(spec.rollout, spec.node_id):  # first-time onboarding never waits
+            computed = _install(spec, props, _mode(spec), _glue.known_keys(props), adopt=True)
         return CreateResult(spec.node_id, _glue.outputs(props, **computed))
 
     @_glue.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         if _glue.operator_side_only(_glue.changed_keys(olds, news, INPUT_KEYS) + drift(olds, news)):
+            rollout.unchanged(rollout_plan(news), str(news.get("node_id")))
             return UpdateResult(_glue.carried(olds, news, OUTPUT_KEYS))
         spec = AgentSpec.from_props(news)
         binary_changed = any(_glue.normalise(olds.get(k)) != _glue.normalise(news.get(k)) for k in ("version", "binary_sha256"))
         binary_drifted = "node_state.binary" in drift(olds, news)
         mode = _mode(spec) if binary_changed or binary_drifted else "keep"
-        computed = _install(spec, news, mode, _glue.known_keys(news, olds), keep=unchanged_texts(olds, news))
+        # A running agent is restarted: canaries first, at most maxParallel at once, none after a failure.
+        with rollout.update(spec.rollout, spec.node_id):
+            computed = _install(spec, news, mode, _glue.known_keys(news, olds), keep=unchanged_texts(olds, news))
         return UpdateResult(_glue.outputs(news, **computed))
 
     @_glue.operator_errors
@@ -216,9 +233,13 @@ class AgentInstallArgs(_glue.OnboardedNodeArgs):
     """What agent.yaml says; each of its fields is an input of its own (servers, mgmt_addr, ...)."""
     binary: BinarySource = field(metadata={"flatten": True})
     """Where /usr/local/bin/llmgw comes from; each of its fields is an input of its own (version, release_url, ...)."""
+    rollout: Rollout | None = None
+    """How updates of running agents are spread over the stack (llmgw_pulumi.rollout); never a change itself."""
 
 
 class AgentInstall(Resource, module="llmgw", name="AgentInstall"):
+    version: pulumi.Output[str]
+    """The version installed: after a failed or refused update, still the one before."""
     agent_yaml: pulumi.Output[str]
     unit: pulumi.Output[str]
     installed_sha256: pulumi.Output[str]

@@ -160,7 +160,7 @@ MISSPELLED = [
     ("discovery", ("nodes", 0, "discovery"), {"nvidiaSMI": "/usr/bin/nvidia-smi"}, "node gpu-01", "discovery.nvidiaSMI",
      "did you mean nvidiaSmi?"),
     ("nothing close", ("zzz",), 1, "llmgw", "zzz", "use one of agent, certificate, failOnEngineProblems, nodes, pkiDir, "
-                                                     "servers, ssh, sshKeyPassphrase, sshPrivateKey"),
+                                                     "rollout, servers, ssh, sshKeyPassphrase, sshPrivateKey"),
 ]
 
 
@@ -234,3 +234,29 @@ def test_a_setting_held_as_a_secret_is_not_also_called_missing():
         ("ssh", "is set as a secret, but only sshPrivateKey and sshKeyPassphrase are read as secrets"),
         ("nodes", "is set as a secret, but only sshPrivateKey and sshKeyPassphrase are read as secrets"),
     ]
+
+
+def test_rollout_is_parsed_and_a_single_canary_may_be_one_id():
+    cfg = mutate(("rollout",), {"maxParallel": 2, "canary": "gpu-01"})
+    rollout = stack_config.parse(cfg).rollout
+    assert rollout is not None and (rollout.max_parallel, rollout.canaries) == (2, ("gpu-01",))
+    assert stack_config.parse(mutate(("rollout",), {"canary": ["gpu-01"]})).rollout.max_parallel is None
+    assert stack_config.parse(GOOD).rollout is None
+
+
+@pytest.mark.parametrize("rollout,field,words", [
+    ({"maxParallel": 0}, "rollout.maxParallel", "0 is not a whole number above 0"),
+    ({"maxParallel": 1.5}, "rollout.maxParallel", "1.5 is not a whole number above 0"),
+    ({"maxParallel": True}, "rollout.maxParallel", "True is not a whole number above 0"),
+    ({"canary": ["gpu-99"]}, "rollout.canary", "'gpu-99' is not a node of this stack"),
+    ({"canary": ["gpu-01", "gpu-01"]}, "rollout.canary", "lists a node twice"),
+    ({"canary": {"id": "gpu-01"}}, "rollout.canary", "is not a list of node ids"),
+    ({"canarys": ["gpu-01"]}, "rollout.canarys", "is not a rollout setting"),
+])
+def test_bad_rollout_names_the_field_and_the_fix(rollout, field, words):
+    with pytest.raises(StackConfigError) as err:
+        stack_config.parse(mutate(("rollout",), rollout))
+    (problem,) = err.value.problems
+    assert problem[:2] == ("llmgw", field) and problem[2] == words and problem[3], problem
+    if "gpu-99" in words:
+        assert "llmgw:rollout.canary" in problem[3] and "did you mean gpu-0" in problem[3]

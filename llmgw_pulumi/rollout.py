@@ -1,0 +1,265 @@
+"""Safe fleet-wide upgrades: canaries first, at most N agents restarting at once, stop after a failure.
+
+A stack's nodes are spread over several provider processes (``llmgw_pulumi.shards``),
+so the coordination lives where every one of them can see it: a directory on the
+operator's machine, the one running `pulumi up`.
+
+The stack's directory
+    ``$LLMGW_ROLLOUT_DIR`` (default ``$XDG_STATE_HOME/llmgw-pulumi/rollout``, i.e.
+    ``~/.local/state/llmgw-pulumi/rollout``), then one directory per stack, named
+    by the stack and a hash of the project directory, the organization, project and
+    stack names and the backend URL (two checkouts or backends never share one).
+    Every directory is made 0700 and must be owned by the user running Pulumi and
+    writable by nobody else; each file in it is 0600.
+
+This run
+    The program, when it runs for `pulumi up` (never for a preview), writes a fresh
+    random run id into ``<stack dir>/run`` before it registers any resource, and makes
+    ``<stack dir>/runs/<run id>/``. Each provider reads the run id when an agent's
+    update needs it. Markers of an earlier run, finished or crashed, live in another
+    run's directory and are never read again; run directories older than a day are
+    removed when a new run starts. Slots are locks (``flock``) on files of the run's
+    directory: a lock dies with the process holding it, so a crashed run leaves no
+    slot taken.
+
+What a node writes (``runs/<run id>/<node id>.<state>``)
+    ``started`` when its update begins, then ``done`` or ``failed`` (with the error's
+    first line); a canary whose agent has nothing to change this run writes
+    ``unchanged`` (from the provider's diff or an update that does not touch the
+    node); a canary that is onboarded for the first time writes ``done`` or
+    ``failed`` too.
+
+An update of a running agent (a new version, or new config) then goes:
+    1. refuse if any node's update failed in this run;
+    2. a non-canary waits until every canary is ``done`` or ``unchanged``; a
+       ``failed`` canary refuses it. A canary that reports nothing for
+       ``CANARY_SILENCE`` seconds (its certificate or identity step failed or hangs,
+       or the deployment stopped elsewhere) refuses it too, saying so;
+    3. take one of ``maxParallel`` slots (waiting while all are taken, refusing as
+       soon as a failure shows up), check for a failure once more, write
+       ``started``;
+    4. install and restart (install-agent.sh rolls a new agent that does not stay
+       up back), write ``done`` or ``failed``, give the slot back.
+    A canary skips step 2. A refused node's agent is untouched: it keeps its version
+    and stays connected, and its error names the node that failed and the fix.
+    Creates (first-time onboarding) never wait and take no slot.
+
+An unreachable canary fails its update after ``ssh.wait`` (``failed``): the others
+are refused. A canary with no change this run reports ``unchanged`` from its diff,
+so the others do not wait for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import secrets
+import shutil
+import stat
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError, RolloutStoppedError
+from .specs import Rollout
+
+DIR_ENV = "LLMGW_ROLLOUT_DIR"
+RUN_FILE = "run"
+RUNS = "runs"
+STARTED, DONE, FAILED, UNCHANGED = "started", "done", "failed", "unchanged"
+STATES = (FAILED, DONE, UNCHANGED, STARTED)
+"""A node's states, the one that counts first when several are there."""
+POLL = 0.2
+"""Seconds between two looks at the markers and slots while waiting."""
+CANARY_SILENCE = 600.0
+"""Seconds a non-canary waits for a canary that has reported nothing at all this run."""
+KEEP_RUNS = 86400.0
+"""Run directories older than this are removed when a new run starts."""
+
+
+def base_dir() -> Path:
+    """Where every stack's coordination directory is (see the module's docstring)."""
+    if os.environ.get(DIR_ENV):
+        return Path(os.environ[DIR_ENV])
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "llmgw-pulumi" / "rollout"
+
+
+def stack_dir(project_dir: str, organization: str, project: str, stack: str) -> Path:
+    """The coordination directory of one stack, as seen from ``project_dir`` (not made here)."""
+    key = "\0".join([os.path.abspath(project_dir), organization, project, stack, os.environ.get("PULUMI_BACKEND_URL", "")])
+    return base_dir() / f"{stack}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` made 0700 (its missing parents as usual), and checked: ours, writable by nobody else."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, exist_ok=True)
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or not stat.S_ISDIR(st.st_mode):
+        raise ConfigError("llmgw", "rollout", f"the coordination directory {path} is not a directory of this user's "
+                          "that only it can write", f"remove it, or set {DIR_ENV} to a directory of your own")
+    return path
+
+
+def _write(path: Path, text: str) -> None:
+    """Write a file atomically (0600): readers see all of it or none."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(temp, path)
+
+
+def start_run(directory: Path, now: float | None = None) -> str:
+    """A new run of this stack (the program calls it once per `pulumi up`): its id, written to ``<dir>/run``."""
+    runs = private_dir(private_dir(directory) / RUNS)
+    now = time.time() if now is None else now
+    for old in runs.iterdir():
+        with contextlib.suppress(OSError):
+            if now - old.stat().st_mtime > KEEP_RUNS:
+                shutil.rmtree(old)
+    run = secrets.token_hex(8)
+    private_dir(runs / run)
+    _write(directory / RUN_FILE, run + "\n")
+    return run
+
+
+@dataclass(frozen=True)
+class Run:
+    """The current run's markers and slots."""
+
+    path: Path
+    run_id: str
+
+    @classmethod
+    def current(cls, directory: Path) -> Run:
+        try:
+            run_id = (directory / RUN_FILE).read_text().strip()
+        except OSError:
+            run_id = ""
+        path = directory / RUNS / run_id
+        if not run_id or not path.is_dir():
+            raise ConfigError("llmgw", "rollout", f"no current run in {directory}: the program did not start one",
+                              "run `pulumi up` with this project's program, which starts the run")
+        return cls(path, run_id)
+
+    def mark(self, node: str, state: str, text: str = "") -> None:
+        _write(self.path / f"{node}.{state}", text)
+
+    def state(self, node: str) -> tuple[str, str] | None:
+        """(state, text) of ``node`` this run, or None when it has reported nothing."""
+        for state in STATES:
+            try:
+                return state, (self.path / f"{node}.{state}").read_text()
+            except FileNotFoundError:
+                continue
+        return None
+
+    def failures(self) -> list[tuple[str, str]]:
+        """(node, what failed) of every node whose update failed this run, by node id."""
+        return sorted((p.name[: -len(FAILED) - 1], p.read_text()) for p in self.path.glob(f"*.{FAILED}"))
+
+    @contextlib.contextmanager
+    def slot(self, limit: int, give_up: Callable[[], None]) -> Iterator[int]:
+        """Hold one of ``limit`` slots (an exclusive flock on ``slot-<k>``); ``give_up()`` is called while
+        waiting and may raise to stop waiting."""
+        while True:
+            for k in range(limit):
+                fd = os.open(self.path / f"slot-{k}", os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                try:
+                    yield k
+                    return
+                finally:
+                    os.close(fd)  # releases the lock
+            give_up()
+            time.sleep(POLL)
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _refuse_after_failure(run: Run, node: str) -> None:
+    failed = run.failures()
+    if failed:
+        who, what = failed[0]
+        raise RolloutStoppedError(node, f"not updated: the rollout stopped because the update of {who} failed "
+                                        f"({what}); this node keeps its previous agent, running")
+
+
+def wait_for_canaries(run: Run, node: str, canaries: Sequence[str], silence: float = CANARY_SILENCE) -> None:
+    """Return once every canary is done or unchanged this run; raise once one failed or stays silent."""
+    start = time.monotonic()
+    while True:
+        _refuse_after_failure(run, node)
+        states = {c: run.state(c) for c in canaries if c != node}
+        pending = [c for c, s in states.items() if s is None or s[0] == STARTED]
+        if not pending:
+            return
+        silent = [c for c in pending if states[c] is None]
+        if silent and time.monotonic() - start > silence:
+            raise RolloutStoppedError(
+                node, f"not updated: canary {silent[0]} reported nothing for {silence:.0f}s this run (its certificate "
+                      "or identity step may have failed, or the deployment stopped elsewhere: see the errors above); "
+                      "this node keeps its previous agent, running")
+        time.sleep(POLL)
+
+
+@contextlib.contextmanager
+def update(plan: Rollout | None, node: str) -> Iterator[None]:
+    """An update of ``node``'s running agent, gated as the module's docstring says (no plan: not gated)."""
+    if plan is None or not plan.directory:
+        yield
+        return
+    run = Run.current(Path(plan.directory))
+    _refuse_after_failure(run, node)
+    if node not in plan.canaries:
+        wait_for_canaries(run, node, plan.canaries)
+    slot = run.slot(plan.max_parallel, lambda: _refuse_after_failure(run, node)) if plan.max_parallel \
+        else contextlib.nullcontext()
+    with slot:
+        _refuse_after_failure(run, node)
+        run.mark(node, STARTED)
+        with reported(run, node):
+            yield
+
+
+@contextlib.contextmanager
+def reported(run: Run, node: str) -> Iterator[None]:
+    """Mark ``node`` done when the block succeeds, failed (with the error's first line) when it raises."""
+    try:
+        yield
+    except BaseException as exc:
+        run.mark(node, FAILED, first_line(exc))
+        raise
+    run.mark(node, DONE)
+
+
+@contextlib.contextmanager
+def onboarding(plan: Rollout | None, node: str) -> Iterator[None]:
+    """A create: never waits; a canary reports its result, as its update would."""
+    if plan is None or not plan.directory or node not in plan.canaries:
+        yield
+        return
+    with reported(Run.current(Path(plan.directory)), node):
+        yield
+
+
+def unchanged(plan: Rollout | None, node: str) -> None:
+    """A canary whose agent has nothing to change this run says so, so that no one waits for it.
+
+    Called from the provider's diff too, which must not fail: without a run (a
+    preview before any `pulumi up`) there is no one to tell.
+    """
+    if plan is not None and plan.directory and node in plan.canaries:
+        with contextlib.suppress(ConfigError, OSError):
+            Run.current(Path(plan.directory)).mark(node, UNCHANGED)

@@ -1,0 +1,179 @@
+"""The rollout's coordination (llmgw_pulumi.rollout) across real processes, with real flock slots and files."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from llmgw_pulumi import rollout
+from llmgw_pulumi.errors import ConfigError, RolloutStoppedError
+from llmgw_pulumi.specs import Rollout
+
+HOLD = 0.3
+"""Seconds each fake update keeps its slot (an agent restarting)."""
+
+
+@pytest.fixture
+def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(rollout.DIR_ENV, str(tmp_path / "rollout"))
+    monkeypatch.setattr(rollout, "POLL", 0.02)
+    directory = rollout.stack_dir("/project", "org", "proj", "prod")
+    rollout.start_run(directory)
+    return directory
+
+
+def plan(directory: Path, max_parallel: int | None = None, canaries: tuple[str, ...] = ()) -> Rollout:
+    return Rollout(max_parallel=max_parallel, canaries=canaries, directory=str(directory))
+
+
+def _update(directory: Path, max_parallel: int | None, canaries: tuple[str, ...], node: str, fail: bool,
+            log: str, start: float) -> None:
+    """One provider process updating one node: log when it was inside the gate, and how it ended."""
+    rollout.POLL = 0.02
+    time.sleep(max(0.0, start - time.time()))
+    try:
+        with rollout.update(plan(directory, max_parallel, canaries), node):
+            began = time.time()
+            time.sleep(HOLD)
+            if fail:
+                raise RuntimeError(f"{node}: the agent did not stay running")
+            ended = time.time()
+        outcome = "done"
+    except RolloutStoppedError as exc:
+        began = ended = time.time()
+        outcome = "refused " + str(exc).replace("\n", " ")
+    except RuntimeError:
+        ended = time.time()
+        outcome = "failed"
+    with open(log, "a") as f:
+        f.write(f"{node}\t{began}\t{ended}\t{outcome}\n")
+
+
+def run_updates(directory: Path, tmp_path: Path, nodes: list[str], max_parallel: int | None = None,
+                canaries: tuple[str, ...] = (), failing: tuple[str, ...] = ()) -> dict[str, tuple[float, float, str]]:
+    """Each node updated by a process of its own, all at once; node -> (began, ended, outcome)."""
+    log = str(tmp_path / "log")
+    start = time.time() + 0.3
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_update, args=(directory, max_parallel, canaries, n, n in failing, log, start))
+             for n in nodes]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    rows = [line.split("\t") for line in Path(log).read_text().splitlines()]
+    return {r[0]: (float(r[1]), float(r[2]), r[3]) for r in rows}
+
+
+def most_at_once(results: dict[str, tuple[float, float, str]]) -> int:
+    edges = sorted([(b, 1) for b, e, _ in results.values() if e > b] + [(e, -1) for b, e, _ in results.values() if e > b])
+    now = most = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def test_never_more_than_max_parallel_inside_the_gate_across_processes(stack, tmp_path):
+    results = run_updates(stack, tmp_path, [f"n{i}" for i in range(6)], max_parallel=2)
+    assert {r[2] for r in results.values()} == {"done"}
+    assert most_at_once(results) == 2
+
+
+def test_without_a_limit_all_update_at_once(stack, tmp_path):
+    results = run_updates(stack, tmp_path, [f"n{i}" for i in range(4)])
+    assert most_at_once(results) == 4
+
+
+def test_canaries_first_then_the_others(stack, tmp_path):
+    results = run_updates(stack, tmp_path, ["c1", "c2", "a", "b", "d"], max_parallel=3, canaries=("c1", "c2"))
+    canaries_done = max(results[c][1] for c in ("c1", "c2"))
+    assert min(results[n][0] for n in ("a", "b", "d")) >= canaries_done
+    assert results["c1"][0] < results["c2"][1] and results["c2"][0] < results["c1"][1], "canaries ran side by side"
+
+
+def test_a_failed_canary_stops_everyone_else_with_its_name(stack, tmp_path):
+    results = run_updates(stack, tmp_path, ["c1", "a", "b"], max_parallel=2, canaries=("c1",), failing=("c1",))
+    assert results["c1"][2] == "failed"
+    for node in ("a", "b"):
+        assert results[node][2].startswith(f"refused {node}: not updated: the rollout stopped because the update of "
+                                           "c1 failed (c1: the agent did not stay running)"), results[node]
+        assert "fix: fix the release or config that failed" in results[node][2]
+
+
+def test_after_a_failure_no_node_waiting_for_a_slot_starts(stack, tmp_path):
+    results = run_updates(stack, tmp_path, ["a", "b", "c", "d"], max_parallel=1, failing=("a", "b", "c", "d"))
+    assert sorted(r[2] for r in results.values()).count("failed") == 1, results
+    assert sum(r[2].startswith("refused") for r in results.values()) == 3
+
+
+def test_a_canary_with_nothing_to_change_does_not_hold_the_others(stack):
+    p = plan(stack, canaries=("c",))
+    rollout.unchanged(p, "c")
+    with rollout.update(p, "a"):
+        pass
+    assert rollout.Run.current(stack).state("a") == (rollout.DONE, "")
+
+
+def test_a_silent_canary_is_given_up_on_with_a_clear_error(stack):
+    run = rollout.Run.current(stack)
+    with pytest.raises(RolloutStoppedError, match=r"a: not updated: canary c reported nothing for 0s this run"):
+        rollout.wait_for_canaries(run, "a", ["c"], silence=0.0)
+
+
+def test_creates_never_wait_and_a_canary_create_reports(stack):
+    p = plan(stack, max_parallel=1, canaries=("c",))
+    with rollout.onboarding(p, "a"):  # the canary has reported nothing: a create does not wait for it
+        pass
+    with pytest.raises(RuntimeError), rollout.onboarding(p, "c"):
+        raise RuntimeError("c: cannot reach it")
+    assert rollout.Run.current(stack).state("c") == (rollout.FAILED, "c: cannot reach it")
+
+
+def test_a_new_run_ignores_the_markers_of_the_last_and_sweeps_old_ones(stack):
+    first = rollout.Run.current(stack)
+    first.mark("c", rollout.FAILED, "c: broken")
+    old = stack / rollout.RUNS / "0123456789abcdef"
+    old.mkdir()
+    os.utime(old, (time.time() - 2 * rollout.KEEP_RUNS,) * 2)
+    rollout.start_run(stack)
+    second = rollout.Run.current(stack)
+    assert second.run_id != first.run_id and second.failures() == [] and second.state("c") is None
+    assert first.path.is_dir() and not old.exists()
+    with rollout.update(plan(stack, 1, ("c",)), "c"):
+        pass
+
+
+def test_the_directories_are_private_and_a_foreign_one_is_refused(stack, tmp_path):
+    run = rollout.Run.current(stack)
+    run.mark("a", rollout.DONE)
+    for path in (stack, stack / rollout.RUNS, run.path):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700
+    assert stat.S_IMODE((run.path / "a.done").stat().st_mode) == 0o600
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match="only it can write"):
+        rollout.private_dir(shared)
+
+
+def test_without_a_run_an_update_is_refused_and_a_diff_says_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv(rollout.DIR_ENV, str(tmp_path))
+    p = plan(tmp_path / "never-started", canaries=("c",))
+    rollout.unchanged(p, "c")  # a preview before any `pulumi up`: nothing to tell, no error
+    with pytest.raises(ConfigError, match="no current run"), rollout.update(p, "a"):
+        pass
+
+
+def test_stacks_of_other_checkouts_or_backends_do_not_share_a_directory(monkeypatch):
+    a = rollout.stack_dir("/one", "org", "proj", "prod")
+    assert a != rollout.stack_dir("/two", "org", "proj", "prod")
+    monkeypatch.setenv("PULUMI_BACKEND_URL", "file:///elsewhere")
+    assert a != rollout.stack_dir("/one", "org", "proj", "prod")
+    assert a.name.startswith("prod-")
