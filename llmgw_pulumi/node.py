@@ -126,17 +126,12 @@ class Node(pulumi.ComponentResource):
 
         check.problems.apply(warn)
 
-        self.register_outputs({
-            "hostname": self.identity.hostname,
-            "host_key": self.identity.host_key,
-            "certificate_not_after": self.certificate.not_after,
-            "certificate_fingerprint": self.certificate.fingerprint_sha256,
-            "certificate_adopted": self.certificate.adopted,
-            "agent_sha256": self.agent.installed_sha256,
-            "engine_problems": self.engine_check.problems.apply(engine_problems),
-            "problems": self.engine_check.problems,
-            "inventory": self.engine_check.inventory,
-        })
+        # The component records no outputs of its own: each value it could repeat (hostname, host key,
+        # certificate, agent hash, problems, inventory) is in its resources' state already, the stack
+        # outputs show them (llmgw_pulumi.program), and a program reads them from the four resources'
+        # attributes. Repeating them cost about 600 bytes of state per node and ten more Outputs for
+        # the SDK to wait on (it waits on every Output at the end of a run, each time one resolves).
+        self.register_outputs({})
 
     def _child_options(self, name: str, args: NodeArgs, opts: pulumi.ResourceOptions) -> pulumi.ResourceOptions:
         """Options of the four resources: this node as parent, the node's VM dependencies, its provider process.

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import functools
@@ -154,44 +155,90 @@ error (``pythonProcessExitedAfterShowingUserActionableMessage``), so the host ad
 
 
 def run() -> None:
-    """`__main__.py`'s entry point: ``main()``, with a configuration error as the only error `pulumi up` shows.
+    """`__main__.py`'s entry point: the stack config read, then the nodes registered from a shallow call stack.
 
-    Raised, a ConfigError (a pulumi.RunError) is printed without a traceback,
-    but the language host then adds "an unhandled error occurred: program
-    exited with non-zero exit code: 1". Logged, then exiting with
-    LANGUAGE_HOST_SHOWN_EXIT, the list of problems stands alone.
+    A configuration error is the only error `pulumi up` shows: raised, a
+    ConfigError (a pulumi.RunError) is printed without a traceback, but the
+    language host then adds "an unhandled error occurred: program exited with
+    non-zero exit code: 1". Logged, then exiting with
+    LANGUAGE_HOST_SHOWN_EXIT, the list of problems stands alone. Every
+    ConfigError is raised by ``plan()``, before any resource exists.
+
+    The Python SDK records, in the state of every resource, the program's
+    call stack at the resource's construction: every frame below the resource
+    class's ``__init__`` (pulumi.runtime.resource._get_stack_trace), about 100
+    bytes each. Run from `__main__.py`, that stack holds the language host's
+    runpy frames, the SDK's stack runner and this module's frames: 16 frames
+    per resource, over 40% of a node's state. ``register`` runs instead as an
+    asyncio task of its own, started here and handed to ``pulumi.run`` (the
+    SDK's documented asynchronous entry point, awaited once this module's code
+    has run): a task starts on the event loop with only the loop's own frames
+    below it, so each resource records about half as many frames. What is
+    registered, and every URN, is the same as registering it here.
     """
     try:
-        main()
+        stack_plan = plan()
     except ConfigError as exc:
         pulumi.log.error(str(exc))
         raise SystemExit(LANGUAGE_HOST_SHOWN_EXIT) from None
 
+    async def register_from_the_loop() -> None:
+        register(stack_plan)
 
-def main() -> dict[str, Node]:
-    """Onboard the nodes of this stack's config. Bad config raises StackConfigError before any resource exists."""
+    registered = asyncio.ensure_future(register_from_the_loop())
+    pulumi.run(lambda: registered)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What the program registers, every config value resolved and checked (``plan()``)."""
+
+    spec: stack_config.StackSpec
+    agents: dict[str, dict[str, Any]]
+    """Per node id: AgentInstall's version/release_url/binary_path/binary_sha256 (see agent_inputs)."""
+    credentials: dict[str, Any]
+    """The connection's key fields (see ssh_credentials)."""
+    pki_dir: str
+    rollout: Rollout | None
+    """llmgw:rollout with this stack's coordination directory (see rollout_plan), or None."""
+
+
+def plan() -> Plan:
+    """Read and check this stack's config. Bad config raises a ConfigError (StackConfigError for the
+    stack config's own problems); nothing is registered."""
     raw, secret_names, secrets = _read_config()
     spec = stack_config.parse(raw, has_secret_key=stack_config.SECRET_KEY in secrets, secret_keys=secret_names,
                               has_agent=bool(os.environ.get("SSH_AUTH_SOCK")))
     stack_agent = agent_inputs(spec.agent)
-    credentials = ssh_credentials(spec, secrets)
-    plan = rollout_plan(spec)
+    agents = {n.node_id: agent_inputs(n.agent) if n.agent else stack_agent for n in spec.nodes}
+    return Plan(spec, agents, ssh_credentials(spec, secrets), os.path.abspath(os.path.expanduser(spec.pki_dir)),
+                rollout_plan(spec))
+
+
+def main() -> dict[str, Node]:
+    """Onboard the nodes of this stack's config. Bad config raises StackConfigError before any resource exists."""
+    return register(plan())
+
+
+def register(stack_plan: Plan) -> dict[str, Node]:
+    """One Node per configured node, and the stack outputs: each node's, nextSteps and fleet."""
+    spec = stack_plan.spec
     nodes: dict[str, Node] = {}
     # Canaries are registered first, so that the engine reaches their updates before the others'.
-    canaries = plan.canaries if plan else ()
+    canaries = stack_plan.rollout.canaries if stack_plan.rollout else ()
     for n in sorted(spec.nodes, key=lambda n: n.node_id not in canaries):
-        agent = agent_inputs(n.agent) if n.agent else stack_agent
+        agent = stack_plan.agents[n.node_id]
         nodes[n.node_id] = Node(n.node_id, NodeArgs(
             node_id=n.node_id,
-            connection=dataclasses.replace(n.connection, **credentials),
-            pki_dir=os.path.abspath(os.path.expanduser(spec.pki_dir)),
+            connection=dataclasses.replace(n.connection, **stack_plan.credentials),
+            pki_dir=stack_plan.pki_dir,
             settings=n.settings,
             **agent,
             validity_hours=spec.validity_hours,
             renew_before_hours=spec.renew_before_hours,
             fail_on_engine_problems=n.fail_on_engine_problems,
             key_origin=n.key_origin,
-            rollout=plan,
+            rollout=stack_plan.rollout,
         ))  # each node runs in its shard's provider process (llmgw_pulumi.shards)
     for n in spec.nodes:
         pulumi.export(n.node_id, node_output(nodes[n.node_id]))
