@@ -42,9 +42,9 @@ from ..specs import DEFAULT_RENEW_BEFORE_HOURS, DEFAULT_VALIDITY_HOURS, KEY_ORIG
 from . import _glue
 
 INPUT_KEYS = ("node_id", "pki_dir", "validity_hours", "renew_before_hours", "key_origin", "connection")
-REPLACE_KEYS = ("node_id", "ca_fingerprint", "key_origin")
-"""A new node id, another CA or another origin of the key needs a new certificate; a PKI dir that moved or a new
-way to reach the node does not (the connection is only used to issue)."""
+REPLACE_KEYS = ("node_id", "ca_fingerprint", "key_origin", "connection.host", "connection.port")
+"""A new node id, another CA, another origin of the key, or (with the key made on the node) another machine needs a
+new certificate; a PKI dir that moved, or another user or key to log in with, does not."""
 OUTPUT_KEYS = ("cert_pem", "key_pem", "ca_pem", "ca_not_after", "serial", "not_after", "fingerprint_sha256",
                "adopted", "host_key", "jump_host_keys")
 

@@ -115,7 +115,8 @@ def test_a_replaced_vm_is_onboarded_and_the_old_one_let_go(cluster, hosts, new_s
     old.stop()  # the old VM is gone: new address, new host key
     stack.set_config({**config, "nodes": [{"id": "gpu-vm", "address": new.addr}]})
     preview = stack.preview()
-    assert preview.result.change_summary.get("replace") == 3, preview.output  # identity, agent, engine check
+    # Another machine: its own key pair and certificate, identity, agent and engine check.
+    assert preview.result.change_summary.get("replace") == 4, preview.output
     run = up_clean(stack)
     assert "assuming the machine is gone" in run.output
     assert x509.load_pem_x509_certificate(new.read_file("/etc/llmgw/agent.pem")).subject.rfc4514_string() == "CN=gpu-vm"

@@ -70,6 +70,19 @@ def test_certificate_replaced_for_another_ca_but_not_for_a_moved_pki_dir():
     assert res.inputs["ca_fingerprint"] == "aa"
 
 
+def test_a_key_made_on_the_node_is_reissued_for_another_machine_not_for_another_login():
+    p = ClientCertificateProvider()
+    conn = {"host": "10.0.0.11", "user": "deploy", "port": 22.0, "private_key_path": "/k"}
+    base = {"node_id": "gpu-01", "pki_dir": "/pki", "validity_hours": 100.0, "renew_before_hours": 10.0,
+            "key_origin": "node", "connection": conn}
+    later = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=90)).isoformat()
+    olds = {**base, "not_after": later, "ca_not_after": later}
+    assert p.diff("id", olds, {**base, "connection": {**conn, "host": "10.0.0.12"}}).replaces == ["connection.host"]
+    relogin = p.diff("id", olds, {**base, "connection": {**conn, "user": "ops", "private_key_path": "/k2"}})
+    assert relogin.changes and relogin.replaces == []
+    assert p.diff("id", olds, {**base, "key_origin": "operator", "connection": None}).replaces == ["key_origin"]
+
+
 def test_certificate_validity_change_updates_without_reissuing():
     p = ClientCertificateProvider()
     base = {"node_id": "gpu-01", "pki_dir": "/pki", "validity_hours": 100.0, "renew_before_hours": 10.0,
