@@ -114,7 +114,7 @@ _WRITE_DIRS = ":".join(desired.WRITE_DIRS)
 
 def read_node_key() -> Script:
     """keyOrigin node: the node's certificate and the public half of its key (see node-key.sh read)."""
-    return Script(program("node-key.sh"), ("read", CERT_PATH, KEY_PATH))
+    return Script(program("node-key.sh"), ("read", CERT_PATH, KEY_PATH, PENDING_KEY_PATH))
 
 
 def make_node_key(node_id: str) -> Script:

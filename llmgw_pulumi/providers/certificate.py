@@ -37,7 +37,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
-from .. import desired, facts, remote
+from .. import desired, errors, facts, remote
 from ..specs import DEFAULT_RENEW_BEFORE_HOURS, DEFAULT_VALIDITY_HOURS, KEY_ORIGIN_NODE, CertificateSpec, Connection, to_inputs
 from . import _glue
 
@@ -46,7 +46,11 @@ REPLACE_KEYS = ("node_id", "ca_fingerprint", "key_origin", "connection.host", "c
 """A new node id, another CA, another origin of the key, or (with the key made on the node) another machine needs a
 new certificate; a PKI dir that moved, or another user or key to log in with, does not."""
 OUTPUT_KEYS = ("cert_pem", "key_pem", "ca_pem", "ca_not_after", "serial", "not_after", "fingerprint_sha256",
-               "adopted", "host_key", "jump_host_keys")
+               "adopted", "host_key", "jump_host_keys", "node_key")
+NODE_KEY_HELD, NODE_KEY_GONE, NODE_KEY_OTHER = "held", "gone", "another key"
+"""The ``node_key`` output (keyOrigin node): does the node hold the key of this certificate (in place, or made and
+waiting for NodeIdentity)? Read by refresh; a key gone or replaced on the node has the certificate replaced by the
+next `up`: a new pair is made there and signed."""
 
 
 def _now() -> dt.datetime:
@@ -103,7 +107,9 @@ class ClientCertificateProvider(ResourceProvider):
             changes.append("ca_fingerprint")
         if renewal_due(olds, news, _now()):
             changes.append("not_after")
-        return _glue.diff_result(changes, (*REPLACE_KEYS, "not_after"))
+        if news.get("key_origin") == KEY_ORIGIN_NODE and olds.get("node_key") not in (None, NODE_KEY_HELD):
+            changes.append("node_key")
+        return _glue.diff_result(changes, (*REPLACE_KEYS, "not_after", "node_key"))
 
     @_glue.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -136,8 +142,30 @@ class ClientCertificateProvider(ResourceProvider):
 
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        # The certificate lives in state; there is nothing remote to read.
-        return ReadResult(id_, props)
+        # The certificate lives in state; with the key made on the node, whether the node still holds it is read.
+        spec = CertificateSpec.from_props(props)
+        cert_pem = props.get("cert_pem")
+        if not spec.key_on_node or spec.connection is None or not isinstance(cert_pem, str):
+            return ReadResult(id_, props)
+        from .. import pki
+
+        conn = _glue.for_read(spec.connection)
+
+        def look() -> dict[str, str]:
+            with _glue.session(conn, spec.node_id, props.get("host_key"), props.get("jump_host_keys")) as s:
+                res = s.run(remote.read_node_key())
+                _glue.raise_for(res, spec.node_id, f"reading the identity on {conn.host}")
+                return facts.key_values(res.stdout)
+
+        try:
+            seen = _glue.read_once_more(look, spec.node_id)
+        except errors.UnreachableError as exc:
+            _glue.warn_state_kept(exc)
+            return ReadResult(id_, props)  # an outage never rewrites the record
+        want = pki.spki_b64(cert_pem)
+        held = want in (seen.get("key_spki"), seen.get("pending_spki"))
+        node_key = NODE_KEY_HELD if held else NODE_KEY_OTHER if seen.get("key_spki") else NODE_KEY_GONE
+        return ReadResult(id_, {**props, "node_key": node_key})
 
     @_glue.operator_errors
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
@@ -164,7 +192,8 @@ def _issue_for_node_key(spec: CertificateSpec, authority: Any, now: dt.datetime)
             csr = base64.b64decode(facts.key_values(res.stdout).get("csr", "")).decode(errors="replace")
             issued = pki.issue(authority, spec.node_id, dt.timedelta(hours=spec.validity_hours), now,
                                public_key=pki.requested_key(csr, spec.node_id))
-        return issued, {"adopted": adopted is not None, "host_key": s.host_key, "jump_host_keys": s.jump_host_keys}
+        return issued, {"adopted": adopted is not None, "host_key": s.host_key, "jump_host_keys": s.jump_host_keys,
+                        "node_key": NODE_KEY_HELD}
 
 
 @dataclass
@@ -194,6 +223,8 @@ class ClientCertificate(Resource, module="llmgw", name="ClientCertificate"):
     host_key: pulumi.Output[str]
     """keyOrigin node: the host key the node presented (NodeIdentity expects it)."""
     jump_host_keys: pulumi.Output[dict[str, str]]
+    node_key: pulumi.Output[str]
+    """keyOrigin node: whether the node holds this certificate's key (``held``), as last read."""
 
     def __init__(self, name: str, args: ClientCertificateArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         props = {**to_inputs(args), **{k: None for k in OUTPUT_KEYS}}

@@ -2,11 +2,12 @@
 # ClientCertificate's work on a node that makes its own key pair (keyOrigin
 # node, the default): the private key is born on the node and never leaves it.
 #
-# node-key.sh read CERT KEY
-#   Prints the node's certificate (a `text` line: public) and the public half
-#   of KEY (`key_spki`: base64 of its DER SubjectPublicKeyInfo), so the operator
-#   can tell whether the node already holds an identity to keep (one a script
-#   installed) without anything secret crossing the network.
+# node-key.sh read CERT KEY PENDING
+#   Prints the node's certificate (a `text` line: public) and the public halves
+#   of KEY and of PENDING (`key_spki`, `pending_spki`: base64 of their DER
+#   SubjectPublicKeyInfo), so the operator can tell whether the node already
+#   holds an identity to keep (one a script installed), or still holds the key
+#   of its certificate, without anything secret crossing the network.
 # node-key.sh make DIRS DIR DIR_MODE DIR_OWNER PENDING CN
 #   Makes a new P-256 key pair at PENDING and prints its certificate signing
 #   request (`csr`: base64 of the PEM). The key is written into a file mktemp
@@ -18,6 +19,7 @@ case $1 in
 read)
   report_text "$2"
   kv key_spki "$(spki_of_key "$R$3")"
+  kv pending_spki "$(spki_of_key "$R$4")"
   ;;
 make)
   begin_change "$2"

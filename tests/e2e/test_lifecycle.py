@@ -13,6 +13,7 @@ import time
 import pytest
 import yaml
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from lab.doubles.llmgw import build_llmgw
 from tests.conftest import NEXT_RELEASE, resource_count, shard, ssh, stack_config, wait_until
@@ -155,7 +156,8 @@ def test_refresh_shows_drift_and_up_repairs_exactly_that(cluster, hosts, new_sta
     config = stack_config(cluster, [h], nodes=[{"id": h.hostname, "address": h.addr, "engines": {"llamacpp": {"bin": engine}}}])
     stack = new_stack(config)
     up_clean(stack)
-    good = {p: h.read_file(p) for p in ("/etc/llmgw/agent-key.pem", "/etc/llmgw/agent.yaml", "/usr/local/bin/llmgw")}
+    good = {p: h.read_file(p) for p in ("/etc/llmgw/agent.yaml", "/usr/local/bin/llmgw")}
+    serial = serial_on(h)
 
     rc, out = ssh(h, cluster, "sudo rm /etc/llmgw/agent-key.pem && echo 'mgmt_addr: 1.2.3.4' | sudo tee -a /etc/llmgw/agent.yaml "
                               "&& echo '# replaced' | sudo tee -a /usr/local/bin/llmgw && sudo systemctl disable --now llmgw-agent "
@@ -163,21 +165,27 @@ def test_refresh_shows_drift_and_up_repairs_exactly_that(cluster, hosts, new_sta
     assert rc == 0, out
     refresh = stack.refresh()
     assert refresh.ok, refresh.output
-    # The identity and the agent drifted; the engine check records the problem it found (a standing problem, so
-    # not an update: see the next assertion and the preview below).
-    assert refresh.result.summary.resource_changes.get("update") == 2, refresh.output
+    # The certificate's key is gone from the node, the identity and the agent drifted; the engine check records the
+    # problem it found (a standing problem, so not an update: see the next assertion and the preview below).
+    assert refresh.result.summary.resource_changes.get("update") == 3, refresh.output
     checks = [r for r in stack.export()["resources"] if r["type"].endswith("EngineCheck")]
     assert [p["status"] for p in checks[0]["outputs"]["problems"]] == ["not-executable"]
 
     preview = stack.preview()
-    # The identity and the agent are to be repaired; the engine's problem is a standing warning, not a change.
-    assert preview.result.change_summary.get("update") == 2, preview.output
+    # The node makes a new key pair and gets its certificate; the identity and the agent are repaired; the engine's
+    # problem is a standing warning, not a change.
+    summary = preview.result.change_summary
+    assert (summary.get("replace"), summary.get("update")) == (1, 2), preview.output
+    assert "node_key" in preview.output
     assert "not an executable file" in preview.output
     # The engine is the operator's to fix; the rest `pulumi up` repairs.
     assert ssh(h, cluster, f"sudo chmod 755 {engine}")[0] == 0
     up_clean(stack)
     for path, content in good.items():
         assert h.read_file(path) == content, f"{path} not repaired"
+    key = serialization.load_pem_private_key(h.read_file("/etc/llmgw/agent-key.pem") or b"", None)
+    cert = x509.load_pem_x509_certificate(h.read_file("/etc/llmgw/agent.pem") or b"")
+    assert key.public_key() == cert.public_key() and cert.serial_number != serial, "the key was not made anew"
     assert ssh(h, cluster, "systemctl is-active llmgw-agent; systemctl is-enabled llmgw-agent")[1].split() == ["active", "enabled"]
 
 
@@ -269,7 +277,9 @@ def test_no_private_key_or_passphrase_in_state_or_output(cluster, hosts, new_sta
     from lab.stack import PASSPHRASE
 
     (h,) = hosts(1)
-    config = stack_config(cluster, [h])
+    # keyOrigin operator: the node's key is a secret in state (made on the node, it is not in state at all:
+    # tests/e2e/test_node_key.py).
+    config = stack_config(cluster, [h], nodes=[{"id": h.hostname, "address": h.addr, "keyOrigin": "operator"}])
     stack = new_stack(config)
     up_clean(stack)
     stack.set_config({**config, "servers": [cluster.control_plane.address, cluster.standby.address]})

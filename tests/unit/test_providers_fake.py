@@ -624,6 +624,22 @@ def test_an_identity_that_cannot_be_kept_is_replaced(tmp_path: Path, pki_dir: Pa
     assert pki.adoptable(authority, "gpu-01", good.cert_pem, good_spki, dt.timedelta(hours=10), now) is not None
 
 
+def test_refresh_sees_a_node_key_gone_and_the_next_up_has_a_new_pair_made(node: FakeNode, pki_dir: Path) -> None:
+    cert, _, _ = onboard(pki_dir)
+    p = ClientCertificateProvider()
+    props = checked(p, {"node_id": "gpu-01", "pki_dir": str(pki_dir), "validity_hours": 100.0,
+                        "renew_before_hours": 10.0, "connection": CONN})
+    assert cert["node_key"] == "held" and p.read("id", cert).outs["node_key"] == "held"
+    assert p.diff("id", cert, props).changes is False
+    node.path(KEY).unlink()
+    gone = p.read("id", cert).outs
+    assert gone["node_key"] == "gone"
+    assert p.diff("id", gone, props).replaces == ["node_key"]
+    node.path(KEY).write_bytes(pki.issue(pki.load_authority(str(pki_dir), "gpu-01"), "gpu-01",
+                                         dt.timedelta(hours=1), dt.datetime.now(dt.UTC)).key_pem.encode())
+    assert p.read("id", cert).outs["node_key"] == "another key"
+
+
 def test_a_missing_node_key_is_an_error_that_names_the_fix(node: FakeNode, pki_dir: Path) -> None:
     cert = certificate(pki_dir, key_origin="node")
     node.path(PENDING).unlink()
