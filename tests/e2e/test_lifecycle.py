@@ -176,7 +176,7 @@ def test_refresh_shows_drift_and_up_repairs_exactly_that(cluster, hosts, new_sta
     # problem is a standing warning, not a change.
     summary = preview.result.change_summary
     assert (summary.get("replace"), summary.get("update")) == (1, 2), preview.output
-    assert "node_key" in preview.output
+    assert "ClientCertificate node" in preview.output and "create replacement" in preview.output, preview.output
     assert "not an executable file" in preview.output
     # The engine is the operator's to fix; the rest `pulumi up` repairs.
     assert ssh(h, cluster, f"sudo chmod 755 {engine}")[0] == 0
