@@ -1,0 +1,112 @@
+"""The benchmark's pure pieces: the growth exponent, toxiproxy's API payloads, the targets and the summary.
+
+The benchmark itself prints figures and is never a pass/fail test; these check
+the arithmetic and the text it is built from.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench import growth, toxiproxy
+from bench.summary import WIDTH, Target, summary
+
+# --------------------------------------------------------------------------- growth exponent
+
+
+@pytest.mark.parametrize("k", [0.0, 0.5, 1.0, 2.0])
+def test_the_exponent_of_a_power_law_is_its_power(k):
+    points = [(n, 3.0 * n**k) for n in (1, 10, 30, 100, 200)]
+    assert growth.exponent(points) == pytest.approx(k, abs=1e-9)
+
+
+def test_the_exponent_is_a_least_squares_fit():
+    # In units of log 2: x = 0, 1, 3 and y = 0, 2, 3; the least-squares slope is 13/14 by hand, the end-to-end one 1.
+    points = [(1, 1.0), (2, 4.0), (8, 8.0)]
+    assert growth.exponent(points) == pytest.approx(13 / 14)
+    # Two points: the slope between them.
+    assert growth.exponent([(30, 4.0), (100, 10.0)]) == pytest.approx(math.log(2.5) / math.log(100 / 30))
+
+
+def test_no_exponent_without_two_sizes_or_with_a_zero():
+    assert growth.exponent([(30, 4.0)]) is None
+    assert growth.exponent([(30, 4.0), (30, 5.0)]) is None
+    assert growth.exponent([(10, 0.0), (30, 1.0)]) is None
+
+
+def test_the_large_fleet_fit_starts_at_30_nodes():
+    # Flat up to 10 nodes (fixed costs), quadratic from 30 on.
+    points = [(1, 900.0), (10, 900.0), (30, 900.0), (100, 900.0 * (100 / 30) ** 2), (200, 900.0 * (200 / 30) ** 2)]
+    g = growth.growth(points)
+    assert g.large == pytest.approx(2.0)
+    assert g.overall is not None and g.overall < 1.5
+    assert g.superlinear()
+    assert not growth.growth([(30, 1.0), (100, 3.0)]).superlinear()
+    assert "k=2.00 (30+)" in g.label()
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")  # a benchmark-only extra
+    fig = growth.Figure("wall", "wall time", "s", {"pulumi preview": [(1, 1.0), (30, 4.0), (100, 9.0)]})
+    path = growth.plot(fig, tmp_path)
+    assert path == tmp_path / "benchmark-wall.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- toxiproxy payloads
+
+
+def test_a_proxy_listens_on_loopback_and_forwards_to_the_hosts_sshd():
+    assert toxiproxy.proxy_payload("node7", "10.254.0.27") == {
+        "name": "node7", "listen": "127.0.0.1:0", "upstream": "10.254.0.27:22", "enabled": True}
+    assert toxiproxy.proxy_payload("n", "h", 2222, 40000)["listen"] == "127.0.0.1:40000"
+    assert toxiproxy.proxy_payload("n", "h", 2222)["upstream"] == "h:2222"
+    with pytest.raises(ValueError):
+        toxiproxy.proxy_payload("a/b", "h")
+
+
+def test_latency_is_added_on_both_directions():
+    toxics = toxiproxy.latency_toxics(25)
+    assert sorted(t["stream"] for t in toxics) == ["downstream", "upstream"]
+    assert {t["name"] for t in toxics} == set(toxiproxy.LATENCY_TOXICS)
+    for t in toxics:
+        assert t["type"] == "latency"
+        assert t["toxicity"] == 1.0
+        assert t["attributes"] == {"latency": 25, "jitter": 0}
+    with pytest.raises(ValueError):
+        toxiproxy.latency_toxics(-1)
+
+
+def test_the_listen_port_is_read_from_the_answer_and_must_be_loopback():
+    assert toxiproxy.listen_port({"name": "n", "listen": "127.0.0.1:40123"}) == 40123
+    with pytest.raises(RuntimeError, match="not on loopback"):
+        toxiproxy.listen_port({"name": "n", "listen": "0.0.0.0:40123"})
+
+
+# --------------------------------------------------------------------------- targets and summary
+
+
+def test_a_target_is_met_on_the_right_side_of_its_limit():
+    assert Target("up / floor", 1.25, 1.25).met is True
+    assert Target("up / floor", 1.26, 1.25).met is False
+    assert Target("script / up", 2.5, 2.5, at_least=True).met is True
+    assert Target("script / up", 2.4, 2.5, at_least=True).met is False
+    assert Target("x", None, 1.0).met is None
+
+
+def test_the_summary_has_one_line_per_target_and_fits_a_screen():
+    targets = [Target("30 nodes: pulumi up / floor", 1.56, 1.25, measured="32.3 s / 20.7 s"),
+               Target("30 nodes, 50 ms: parallel script / up", 2.9, 2.5, at_least=True),
+               Target("100 nodes: preview, s", None, 10.0),
+               Target("a very long target name " * 5, 0.5, 1.0, measured="x" * 200)]
+    text = summary(targets, notes=["note one"])
+    lines = text.splitlines()
+    assert len(lines) == 1 + len(targets) + 1 + 1
+    assert all(len(line) <= WIDTH for line in lines)
+    assert "MISSED" in lines[1] and "32.3 s / 20.7 s" in lines[1] and "<= 1.25" in lines[1]
+    assert "met" in lines[2] and ">= 2.5" in lines[2]
+    assert "not measured" in lines[3] and "n/a" in lines[3]
+    assert lines[-2] == "-- 2 met, 1 missed, 1 not measured"
+    assert lines[-1] == "note one"
