@@ -74,7 +74,7 @@ class Toxiproxy:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                self.request("GET", "/version")
+                self.request("GET", "/version", parse=False)  # answers the bare version, e.g. 2.5.0
                 return self
             except (urllib.error.URLError, ConnectionError):
                 if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -91,7 +91,7 @@ class Toxiproxy:
                 self.proc.wait()
         self.proc = None
 
-    def request(self, method: str, path: str, payload: Any = None) -> Any:
+    def request(self, method: str, path: str, payload: Any = None, parse: bool = True) -> Any:
         data = None if payload is None else json.dumps(payload).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"})
@@ -100,6 +100,8 @@ class Toxiproxy:
                 body = answer.read()
         except urllib.error.HTTPError as exc:
             raise RuntimeError(f"toxiproxy {method} {path}: {exc.code} {exc.read().decode(errors='replace')}") from None
+        if not parse:
+            return body.decode(errors="replace")
         return json.loads(body) if body.strip() else None
 
     def proxy(self, name: str, upstream_host: str, upstream_port: int = 22) -> int:

@@ -110,3 +110,50 @@ def test_the_summary_has_one_line_per_target_and_fits_a_screen():
     assert "not measured" in lines[3] and "n/a" in lines[3]
     assert lines[-2] == "-- 2 met, 1 missed, 1 not measured"
     assert lines[-1] == "note one"
+
+
+# --------------------------------------------------------------------------- routing and hosts
+
+
+def test_ssh_config_sends_each_host_address_to_its_proxy():
+    from bench.onboard import proxy_host_blocks
+
+    assert proxy_host_blocks({}) == ""
+    text = proxy_host_blocks({"10.254.0.22": 40002, "10.254.0.21": 40001})
+    assert text == ("Host 10.254.0.21\n  HostName 127.0.0.1\n  Port 40001\n  HostKeyAlias 10.254.0.21\n"
+                    "Host 10.254.0.22\n  HostName 127.0.0.1\n  Port 40002\n  HostKeyAlias 10.254.0.22\n"
+                    "Host *\n")  # what follows (the system config's Include) applies to every host again
+
+
+def test_a_reduced_ca_bundle_lists_the_first_system_cas_only(tmp_path):
+    from bench.onboard import reduce_ca_bundle
+
+    conf = tmp_path / "etc" / "ca-certificates.conf"
+    conf.parent.mkdir()
+    conf.write_text("# header\n!mozilla/Old.crt\n" + "".join(f"mozilla/CA{i}.crt\n" for i in range(140)))
+    reduce_ca_bundle(tmp_path, keep=3)
+    lines = conf.read_text().splitlines()
+    assert [line for line in lines if not line.startswith("#")] == ["mozilla/CA0.crt", "mozilla/CA1.crt", "mozilla/CA2.crt"]
+    assert lines[0] == "# header"
+    assert conf.stat().st_mode & 0o777 == 0o644
+
+
+def test_the_targets_are_ratios_of_the_runs_of_one_bench():
+    from bench.onboard import FLOOR, PAR, SEQ, UP, Counters, Result, issue12_targets
+
+    def run(size: int, kind: str, wall: float, delay: int = 0, ssh: int = 0, engine: float = 0.0) -> Result:
+        return Result(size, kind, True, wall, ssh, Counters(wall, 0, 0, 0, engine, 0, 0), 0, 0, delay_ms=delay,
+                      kind=kind)
+
+    results = [run(30, UP, 30.0, ssh=30, engine=6.0), run(30, FLOOR, 20.0),
+               run(30, UP, 40.0, delay=50), run(30, PAR, 120.0, delay=50), run(30, SEQ, 300.0, delay=50),
+               run(100, UP, 90.0, ssh=100)]
+    by_name = {t.name: t for t in issue12_targets(results)}
+    assert by_name["30 nodes: pulumi up / floor"].value == pytest.approx(1.5)
+    assert by_name["30 nodes: pulumi up / floor"].met is False
+    assert by_name["30 nodes, +50 ms: script parallel / up"].value == pytest.approx(3.0)
+    assert by_name["30 nodes, +50 ms: script sequential / up"].value == pytest.approx(7.5)
+    assert by_name["30 nodes: operator CPU-s per node (up)"].value == pytest.approx(0.2)
+    assert by_name["100 nodes: SSH connections per node per up"].value == pytest.approx(1.0)
+    assert by_name["100 nodes: no-op up, s"].value is None  # not measured: neither met nor missed
+    assert by_name["100 nodes: no-op up, s"].met is None
