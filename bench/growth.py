@@ -69,6 +69,7 @@ def plot(figure: Figure, out_dir: Path, prefix: str = "benchmark-") -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
     growths = figure.growths()
@@ -79,6 +80,11 @@ def plot(figure: Figure, out_dir: Path, prefix: str = "benchmark-") -> Path:
         ax.plot([n for n, _ in pts], [y for _, y in pts], marker="o", label=f"{kind}: {growths[kind].label()}")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    sizes = sorted({n for points in figure.series.values() for n, _ in points})
+    ax.set_xticks(sizes, [f"{n:g}" for n in sizes])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     ax.set_xlabel("nodes (N)")
     ax.set_ylabel(figure.unit)
     ax.set_title(figure.title, fontsize=10)

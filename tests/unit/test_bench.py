@@ -44,6 +44,9 @@ def test_the_large_fleet_fit_starts_at_30_nodes():
     assert g.overall is not None and g.overall < 1.5
     assert g.superlinear()
     assert not growth.growth([(30, 1.0), (100, 3.0)]).superlinear()
+    # 30 nodes is in the window: without it, 100 -> 200 alone would be exactly linear.
+    window = growth.growth([(10, 1.0), (30, 1.0), (100, 4.0), (200, 8.0)])
+    assert window.large is not None and window.large > 1.05
     assert "k=2.00 (30+)" in g.label()
 
 
