@@ -489,6 +489,8 @@ class Bench:
     shards: int | None = None
     toxiproxy: Any = None
     tools_dir: Path = Path()
+    engine_env: dict[str, str] = field(default_factory=dict)
+    """Extra environment of every engine run (--engine-env), e.g. to try an engine setting."""
     host_mib: float = 0.0
     """Memory one booted lab host took, as seen from MemAvailable (0 until 10 or more were booted at once)."""
     """Where scripts/bench-tools.sh put toxiproxy-server."""
@@ -689,6 +691,8 @@ class Bench:
         parallel([lambda h=h: wipe_and_start(h) for h in hosts], workers=10)
         if n >= 10:  # what a booted host takes, for host_capacity (settles as systemd finishes booting)
             self.host_mib = max(self.host_mib, (before - mem_available_mib()) / n)
+            self.say(f"memory: {self.host_mib:.0f} MiB per booted host at most so far, "
+                     f"{mem_available_mib() / 1024:.1f} GiB available")
         if reduced_ca:
             for h in hosts:
                 reduce_ca_bundle(h.root)
@@ -844,6 +848,7 @@ class Bench:
         env = engine_env(self.engine_bin, WORK / "pulumi-home", WORK / "state")
         env["PATH"] = f"{self.engine_dir}:{env['PATH']}"  # the wrappers before the real engine
         env["PYTHONPATH"] = str(self.snapshot)
+        env.update(self.engine_env)
         env.update(extra_env or {})
         return LabStack(WORK / "projects" / name, name, env, project=project)
 
@@ -1491,7 +1496,7 @@ Machine: {machine['nproc']} CPUs ({machine['cpu']}), {machine['memory']} memory,
 booting Debian 12 systemd on one bridge; every scenario starts on freshly booted hosts.
 Sizes: plain bridge {list_text(bench.sizes)}; +{2 * DELAY_MS} ms RTT {list_text(bench.latency_sizes)}; scale
 {list_text(bench.scale_sizes)} (no baseline at scale); provider processes {list_text(bench.shard_counts)} at
-{list_text(bench.shard_sizes)} nodes.
+{list_text(bench.shard_sizes)} nodes.{engine_env_text(bench.engine_env)}
 
 {latency_method(bench)}
 
@@ -1567,6 +1572,11 @@ the lab hosts; and the rest of the machine.
 """
 
 
+def engine_env_text(env: dict[str, str]) -> str:
+    return (" Every engine run had " + ", ".join(f"`{k}={v}`" for k, v in sorted(env.items()))
+            + " in its environment (--engine-env).") if env else ""
+
+
 def list_text(values: Sequence[int]) -> str:
     return ", ".join(str(v) for v in values) or "none"
 
@@ -1630,6 +1640,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="sizes the provider-process counts are compared at (default 30,100; --quick none)")
     parser.add_argument("--reduced-ca", action="store_true",
                         help="scale runs: the hosts trust 3 system CAs (a smaller bundle for update-ca-certificates)")
+    parser.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set this in the environment of every engine run (repeatable), e.g. to try an engine setting")
     parser.add_argument("--repeats", type=int, help="runs of each short scenario, median kept (default 3; --quick 1)")
     parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                         help="before each run wait up to this long for other work on the machine to stop (default 0)")
@@ -1639,6 +1651,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.render:
         return rerender(args.render, args.out or DOC)
+    if any("=" not in item for item in args.engine_env):
+        parser.error("--engine-env takes NAME=VALUE")
     if os.geteuid() != 0:
         parser.error("needs root: the lab hosts are systemd-nspawn containers in network namespaces")
     pick = lambda given, quick, full: given if given is not None else (quick if args.quick else full)  # noqa: E731
@@ -1661,7 +1675,8 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     bench = Bench(sizes=sizes, repeats=repeats, log_dir=log_dir, wait_quiet=args.wait_quiet,
                   latency_sizes=latency_sizes, scale_sizes=scale_sizes, shard_counts=shard_counts,
-                  shard_sizes=shard_sizes, reduced_ca=args.reduced_ca, tools_dir=tools_dir)
+                  shard_sizes=shard_sizes, reduced_ca=args.reduced_ca, tools_dir=tools_dir,
+                  engine_env=dict(item.split("=", 1) for item in args.engine_env))
     command = " ".join(["sudo .venv/bin/python -m bench.onboard", *(sys.argv[1:] if argv is None else argv)])
     machine = machine_description()
     estimate = estimate_minutes(sizes, latency_sizes, scale_sizes, shard_counts, shard_sizes)
@@ -1698,7 +1713,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.monotonic() - t0
     record = {"plan": {"sizes": sizes, "latency_sizes": latency_sizes, "scale_sizes": scale_sizes,
                        "shard_counts": shard_counts, "shard_sizes": shard_sizes, "reduced_ca": args.reduced_ca,
-                       "repeats": repeats, "imports": bench.imports},
+                       "repeats": repeats, "imports": bench.imports, "engine_env": bench.engine_env},
               "machine": machine, "fingerprint": fingerprint, "started": started, "seconds": seconds,
               "command": command, "skipped": skipped, "estimate": estimate,
               "results": [dataclasses.asdict(r) for r in bench.results]}
@@ -1738,7 +1753,7 @@ def rerender(path: Path, out: Path) -> int:
     bench = Bench(sizes=plan["sizes"], repeats=plan["repeats"], log_dir=path.parent, results=results,
                   latency_sizes=plan["latency_sizes"], scale_sizes=plan["scale_sizes"],
                   shard_counts=plan["shard_counts"], shard_sizes=plan["shard_sizes"], reduced_ca=plan["reduced_ca"],
-                  imports=plan["imports"])
+                  imports=plan["imports"], engine_env=plan.get("engine_env", {}))
     return report(bench, record, out)
 
 
