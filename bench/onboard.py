@@ -1,6 +1,6 @@
 """Issues 6 and 12's benchmark: onboarding N real-systemd lab hosts with the original script and with `pulumi up`.
 
-    sudo .venv/bin/python -m bench.onboard            # the full run (see --help for the sizes; ~45 min)
+    sudo .venv/bin/python -m bench.onboard            # the full run (see --help for the sizes; ~40 min)
     sudo .venv/bin/python -m bench.onboard --quick    # a smoke run, about 3 min
 
 Options: [--sizes 1,10,30] [--latency-sizes 1,10,30] [--scale-sizes 100,200]
@@ -1596,7 +1596,7 @@ def estimate_minutes(sizes: Sequence[int], latency: Sequence[int], scale: Sequen
                      shard_sizes: Sequence[int]) -> float:
     """A rough duration on this 2-CPU machine, from earlier runs (the hosts' CPU dominates)."""
     return (1.0 + sum(0.6 + 0.15 * n for n in sizes) + sum(0.5 + 0.2 * n for n in latency)
-            + sum(1.0 + 0.07 * n for n in scale) + len(shard_counts) * sum(0.4 + 0.03 * n for n in shard_sizes))
+            + sum(1.0 + 0.03 * n for n in scale) + len(shard_counts) * sum(0.3 + 0.02 * n for n in shard_sizes))
 
 
 def mem_available_mib() -> float:
