@@ -160,3 +160,15 @@ def test_the_targets_are_ratios_of_the_runs_of_one_bench():
     assert by_name["100 nodes: SSH connections per node per up"].value == pytest.approx(1.0)
     assert by_name["100 nodes: no-op up, s"].value is None  # not measured: neither met nor missed
     assert by_name["100 nodes: no-op up, s"].met is None
+
+
+def test_up_over_floor_takes_an_up_on_hosts_with_the_full_ca_bundle():
+    from bench.onboard import FLOOR, UP, Counters, Result, issue12_targets
+
+    def run(kind: str, wall: float, reduced_ca: bool = False) -> Result:
+        return Result(30, kind, True, wall, 30, Counters(wall, 0, 0, 0), 0, 0, kind=kind, reduced_ca=reduced_ca)
+
+    # A scale run at 30 nodes on hosts with a reduced bundle comes first; the floor's hosts have the full one.
+    targets = issue12_targets([run(UP, 10.0, reduced_ca=True), run(UP, 30.0), run(FLOOR, 20.0)])
+    assert targets[0].name == "30 nodes: pulumi up / floor"
+    assert targets[0].value == pytest.approx(1.5)
