@@ -84,7 +84,10 @@ def plot(figure: Figure, out_dir: Path, prefix: str = "benchmark-") -> Path:
     ax.set_xticks(sizes, [f"{n:g}" for n in sizes])
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    values = [y for points in figure.series.values() for _, y in points if y > 0]
+    # Label the minor ticks only when the figure spans less than a decade or so (else they crowd the axis).
+    few = bool(values) and max(values) / min(values) < 20
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _pos: f"{v:g}") if few else NullFormatter())
     ax.set_xlabel("nodes (N)")
     ax.set_ylabel(figure.unit)
     ax.set_title(figure.title, fontsize=10)

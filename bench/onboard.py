@@ -1747,6 +1747,7 @@ def rerender(path: Path, out: Path) -> int:
     results = []
     for raw in record["results"]:
         raw = dict(raw)
+        raw.setdefault("reduced_ca", "(--reduced-ca)" in raw.get("note", ""))  # results.json before the field
         raw["cpu"] = Counters(**raw["cpu"])
         if raw.get("state"):
             state = dict(raw["state"])
