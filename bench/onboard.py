@@ -120,6 +120,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -1689,6 +1690,22 @@ def main(argv: list[str] | None = None) -> int:
           f"{list_text(shard_sizes)}; estimated duration ~{estimate:.0f} min", flush=True)
     fingerprint = "?"
     skipped: list[str] = []
+
+    def record() -> dict[str, Any]:
+        """Everything measured so far, as results.json holds it (written after every part, read by --render)."""
+        return {"plan": {"sizes": sizes, "latency_sizes": latency_sizes, "scale_sizes": scale_sizes,
+                         "shard_counts": shard_counts, "shard_sizes": shard_sizes, "reduced_ca": args.reduced_ca,
+                         "repeats": repeats, "imports": bench.imports, "engine_env": bench.engine_env},
+                "machine": machine, "fingerprint": fingerprint, "started": started, "seconds": time.monotonic() - t0,
+                "command": command, "skipped": skipped, "estimate": estimate,
+                "results": [dataclasses.asdict(r) for r in bench.results]}
+
+    def part(run: Callable[[int], None], size: int) -> None:
+        run(size)
+        (log_dir / "results.json").write_text(json.dumps(record(), indent=1))
+
+    # A `timeout` or `kill` ends the run like Ctrl-C: the lab is torn down and what was measured is reported.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with own_cgroup():
         try:
             bench.setup()
@@ -1696,9 +1713,9 @@ def main(argv: list[str] | None = None) -> int:
             bench.say(f"set up; package: {fingerprint}")
             bench.say(f"import check: {bench.imports}")
             for size in sizes:
-                bench.run_size(size)
+                part(bench.run_size, size)
             for size in latency_sizes:
-                bench.run_latency(size)
+                part(bench.run_latency, size)
             for size in scale_sizes + shard_sizes:
                 capacity = host_capacity(bench.host_mib, sum(1 for h in bench.lab.hosts.values() if h.running))
                 if size > capacity:
@@ -1706,23 +1723,20 @@ def main(argv: list[str] | None = None) -> int:
                                    f"({max(bench.host_mib, 80):.0f} MiB each)")
                     print(skipped[-1], flush=True)
                 elif size in scale_sizes:
-                    bench.run_scale(size)
+                    part(bench.run_scale, size)
             for size in shard_sizes:
                 if not any(f"at {size} nodes skipped" in s for s in skipped):
-                    bench.run_shards(size)
+                    part(bench.run_shards, size)
+        except KeyboardInterrupt:
+            skipped.append(f"interrupted after {(time.monotonic() - t0) / 60:.1f} min: the report has what was measured")
+            print(skipped[-1], flush=True)
         finally:
             if bench.toxiproxy is not None:
                 bench.toxiproxy.stop()
             bench.teardown()
-    seconds = time.monotonic() - t0
-    record = {"plan": {"sizes": sizes, "latency_sizes": latency_sizes, "scale_sizes": scale_sizes,
-                       "shard_counts": shard_counts, "shard_sizes": shard_sizes, "reduced_ca": args.reduced_ca,
-                       "repeats": repeats, "imports": bench.imports, "engine_env": bench.engine_env},
-              "machine": machine, "fingerprint": fingerprint, "started": started, "seconds": seconds,
-              "command": command, "skipped": skipped, "estimate": estimate,
-              "results": [dataclasses.asdict(r) for r in bench.results]}
-    (log_dir / "results.json").write_text(json.dumps(record, indent=1))
-    return report(bench, record, out)
+    final = record()
+    (log_dir / "results.json").write_text(json.dumps(final, indent=1))
+    return report(bench, final, out)
 
 
 def report(bench: Bench, record: dict[str, Any], out: Path) -> int:
