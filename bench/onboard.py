@@ -490,13 +490,14 @@ class Bench:
     delay_ms: int = 0
     """Round-trip delay of the runs now measured; set with route_through_proxies."""
     shards: int | None = None
+    """Provider processes the runs now measured force (LLMGW_PROVIDER_SHARDS); None: the package's default."""
     toxiproxy: Any = None
     tools_dir: Path = Path()
+    """Where scripts/bench-tools.sh put toxiproxy-server."""
     engine_env: dict[str, str] = field(default_factory=dict)
     """Extra environment of every engine run (--engine-env), e.g. to try an engine setting."""
     host_mib: float = 0.0
     """Memory one booted lab host took, as seen from MemAvailable (0 until 10 or more were booted at once)."""
-    """Where scripts/bench-tools.sh put toxiproxy-server."""
     routes: dict[str, int] = field(default_factory=dict)
     """Host address -> loopback port of its proxy, while the runs go through the proxies."""
     wait_quiet: float = 0.0
