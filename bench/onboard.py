@@ -1,6 +1,13 @@
-"""Issue 6's benchmark: onboarding N real-systemd lab hosts with the original script and with `pulumi up`.
+"""Issues 6 and 12's benchmark: onboarding N real-systemd lab hosts with the original script and with `pulumi up`.
 
-    sudo .venv/bin/python -m bench.onboard [--sizes 1,10,30] [--quick] [--repeats R] [--wait-quiet S] [--out FILE]
+    sudo .venv/bin/python -m bench.onboard            # the full run (see --help for the sizes; ~40 min)
+    sudo .venv/bin/python -m bench.onboard --quick    # a smoke run, about 3 min
+
+Options: [--sizes 1,10,30] [--latency-sizes 1,10,30] [--scale-sizes 100,200]
+[--shards 4,8,16] [--shard-sizes 30,100] [--reduced-ca] [--repeats R]
+[--wait-quiet S] [--out FILE]; an empty list ("--scale-sizes ''") skips that part.
+It runs scripts/bench-tools.sh first (toxiproxy-server and matplotlib, built or
+installed once and cached).
 
 Measurement only, never part of the pass/fail tests. For every size N it boots
 N lab hosts (lab "b" on 10.254.0.0/24, workdir /var/cache/llmgw-pulumi/lab-b)
@@ -76,8 +83,29 @@ Why it is built this way:
   stored.
 - Other developers' labs may share the machine: the table shows their CPU
   rate during each run; --wait-quiet waits for it to stop before each run.
-- 50 ms added round-trip delay needs the netem qdisc; where the kernel lacks it
-  the delayed runs are skipped and the reason printed.
+
+Issue 12's parts (bench/toxiproxy.py, bench/growth.py, bench/summary.py):
+
+- Latency without netem (this kernel has no netem qdisc): toxiproxy-server on
+  loopback with one proxy per host (127.0.0.1:<port> -> host:22) and a 25 ms
+  latency toxic on each direction (+50 ms round trip). The seed script's
+  ssh/scp (ssh_config Host blocks: HostName 127.0.0.1, Port, HostKeyAlias) and
+  the stack (each node's address 127.0.0.1 and its proxy's port; the node id
+  and hostname stay the node's own) both go through the same proxies. Only
+  operator -> sshd traffic is delayed: the release download and the agent's
+  stream to the control plane go from the host over the bridge, unproxied.
+  The 0 ms figures are the plain-bridge runs (no proxy).
+- Scale (--scale-sizes): `pulumi up` from scratch, no-op up, preview and
+  refresh at 100 and 200 nodes; no baseline there (the parallel script at 200
+  nodes alone would take ~5 min of host CPU, the sequential one ~10 min).
+  With --reduced-ca the scale hosts' /etc/ca-certificates.conf lists 3 of the
+  system CAs before each run (so update-ca-certificates rebuilds a 4-CA
+  bundle); the report says so; default off.
+- Provider processes (--shards 4,8,16 at --shard-sizes): `pulumi up` from
+  scratch with LLMGW_PROVIDER_SHARDS set (llmgw_pulumi/shards.py).
+- Plots: wall time, engine / provider / program CPU and state bytes against N
+  (log-log, docs/benchmark-*.png) with growth exponents fitted from 30 nodes on
+  and over all sizes; a one-screen summary of issue 12's targets at the end.
 """
 
 from __future__ import annotations
@@ -92,6 +120,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -103,6 +132,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from bench import growth
+from bench.summary import Target, fmt, ratio, summary
+from bench.toxiproxy import LOOPBACK
 
 if TYPE_CHECKING:
     from lab.stack import LabStack
@@ -117,6 +150,9 @@ RELEASE_PORT = 8443
 SSH_USER = "deploy"
 SSH_WAIT = 60
 DELAY_MS = 25  # per direction: +50 ms round trip
+TARGET_N = 30  # issue 12's targets are set at 30 nodes ...
+SCALE_N = 100  # ... and at 100
+STATE_LIMIT = 8192  # bytes of state per node without PEM bodies
 OWN_CGROUP = Path("/sys/fs/cgroup/unified/llmgw-bench-b")
 ENGINE_CGROUP = OWN_CGROUP / "engine"  # the wrapper `pulumi` moves itself here
 PROGRAM_CGROUP = OWN_CGROUP / "program"  # the wrapper language host moves itself here; the program's python follows
@@ -142,6 +178,11 @@ SCRIPT_PHASES = (
     ("  writing the configuration", "hostname, copy config and unit"),
     ("  starting the agent", "install unit, daemon-reload, enable, restart"),
 )
+
+FLOOR = "floor: update-ca-certificates + start agent, 1 SSH connection per node"
+"""What the hosts must spend anyway: issue 12's floor, all nodes in parallel."""
+PLOTTED = ("pulumi preview", "pulumi up, no-op", "pulumi up, from scratch", "pulumi refresh")
+"""The runs whose figures are plotted against N (plain bridge, the package's default provider count)."""
 
 T = TypeVar("T")
 
@@ -265,6 +306,14 @@ class Result:
     state: StateSize | None = None
     note: str = ""
     detail: dict[str, Any] = field(default_factory=dict)
+    delay_ms: int = 0
+    """Round-trip delay added by the proxies (0: plain bridge, no proxy)."""
+    shards: int | None = None
+    """Provider processes forced for the run (None: the package's default)."""
+    kind: str = ""
+    """The scenario without its repeat number, provider count or delay ('pulumi up, no-op')."""
+    reduced_ca: bool = False
+    """The hosts trusted 3 system CAs (--reduced-ca, scale runs)."""
 
     @property
     def cpu_own(self) -> float:
@@ -432,8 +481,25 @@ class Bench:
     control_plane: Any = None
     engine_bin: Path | None = None
     results: list[Result] = field(default_factory=list)
-    netem_skip_reason: str | None = None
+    latency_sizes: list[int] = field(default_factory=list)
+    scale_sizes: list[int] = field(default_factory=list)
+    shard_counts: list[int] = field(default_factory=list)
+    shard_sizes: list[int] = field(default_factory=list)
+    reduced_ca: bool = False
+    """Scale runs: hosts trust 3 system CAs (update-ca-certificates then has less to do)."""
     delay_ms: int = 0
+    """Round-trip delay of the runs now measured; set with route_through_proxies."""
+    shards: int | None = None
+    """Provider processes the runs now measured force (LLMGW_PROVIDER_SHARDS); None: the package's default."""
+    toxiproxy: Any = None
+    tools_dir: Path = Path()
+    """Where scripts/bench-tools.sh put toxiproxy-server."""
+    engine_env: dict[str, str] = field(default_factory=dict)
+    """Extra environment of every engine run (--engine-env), e.g. to try an engine setting."""
+    host_mib: float = 0.0
+    """Memory one booted lab host took, as seen from MemAvailable (0 until 10 or more were booted at once)."""
+    routes: dict[str, int] = field(default_factory=dict)
+    """Host address -> loopback port of its proxy, while the runs go through the proxies."""
     wait_quiet: float = 0.0
     """Seconds to wait at most, before each run, for other work on the machine to stop."""
     imports: str = ""
@@ -614,7 +680,7 @@ class Bench:
 
     # ----------------------------------------------------------------- hosts
 
-    def fresh_hosts(self, n: int) -> list[Any]:
+    def fresh_hosts(self, n: int, reduced_ca: bool = False) -> list[Any]:
         """Hosts 1..n booted from a clean upper dir; every other host of the lab stopped."""
         hosts = [self.lab.prepare(i, hostname=f"node{i}") for i in range(1, n + 1)]
         parallel([h.stop for h in self.lab.hosts.values()], workers=16)
@@ -625,11 +691,17 @@ class Bench:
             h.start(timeout=BOOT_TIMEOUT)
 
         t = time.monotonic()
+        before = mem_available_mib()
         parallel([lambda h=h: wipe_and_start(h) for h in hosts], workers=10)
-        if self.delay_ms:
+        if n >= 10:  # what a booted host takes, for host_capacity (settles as systemd finishes booting)
+            self.host_mib = max(self.host_mib, (before - mem_available_mib()) / n)
+            self.say(f"memory: {self.host_mib:.0f} MiB per booted host at most so far, "
+                     f"{mem_available_mib() / 1024:.1f} GiB available")
+        if reduced_ca:
             for h in hosts:
-                h.set_link_delay(self.delay_ms)
-        self.say(f"booted {n} fresh host(s) in {time.monotonic() - t:.1f}s")
+                reduce_ca_bundle(h.root)
+        self.say(f"booted {n} fresh host(s) in {time.monotonic() - t:.1f}s"
+                 + (", each trusting 3 system CAs" if reduced_ca else ""))
         return hosts
 
     @staticmethod
@@ -687,9 +759,11 @@ class Bench:
                 detail["note"] = (detail.get("note", "") + " agents not all connected").strip()
         cpu = Counters.now() - c0
         ssh = self.ssh_opens(hosts) - opens0
-        label = f"{scenario} (+{2 * self.delay_ms} ms RTT)" if self.delay_ms else scenario
+        label = scenario + (f", {self.shards} providers" if self.shards else "")
+        label += f" (+{self.delay_ms} ms RTT)" if self.delay_ms else ""
         result = Result(size, label, ok, wall, ssh, cpu, idle, idle_own, agents_up=agents_up,
-                        remote_ops=detail.pop("remote_ops", None), note=detail.pop("note", ""), detail=detail)
+                        remote_ops=detail.pop("remote_ops", None), note=detail.pop("note", ""), detail=detail,
+                        delay_ms=self.delay_ms, shards=self.shards, kind=scenario.rsplit(" #", 1)[0])
         self.results.append(result)
         self.say(one_line(result))
         return result
@@ -715,7 +789,8 @@ class Bench:
                 "# bench/onboard.py: the lab key and a throwaway known_hosts; the rest is the system config.\n"
                 f"IdentityFile {self.lab.ssh_key_path}\n"
                 f"UserKnownHostsFile {d / 'known_hosts'}\n"
-                "Include /etc/ssh/ssh_config\n"
+                + proxy_host_blocks(self.routes)
+                + "Include /etc/ssh/ssh_config\n"
             )
             wrappers = d / "bin"
             wrappers.mkdir()
@@ -777,6 +852,7 @@ class Bench:
         env = engine_env(self.engine_bin, WORK / "pulumi-home", WORK / "state")
         env["PATH"] = f"{self.engine_dir}:{env['PATH']}"  # the wrappers before the real engine
         env["PYTHONPATH"] = str(self.snapshot)
+        env.update(self.engine_env)
         env.update(extra_env or {})
         return LabStack(WORK / "projects" / name, name, env, project=project)
 
@@ -797,8 +873,30 @@ class Bench:
             "servers": [self.control_plane.address],
             "agent": {"version": RELEASE, "releaseUrl": self.release_url},
             "ssh": {"user": SSH_USER, "privateKeyPath": str(self.lab.ssh_key_path), "wait": SSH_WAIT},
-            "nodes": [{"id": node_id, "address": address} for node_id, address in nodes],
+            "nodes": [{"id": node_id, **self.route(address)} for node_id, address in nodes],
         }
+
+    def route(self, address: str) -> dict[str, Any]:
+        """How the stack reaches a host: its own address, or its proxy on loopback while the runs are proxied."""
+        if address in self.routes:
+            return {"address": LOOPBACK, "port": self.routes[address]}
+        return {"address": address}
+
+    def route_through_proxies(self, hosts: Sequence[Any], rtt_ms: int) -> None:
+        """From now on reach `hosts` through their toxiproxy proxies, with `rtt_ms` added to each round trip."""
+        from bench.toxiproxy import Toxiproxy
+
+        if self.toxiproxy is None:
+            self.toxiproxy = Toxiproxy(self.tools_dir / "toxiproxy-server", self.log_dir / "toxiproxy.log").start()
+        for h in hosts:
+            if h.addr not in self.routes:
+                self.routes[h.addr] = self.toxiproxy.proxy(h.hostname, h.addr)
+            self.toxiproxy.set_latency(h.hostname, rtt_ms // 2)
+        self.delay_ms = rtt_ms
+
+    def route_directly(self) -> None:
+        self.routes.clear()
+        self.delay_ms = 0
 
     def engine_run(self, stack: LabStack, command: str, log_name: str) -> tuple[bool, dict[str, Any]]:
         """One engine command (`pulumi <command>`) on `stack`, with its per-step timing; output and events go to logs."""
@@ -818,9 +916,13 @@ class Bench:
             detail["note"] = f"FAILED (see {self.log_dir / (log_name + '.log')}): " + run.output.strip()[-300:]
         return run.ok, detail
 
-    def pulumi_runs(self, size: int, hosts: Sequence[Any]) -> None:
-        tag = f"n{size}" + (f"d{self.delay_ms}" if self.delay_ms else "")
-        stack = self.new_stack(f"bench-{tag}")
+    def pulumi_runs(self, size: int, hosts: Sequence[Any], then: Sequence[str] = ("noop", "preview", "refresh", "empty"),
+                    ) -> None:
+        """`pulumi up` from scratch, then on the onboarded fleet the runs named in `then`, in that order."""
+        tag = f"n{size}" + (f"d{self.delay_ms}" if self.delay_ms else "") + (f"s{self.shards}" if self.shards else "")
+        from llmgw_pulumi.shards import SHARDS_ENV
+
+        stack = self.new_stack(f"bench-{tag}", extra_env={SHARDS_ENV: str(self.shards)} if self.shards else None)
         stack.set_config(self.stack_config([(h.hostname, h.addr) for h in hosts]))
         up = self.measure(size, "pulumi up, from scratch", hosts,
                           lambda: self.engine_run(stack, "up", f"{tag}-up"), agents=True)
@@ -828,9 +930,14 @@ class Bench:
             return
         # As `pulumi stack export` prints it: secrets stay encrypted, as in the stored state.
         up.state = state_size(json.loads(stack.export_raw())["deployment"], size)
-        self.repeated(size, "pulumi up, no-op", hosts, lambda i: self.engine_run(stack, "up", f"{tag}-noop-{i}"))
-        self.measure(size, "pulumi preview", hosts, lambda: self.engine_run(stack, "preview", f"{tag}-preview"))
-        self.measure(size, "pulumi refresh", hosts, lambda: self.engine_run(stack, "refresh", f"{tag}-refresh"))
+        if "noop" in then:
+            self.repeated(size, "pulumi up, no-op", hosts, lambda i: self.engine_run(stack, "up", f"{tag}-noop-{i}"))
+        if "preview" in then:
+            self.measure(size, "pulumi preview", hosts, lambda: self.engine_run(stack, "preview", f"{tag}-preview"))
+        if "refresh" in then:
+            self.measure(size, "pulumi refresh", hosts, lambda: self.engine_run(stack, "refresh", f"{tag}-refresh"))
+        if "empty" not in then:
+            return
         empty = self.new_stack(f"empty-{tag}", project=self.empty_project())
         first = empty.up()  # creates the stack resource; the measured ups after it change nothing, like a no-op up
         if not first.ok:
@@ -847,7 +954,7 @@ class Bench:
             self.results.pop()
         runs.sort(key=lambda r: r.wall)
         chosen = runs[len(runs) // 2]
-        chosen.scenario = chosen.scenario.rsplit(" #", 1)[0]
+        chosen.scenario = re.sub(r" #\d+", "", chosen.scenario)
         if len(runs) > 1:
             times = ", ".join(f"{r.wall:.2f}" for r in runs)
             chosen.note = (chosen.note + f" median of {len(runs)}: {times} s").strip()
@@ -906,28 +1013,19 @@ class Bench:
         with self.openssh_env() as env:
             steps = [
                 ("floor: 1 SSH connection (`true`)", "true", False),
-                ("floor: update-ca-certificates", "sudo -n update-ca-certificates >/dev/null 2>&1", False),
-                ("floor: start agent unit", "sudo -n systemctl enable --now llmgw-agent >/dev/null 2>&1", True),
+                (FLOOR, "sudo -n update-ca-certificates >/dev/null 2>&1 && "
+                        "sudo -n systemctl enable --now llmgw-agent >/dev/null 2>&1", True),
             ]
-            measured = []
             for scenario, command, agents in steps:
                 r = self.measure(size, scenario, hosts, lambda c=command: self.ssh_all(hosts, c, env),
                                  agents=agents, quiet_first=True)
                 r.idle_rate, r.idle_own_rate = idle, idle_own
-                measured.append(r)
-        ssh_only, ca, agent = measured
-        # Both steps over one connection: each step's cost beyond its own handshake, plus one handshake.
-        both = ca.cpu + agent.cpu - ssh_only.cpu
-        self.results.append(Result(
-            size, "floor: both steps over 1 SSH connection", all(r.ok for r in measured), both.wall, ssh_only.ssh,
-            both, idle, idle_own, agents_up=agent.agents_up, note="derived: update-ca + start agent - 1 SSH connection",
-        ))
-        self.say(one_line(self.results[-1]))
 
     # ----------------------------------------------------------------- everything for one size
 
     def run_size(self, size: int) -> None:
-        print(f"\n== N = {size}" + (f", +{2 * self.delay_ms} ms RTT" if self.delay_ms else ""), flush=True)
+        """Plain bridge: both baselines, the pulumi runs and the floor."""
+        print(f"\n== N = {size}, plain bridge", flush=True)
         hosts = self.fresh_hosts(size)
         self.baseline(size, hosts, parallel_run=False)
         hosts = self.fresh_hosts(size)
@@ -937,18 +1035,65 @@ class Bench:
         hosts = self.fresh_hosts(size)
         self.floor(size, hosts)
 
-    def try_netem(self) -> bool:
-        """Whether link delay can be emulated here; says why not when it cannot."""
-        from lab.hosts import NetemUnavailable
-
-        host = self.lab.prepare(1, hostname="node1")
+    def run_latency(self, size: int, rtt_ms: int = 2 * DELAY_MS) -> None:
+        """Through the proxies with `rtt_ms` added: both baselines, `pulumi up` and `pulumi refresh`."""
+        print(f"\n== N = {size}, +{rtt_ms} ms RTT through toxiproxy", flush=True)
         try:
-            host.set_link_delay(DELAY_MS)
-        except NetemUnavailable as exc:
-            self.netem_skip_reason = str(exc)
-            return False
-        host.set_link_delay(0)
-        return True
+            for runs in ("sequential", "parallel", "pulumi"):
+                hosts = self.fresh_hosts(size)
+                self.route_through_proxies(hosts, rtt_ms)
+                if runs == "pulumi":
+                    self.pulumi_runs(size, hosts, then=("refresh",))
+                else:
+                    self.baseline(size, hosts, parallel_run=runs == "parallel")
+        finally:
+            self.route_directly()
+
+    def run_scale(self, size: int) -> None:
+        """Plain bridge, no baseline: `pulumi up` from scratch, no-op up, preview, refresh."""
+        print(f"\n== N = {size}, scale" + (", hosts trusting 3 system CAs" if self.reduced_ca else ""), flush=True)
+        hosts = self.fresh_hosts(size, reduced_ca=self.reduced_ca)
+        first = len(self.results)
+        self.pulumi_runs(size, hosts, then=("noop", "preview", "refresh"))
+        if self.reduced_ca:
+            for r in self.results[first:]:
+                r.reduced_ca = True
+                r.note = (r.note + " hosts trust 3 system CAs (--reduced-ca)").strip()
+
+    def run_shards(self, size: int) -> None:
+        """`pulumi up` from scratch with each provider-process count."""
+        for k in self.shard_counts:
+            print(f"\n== N = {size}, {k} provider processes", flush=True)
+            hosts = self.fresh_hosts(size)
+            self.shards = k
+            try:
+                self.pulumi_runs(size, hosts, then=())
+            finally:
+                self.shards = None
+
+
+def proxy_host_blocks(routes: dict[str, int]) -> str:
+    """ssh_config Host blocks sending each host address to its proxy on loopback; the known_hosts name stays the address."""
+    if not routes:
+        return ""
+    blocks = [f"Host {addr}\n  HostName {LOOPBACK}\n  Port {port}\n  HostKeyAlias {addr}\n"
+              for addr, port in sorted(routes.items())]
+    return "".join(blocks) + "Host *\n"
+
+
+def reduce_ca_bundle(root: Path, keep: int = 3) -> None:
+    """Make a host's /etc/ca-certificates.conf list only its first `keep` system CAs (--reduced-ca).
+
+    update-ca-certificates then adds `keep` system CAs (plus the cluster's) to the
+    bundle instead of all ~140, each of which costs it a few processes.
+    """
+    conf = root / "etc" / "ca-certificates.conf"
+    lines = conf.read_text().splitlines()
+    comments = [line for line in lines if line.startswith("#")]
+    cas = [line for line in lines if line and not line.startswith(("#", "!"))][:keep]
+    conf.write_text("\n".join([*comments, "# bench/onboard.py --reduced-ca: a reduced bundle", *cas]) + "\n")
+    os.chmod(conf, 0o644)
+    os.chown(conf, 0, 0)
 
 
 def seed_unit() -> str:
@@ -1071,6 +1216,8 @@ def ratios(results: Sequence[Result], sizes: Sequence[int]) -> list[Ratio]:
     def get(size: int, scenario: str) -> Result | None:
         return next((r for r in results if r.size == size and r.scenario == scenario and r.ok), None)
 
+    if not sizes:
+        return []
     lo, hi = min(sizes), max(sizes)
     out: list[Ratio] = []
 
@@ -1082,7 +1229,7 @@ def ratios(results: Sequence[Result], sizes: Sequence[int]) -> list[Ratio]:
     up_hi, up_lo = get(hi, "pulumi up, from scratch"), get(lo, "pulumi up, from scratch")
     seq, par = get(hi, "baseline script, sequential"), get(hi, "baseline script, parallel")
     noop, empty = get(hi, "pulumi up, no-op"), get(hi, "pulumi up, empty stack")
-    floor = get(hi, "floor: both steps over 1 SSH connection")
+    floor = get(hi, FLOOR)
     wall = lambda r: r.wall if r else None  # noqa: E731
     own = lambda r: r.cpu_own if r else None  # noqa: E731
     machine = lambda r: r.cpu.machine if r else None  # noqa: E731
@@ -1175,8 +1322,6 @@ def cpu_breakdown(results: Sequence[Result]) -> str:
             "| other work on the machine |",
             "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        if r.scenario.startswith("floor: both"):
-            continue
         c = r.cpu
         rows.append(f"| {r.size} | {r.scenario} | {c.bench_process:.1f} | {c.engine:.1f} | {c.program:.1f} | {c.provider:.1f} "
                     f"| {c.hosts:.1f} | {c.machine - r.cpu_own:.1f} |")
@@ -1198,20 +1343,196 @@ def state_breakdown(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
+
+# --------------------------------------------------------------------------- issue 12: targets, growth, plots
+
+UP, NOOP, PREVIEW, REFRESH = PLOTTED[2], PLOTTED[1], PLOTTED[0], PLOTTED[3]
+SEQ, PAR = "baseline script, sequential", "baseline script, parallel"
+
+
+def find(results: Sequence[Result], size: int, kind: str, delay_ms: int = 0, shards: int | None = None,
+         full_ca: bool = False) -> Result | None:
+    """The successful run of `kind` at `size` with this delay and provider count (and the full CA bundle)."""
+    return next((r for r in results if r.ok and r.size == size and r.kind == kind and r.delay_ms == delay_ms
+                 and r.shards == shards and not (full_ca and r.reduced_ca)), None)
+
+
+def operator_cpu(r: Result) -> float:
+    """Engine + provider + language host and program CPU-s: what the operator's machine spends on a pulumi run."""
+    return r.cpu.engine + r.cpu.provider + r.cpu.program
+
+
+def issue12_targets(results: Sequence[Result]) -> list[Target]:
+    """Issue 12's targets as ratios from this run's results (None where the run was not measured)."""
+    n, big, rtt = TARGET_N, SCALE_N, 2 * DELAY_MS
+    get = lambda size, kind, delay=0: find(results, size, kind, delay)  # noqa: E731
+    wall = lambda r: r.wall if r else None  # noqa: E731
+    secs = lambda *rs: " / ".join("n/a" if r is None else f"{r.wall:.1f} s" for r in rs)  # noqa: E731
+    up, floor = find(results, n, UP, full_ca=True), get(n, FLOOR)  # the floor's hosts keep the full bundle
+    up_d, par_d, seq_d = get(n, UP, rtt), get(n, PAR, rtt), get(n, SEQ, rtt)
+    out = [
+        Target(f"{n} nodes: pulumi up / floor", ratio(wall(up), wall(floor)), 1.25, measured=secs(up, floor)),
+        Target(f"{n} nodes, +{rtt} ms: script parallel / up", ratio(wall(par_d), wall(up_d)), 2.5, at_least=True,
+               measured=secs(par_d, up_d)),
+        Target(f"{n} nodes, +{rtt} ms: script sequential / up", ratio(wall(seq_d), wall(up_d)), 8, at_least=True,
+               measured=secs(seq_d, up_d)),
+        Target(f"{n} nodes: operator CPU-s per node (up)", None if up is None else operator_cpu(up) / n, 0.3,
+               measured="" if up is None else (f"engine {up.cpu.engine:.1f} + provider {up.cpu.provider:.1f} "
+                                               f"+ program {up.cpu.program:.1f} CPU-s")),
+    ]
+    for kind, short in ((NOOP, "no-op up"), (PREVIEW, "preview")):
+        r30, r100 = get(n, kind), get(big, kind)
+        out.append(Target(f"{big} nodes: {short}, s", wall(r100), 10, measured=secs(r100)))
+        k = growth.exponent([(n, r30.wall), (big, r100.wall)]) if r30 and r100 else None
+        out.append(Target(f"{n}->{big} nodes: {short} growth exponent", k, 1.0, measured=secs(r30, r100)))
+    for size in (n, big):
+        r = get(size, UP)
+        out.append(Target(f"{size} nodes: SSH connections per node per up", None if r is None else r.ssh / size, 1.0,
+                          measured="" if r is None else f"{r.ssh} connections"))
+    with_state = [r for r in results if r.state is not None and r.delay_ms == 0 and r.shards is None]
+    largest = max(with_state, key=lambda r: r.size, default=None)
+    out.append(Target(f"{largest.size if largest else n} nodes: state B/node w/o PEM",
+                      largest.state.per_node_no_pem if largest and largest.state else None, STATE_LIMIT,
+                      measured="" if largest is None or largest.state is None
+                      else f"{largest.state.per_node:,.0f} B/node with PEM bodies"))
+    return out
+
+
+def growth_figures(results: Sequence[Result]) -> list[growth.Figure]:
+    """Each figure against N, one series per plotted run (plain bridge, default provider count)."""
+    runs = [r for r in results if r.ok and r.delay_ms == 0 and r.shards is None and r.kind in PLOTTED]
+
+    def series(value: Callable[[Result], float]) -> dict[str, list[tuple[float, float]]]:
+        return {kind: sorted((r.size, value(r)) for r in runs if r.kind == kind) for kind in PLOTTED}
+
+    ups = [r for r in runs if r.kind == UP and r.state]
+    return [
+        growth.Figure("wall", "Wall time of each pulumi run", "wall time, s", series(lambda r: r.wall)),
+        growth.Figure("engine-cpu", "Engine CPU (the pulumi CLI)", "CPU-s", series(lambda r: r.cpu.engine)),
+        growth.Figure("provider-cpu", "Provider CPU (dynamic-provider processes)", "CPU-s",
+                      series(lambda r: r.cpu.provider)),
+        growth.Figure("program-cpu", "Program CPU (language host + __main__.py)", "CPU-s",
+                      series(lambda r: r.cpu.program)),
+        growth.Figure("state", "State size after pulumi up (exported deployment)", "bytes", {
+            "with PEM bodies": sorted((r.size, float(r.state.total)) for r in ups if r.state),
+            "without PEM bodies": sorted((r.size, float(r.state.total_no_pem)) for r in ups if r.state)}),
+    ]
+
+
+def growth_table(figures: Sequence[growth.Figure]) -> str:
+    rows = [f"| figure | run | exponent from {growth.FROM} nodes | exponent, all sizes | points (N: value) |",
+            "|---|---|---:|---:|---|"]
+    for fig in figures:
+        for kind, g in fig.growths().items():
+            flag = " **superlinear**" if g.superlinear() else ""
+            pts = ", ".join(f"{n:g}: {y:,.3g}" for n, y in fig.series[kind])
+            rows.append(f"| {fig.title} | {kind} | {fmt(g.large)}{flag} | {fmt(g.overall)} | {pts} |")
+    return "\n".join(rows)
+
+
+def superlinear_notes(figures: Sequence[growth.Figure]) -> list[str]:
+    return [f"superlinear from {growth.FROM} nodes: {fig.slug} of {kind} (k={g.large:.2f})"
+            for fig in figures for kind, g in fig.growths().items() if g.superlinear() and g.large is not None]
+
+
+def shard_comparison(results: Sequence[Result]) -> tuple[str, list[str]]:
+    """`pulumi up` from scratch per provider-process count: a table, and the best count per size."""
+    runs = [r for r in results if r.kind == UP and r.shards is not None and r.delay_ms == 0]
+    if not runs:
+        return "(not measured)", []
+    rows = ["| N | provider processes | wall s | operator CPU-s | provider CPU-s | SSH/node |", "|---:|---:|---:|---:|---:|---:|"]
+    notes = []
+    for size in sorted({r.size for r in runs}):
+        at = sorted((r for r in runs if r.size == size), key=lambda r: r.shards or 0)
+        rows += [f"| {size} | {r.shards} | {r.wall:.2f} | {operator_cpu(r):.1f} | {r.cpu.provider:.1f} "
+                 f"| {r.ssh / size:.2f} |" for r in at if r.ok]
+        ok = [r for r in at if r.ok]
+        if ok:
+            best = min(ok, key=lambda r: r.wall)
+            notes.append(f"providers at {size} nodes: " + ", ".join(f"{r.shards}: {r.wall:.1f} s" for r in ok)
+                         + f"; best {best.shards}")
+    return "\n".join(rows), notes
+
+
+def draw_plots(figures: Sequence[growth.Figure], out_dir: Path) -> list[Path]:
+    """The PNGs beside the report; none (and a message) when matplotlib is missing."""
+    try:
+        return [growth.plot(fig, out_dir) for fig in figures if any(len(p) > 1 for p in fig.series.values())]
+    except ImportError as exc:
+        print(f"no plots: {exc} (scripts/bench-tools.sh installs matplotlib)", flush=True)
+        return []
+
+
+def latency_method(bench: Bench) -> str:
+    if not bench.latency_sizes:
+        return "No runs with added latency (--latency-sizes was empty)."
+    return (f"Runs marked *+{2 * DELAY_MS} ms RTT* go through toxiproxy-server (v2.5.0, built by "
+            "scripts/bench-tools.sh) on loopback: one proxy per host (127.0.0.1:<port> -> host:22) with a "
+            f"{DELAY_MS} ms latency toxic upstream and one downstream. The seed script's ssh/scp (ssh_config "
+            "HostName/Port/HostKeyAlias per host address) and the stack (node address 127.0.0.1 and the proxy's "
+            "port; the node id and hostname stay the node's own) use the same proxies. Only operator -> sshd "
+            "traffic is delayed: the release download and the agents' streams to the control plane go from the "
+            "hosts over the bridge, unproxied. The 0 ms figures are the plain-bridge runs (no proxy); the "
+            "headline (target 1) is plain bridge.")
+
+
 def render(bench: Bench, machine: dict[str, str], fingerprint: str, started: str, seconds: float,
-           command: str) -> str:
-    netem = (f"Skipped the runs with +{2 * DELAY_MS} ms round-trip delay: {bench.netem_skip_reason}"
-             if bench.netem_skip_reason else f"Runs with +{2 * DELAY_MS} ms round-trip delay are included.")
-    return f"""# Onboarding benchmark (issue 6)
+           command: str, plots: Sequence[Path] = ()) -> str:
+    figures = growth_figures(bench.results)
+    shard_rows, shard_notes = shard_comparison(bench.results)
+    pictures = "\n".join(f"![{p.stem}]({p.name})" for p in plots) or "(no plots: matplotlib missing or too few sizes)"
+    reduced = ("The scale runs' hosts trusted 3 system CAs (--reduced-ca: their /etc/ca-certificates.conf lists 3, "
+               "so update-ca-certificates rebuilds a 4-CA bundle); the 1-30 node runs use the full bundle."
+               if bench.reduced_ca and bench.scale_sizes else
+               "Every host keeps Debian's full CA bundle (no --reduced-ca).")
+    return f"""# Onboarding benchmark (issues 6 and 12)
 
 Generated by `{command}` ({started}, {seconds / 60:.1f} min). Measurement only, never a
 pass/fail test; see the docstring of `bench/onboard.py` for what each run does and why.
 
+To run it: `scripts/install.sh && sudo .venv/bin/python -m bench.onboard` (the full run:
+plain bridge and +{2 * DELAY_MS} ms at 1, 10, 30 nodes, scale at 100 and 200, provider
+processes 4, 8, 16 at 30 and 100; about {full_run_minutes():.0f} min on 2 CPUs), or `--quick` (about 3 min).
+It builds toxiproxy-server and installs matplotlib on first use (scripts/bench-tools.sh,
+cached under /var/cache/llmgw-pulumi); `--render <logs>/results.json` rewrites this page
+and its plots from an earlier run. The plots are the `benchmark-*.png` files beside it.
+
 Machine: {machine['nproc']} CPUs ({machine['cpu']}), {machine['memory']} memory, kernel {machine['kernel']},
 {machine['openssh']}. Package measured: {fingerprint}; {bench.imports}. Lab hosts: systemd-nspawn containers
 booting Debian 12 systemd on one bridge; every scenario starts on freshly booted hosts.
+Sizes: plain bridge {list_text(bench.sizes)}; +{2 * DELAY_MS} ms RTT {list_text(bench.latency_sizes)}; scale
+{list_text(bench.scale_sizes)} (no baseline at scale); provider processes {list_text(bench.shard_counts)} at
+{list_text(bench.shard_sizes)} nodes.{engine_env_text(bench.engine_env)}
 
-{netem}
+{latency_method(bench)}
+
+{reduced}
+
+*The floor* ({FLOOR}): the hosts' unavoidable work, with every file staged from outside
+on fresh hosts: `sudo update-ca-certificates && sudo systemctl enable --now llmgw-agent`
+over one SSH connection per node, all nodes at once, until every agent's stream is accepted.
+
+## Issue 12 targets
+
+```
+{summary(issue12_targets(bench.results), shard_notes)}
+```
+
+## Growth with N
+
+Least-squares fit of log(figure) on log(N) (plain bridge, the package's default provider
+count), from {growth.FROM} nodes to the largest and over all sizes; above 1.0 grows faster
+than linearly.
+
+{growth_table(figures)}
+
+{pictures}
+
+## Provider processes
+
+`pulumi up` from scratch with LLMGW_PROVIDER_SHARDS set (llmgw_pulumi/shards.py).
+
+{shard_rows}
 
 Columns: *SSH conns* = TCP connections the hosts accepted (sshd is their only listener).
 *CPU-s machine* = busy time of all CPUs over the run (includes the hosts and anything
@@ -1229,7 +1550,7 @@ time. No-op and empty-stack ups are the median of {bench.repeats} runs.
 
 {table(bench.results)}
 
-## Ratios against the targets
+## Issue 6 ratios (for reference)
 
 {ratio_table(ratios(bench.results, bench.sizes))}
 
@@ -1257,65 +1578,203 @@ the lab hosts; and the rest of the machine.
 """
 
 
+def engine_env_text(env: dict[str, str]) -> str:
+    return (" Every engine run had " + ", ".join(f"`{k}={v}`" for k, v in sorted(env.items()))
+            + " in its environment (--engine-env).") if env else ""
+
+
+def list_text(values: Sequence[int]) -> str:
+    return ", ".join(str(v) for v in values) or "none"
+
+
+def sizes_arg(text: str) -> list[int]:
+    """'1,10,30' -> [1, 10, 30]; '' -> [] (that part skipped)."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers separated by commas, e.g. 1,10,30") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every size must be at least 1")
+    return values
+
+
+def estimate_minutes(sizes: Sequence[int], latency: Sequence[int], scale: Sequence[int], shard_counts: Sequence[int],
+                     shard_sizes: Sequence[int]) -> float:
+    """A rough duration on this 2-CPU machine, from earlier runs (the hosts' CPU dominates)."""
+    return (1.0 + sum(0.6 + 0.15 * n for n in sizes) + sum(0.5 + 0.2 * n for n in latency)
+            + sum(1.0 + 0.03 * n for n in scale) + len(shard_counts) * sum(0.3 + 0.02 * n for n in shard_sizes))
+
+
+def mem_available_mib() -> float:
+    return next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemAvailable:")) / 1024
+
+
+def full_run_minutes() -> float:
+    """The estimated duration of the default (full) run."""
+    return estimate_minutes([1, 10, 30], [1, 10, 30], [SCALE_N, 200], [4, 8, 16], [TARGET_N, SCALE_N])
+
+
+def host_capacity(host_mib: float, running: int) -> int:
+    """How many lab hosts this machine holds: 85% of the available memory (with the `running` hosts' back) and pids.
+
+    `host_mib` is what a booted host took in this run (at least 80 MiB assumed:
+    a host keeps booting after its sshd answers; ~100 MiB RSS measured per host).
+    """
+    per_host = max(host_mib, 80.0)
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    return min(int((mem_available_mib() + running * per_host) * 0.85 / per_host), pid_max // 100)
+
+
 # --------------------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.onboard", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", help="comma-separated fleet sizes (default 1,10,30; --quick: 1,3)")
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: sizes 1,3, one repeat, results only printed (and kept in the work dir)")
+                        help="a smoke run (~3 min): plain 1,3, +50 ms RTT at 3, no scale or provider-count runs, "
+                             "one repeat; results only printed (and kept in the work dir)")
+    parser.add_argument("--sizes", type=sizes_arg, help="plain-bridge fleet sizes (default 1,10,30; --quick 1,3)")
+    parser.add_argument("--latency-sizes", type=sizes_arg,
+                        help=f"sizes run with +{2 * DELAY_MS} ms RTT through toxiproxy (default 1,10,30; --quick 3)")
+    parser.add_argument("--scale-sizes", type=sizes_arg,
+                        help="sizes of the scale runs, pulumi only (default 100,200; --quick none); "
+                             "a size this machine cannot hold is skipped, saying why")
+    parser.add_argument("--shards", type=sizes_arg, help="provider-process counts compared (default 4,8,16)")
+    parser.add_argument("--shard-sizes", type=sizes_arg,
+                        help="sizes the provider-process counts are compared at (default 30,100; --quick none)")
+    parser.add_argument("--reduced-ca", action="store_true",
+                        help="scale runs: the hosts trust 3 system CAs (a smaller bundle for update-ca-certificates)")
+    parser.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set this in the environment of every engine run (repeatable), e.g. to try an engine setting")
     parser.add_argument("--repeats", type=int, help="runs of each short scenario, median kept (default 3; --quick 1)")
     parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                         help="before each run wait up to this long for other work on the machine to stop (default 0)")
-    parser.add_argument("--out", type=Path, help=f"where to write the table (default {DOC.relative_to(REPO)})")
+    parser.add_argument("--out", type=Path, help=f"where to write the table and plots (default {DOC.relative_to(REPO)})")
+    parser.add_argument("--render", type=Path, metavar="RESULTS_JSON",
+                        help="measure nothing: write the report (and plots) of an earlier run from its results.json")
     args = parser.parse_args(argv)
+    if args.render:
+        return rerender(args.render, args.out or DOC)
+    if any("=" not in item for item in args.engine_env):
+        parser.error("--engine-env takes NAME=VALUE")
     if os.geteuid() != 0:
         parser.error("needs root: the lab hosts are systemd-nspawn containers in network namespaces")
-    sizes = [int(s) for s in (args.sizes or ("1,3" if args.quick else "1,10,30")).split(",")]
+    pick = lambda given, quick, full: given if given is not None else (quick if args.quick else full)  # noqa: E731
+    sizes = pick(args.sizes, [1, 3], [1, 10, 30])
+    latency_sizes = pick(args.latency_sizes, [3], [1, 10, 30])
+    scale_sizes = pick(args.scale_sizes, [], [SCALE_N, 200])
+    shard_counts = pick(args.shards, [], [4, 8, 16])
+    shard_sizes = pick(args.shard_sizes, [], [TARGET_N, SCALE_N]) if shard_counts else []
     repeats = args.repeats or (1 if args.quick else 3)
     out = args.out or (WORK / "benchmark-quick.md" if args.quick else DOC)
     for tool in ("ssh", "scp"):
         if shutil.which(tool) is None:
             parser.error(f"`{tool}` is missing: install the Debian package openssh-client")
+    tools_dir = Path(subprocess.run([str(REPO / "scripts" / "bench-tools.sh")], check=True, capture_output=True,
+                                    text=True).stdout.strip())
 
     started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     t0 = time.monotonic()
     log_dir = WORK / "logs" / time.strftime("%Y%m%d-%H%M%S")
     log_dir.mkdir(parents=True, exist_ok=True)
-    bench = Bench(sizes=sizes, repeats=repeats, log_dir=log_dir, wait_quiet=args.wait_quiet)
+    bench = Bench(sizes=sizes, repeats=repeats, log_dir=log_dir, wait_quiet=args.wait_quiet,
+                  latency_sizes=latency_sizes, scale_sizes=scale_sizes, shard_counts=shard_counts,
+                  shard_sizes=shard_sizes, reduced_ca=args.reduced_ca, tools_dir=tools_dir,
+                  engine_env=dict(item.split("=", 1) for item in args.engine_env))
     command = " ".join(["sudo .venv/bin/python -m bench.onboard", *(sys.argv[1:] if argv is None else argv)])
     machine = machine_description()
-    print(f"machine: {machine}\nlogs: {log_dir}", flush=True)
+    estimate = estimate_minutes(sizes, latency_sizes, scale_sizes, shard_counts, shard_sizes)
+    print(f"machine: {machine}\nlogs: {log_dir}\nplain {list_text(sizes)}; +{2 * DELAY_MS} ms RTT "
+          f"{list_text(latency_sizes)}; scale {list_text(scale_sizes)}; providers {list_text(shard_counts)} at "
+          f"{list_text(shard_sizes)}; estimated duration ~{estimate:.0f} min", flush=True)
     fingerprint = "?"
+    skipped: list[str] = []
+
+    def record() -> dict[str, Any]:
+        """Everything measured so far, as results.json holds it (written after every part, read by --render)."""
+        return {"plan": {"sizes": sizes, "latency_sizes": latency_sizes, "scale_sizes": scale_sizes,
+                         "shard_counts": shard_counts, "shard_sizes": shard_sizes, "reduced_ca": args.reduced_ca,
+                         "repeats": repeats, "imports": bench.imports, "engine_env": bench.engine_env},
+                "machine": machine, "fingerprint": fingerprint, "started": started, "seconds": time.monotonic() - t0,
+                "command": command, "skipped": skipped, "estimate": estimate,
+                "results": [dataclasses.asdict(r) for r in bench.results]}
+
+    def part(run: Callable[[int], None], size: int) -> None:
+        run(size)
+        (log_dir / "results.json").write_text(json.dumps(record(), indent=1))
+
+    # A `timeout` or `kill` ends the run like Ctrl-C: the lab is torn down and what was measured is reported.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with own_cgroup():
         try:
             bench.setup()
             fingerprint = bench.package_fingerprint()
             bench.say(f"set up; package: {fingerprint}")
             bench.say(f"import check: {bench.imports}")
-            netem = bench.try_netem()
-            if not netem:
-                print(f"skipping the runs with +{2 * DELAY_MS} ms round-trip delay: {bench.netem_skip_reason}",
-                      flush=True)
             for size in sizes:
-                bench.run_size(size)
-            if netem:
-                bench.delay_ms = DELAY_MS
-                for size in sizes:
-                    bench.run_size(size)
-                bench.delay_ms = 0
+                part(bench.run_size, size)
+            for size in latency_sizes:
+                part(bench.run_latency, size)
+            for size in scale_sizes + shard_sizes:
+                capacity = host_capacity(bench.host_mib, sum(1 for h in bench.lab.hosts.values() if h.running))
+                if size > capacity:
+                    skipped.append(f"runs at {size} nodes skipped: this machine holds about {capacity} lab hosts "
+                                   f"({max(bench.host_mib, 80):.0f} MiB each)")
+                    print(skipped[-1], flush=True)
+                elif size in scale_sizes:
+                    part(bench.run_scale, size)
+            for size in shard_sizes:
+                if not any(f"at {size} nodes skipped" in s for s in skipped):
+                    part(bench.run_shards, size)
+        except KeyboardInterrupt:
+            skipped.append(f"interrupted after {(time.monotonic() - t0) / 60:.1f} min: the report has what was measured")
+            print(skipped[-1], flush=True)
         finally:
+            if bench.toxiproxy is not None:
+                bench.toxiproxy.stop()
             bench.teardown()
-    seconds = time.monotonic() - t0
-    doc = render(bench, machine, fingerprint, started, seconds, command)
+    final = record()
+    (log_dir / "results.json").write_text(json.dumps(final, indent=1))
+    return report(bench, final, out)
+
+
+def report(bench: Bench, record: dict[str, Any], out: Path) -> int:
+    """Plots and docs beside `out`, the report printed, then the one-screen summary."""
     out.parent.mkdir(parents=True, exist_ok=True)
+    plots = draw_plots(growth_figures(bench.results), out.parent)
+    doc = render(bench, record["machine"], record["fingerprint"], record["started"], record["seconds"],
+                 record["command"], plots)
     out.write_text(doc)
-    (log_dir / "results.json").write_text(json.dumps([dataclasses.asdict(r) for r in bench.results], indent=1))
     print("\n" + doc)
-    print(f"written to {out}; total benchmark time {seconds / 60:.1f} min")
+    _, shard_notes = shard_comparison(bench.results)
+    notes = [*shard_notes, *superlinear_notes(growth_figures(bench.results)), *record["skipped"],
+             f"written to {out} with {len(plots)} plot(s) beside it; benchmark time {record['seconds'] / 60:.1f} min "
+             f"(estimated {record['estimate']:.0f})"]
+    print("\n" + summary(issue12_targets(bench.results), notes))
     return 0 if all(r.ok for r in bench.results) else 1
+
+
+def rerender(path: Path, out: Path) -> int:
+    """The report of an earlier run again, from its results.json (e.g. after a change of the report's code)."""
+    record = json.loads(path.read_text())
+    results = []
+    for raw in record["results"]:
+        raw = dict(raw)
+        raw.setdefault("reduced_ca", "(--reduced-ca)" in raw.get("note", ""))  # results.json before the field
+        raw["cpu"] = Counters(**raw["cpu"])
+        if raw.get("state"):
+            state = dict(raw["state"])
+            state["biggest_keys_no_pem"] = [tuple(kv) for kv in state["biggest_keys_no_pem"]]
+            raw["state"] = StateSize(**state)
+        results.append(Result(**raw))
+    plan = record["plan"]
+    bench = Bench(sizes=plan["sizes"], repeats=plan["repeats"], log_dir=path.parent, results=results,
+                  latency_sizes=plan["latency_sizes"], scale_sizes=plan["scale_sizes"],
+                  shard_counts=plan["shard_counts"], shard_sizes=plan["shard_sizes"], reduced_ca=plan["reduced_ca"],
+                  imports=plan["imports"], engine_env=plan.get("engine_env", {}))
+    return report(bench, record, out)
 
 
 if __name__ == "__main__":

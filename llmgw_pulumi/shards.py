@@ -20,23 +20,34 @@ user's own program gets this without doing anything:
 To choose yourself, pass ``providers={"pulumi-python": ...}`` in the Node's
 options: it is used as given. ``provider_for(node_id)`` is the provider a
 node gets by default, e.g. for your own dynamic resources next to a node.
+
+The environment variable ``LLMGW_PROVIDER_SHARDS`` (``SHARDS_ENV``) overrides
+the number of shards for a program run; the benchmark uses it to compare
+4, 8 and 16 processes. Changing it moves nodes to other shards, so an
+existing stack would replace its nodes' resources: it is for fresh stacks.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from typing import Any
 
 import pulumi
 
-__all__ = ["PACKAGE", "PROVIDER_SHARDS", "provider_for", "shard_name", "shard_of"]
+from .errors import ConfigError
+
+__all__ = ["PACKAGE", "PROVIDER_SHARDS", "SHARDS_ENV", "provider_for", "shard_count", "shard_name", "shard_of"]
 
 PACKAGE = "pulumi-python"
 """The package of Python dynamic resources: what ``providers`` maps to a shard."""
 
 PROVIDER_SHARDS = 8
 """How many provider processes a program spreads its nodes over (at most)."""
+
+SHARDS_ENV = "LLMGW_PROVIDER_SHARDS"
+"""Overrides PROVIDER_SHARDS for a program run when set (a positive whole number)."""
 
 _lock = threading.Lock()
 _run: dict[str, Any] = {"monitor": None, "providers": {}}
@@ -47,13 +58,25 @@ def shard_of(node_id: str, shards: int = PROVIDER_SHARDS) -> int:
     return int(hashlib.sha256(node_id.encode()).hexdigest(), 16) % shards
 
 
+def shard_count() -> int:
+    """PROVIDER_SHARDS, or the positive whole number SHARDS_ENV gives instead."""
+    raw = os.environ.get(SHARDS_ENV, "").strip()
+    if not raw:
+        return PROVIDER_SHARDS
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError("", SHARDS_ENV, f"{raw!r} is not a positive whole number",
+                          f"set the environment variable to a count of provider processes, e.g. {PROVIDER_SHARDS}, "
+                          "or unset it")
+    return int(raw)
+
+
 def shard_name(k: int) -> str:
     return f"llmgw-shard-{k}"
 
 
 def provider_for(node_id: str) -> pulumi.ProviderResource:
     """The provider resource (process) of this node id's shard, created on first use in this program run."""
-    k = shard_of(node_id)
+    k = shard_of(node_id, shard_count())
     # A program run is one engine connection (monitor); a process may run several
     # programs one after another (tests, the Automation API), each with its own resources.
     monitor = pulumi.runtime.settings.get_monitor()

@@ -5,6 +5,8 @@
 #   - the Python virtualenv .venv with the package and its pinned dependencies
 #   - the Pulumi engine, built from Go modules (scripts/engine.sh)
 #   - the Debian rootfs the test hosts boot (lab/rootfs.sh)
+# With --bench, also what only the benchmark needs (scripts/bench-tools.sh:
+# toxiproxy-server and matplotlib); the benchmark runs that script itself too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export LLMGW_CACHE=${LLMGW_CACHE:-/var/cache/llmgw-pulumi}
@@ -36,4 +38,5 @@ fi
 
 scripts/engine.sh >/dev/null
 lab/rootfs.sh >/dev/null
+if [ "${1:-}" = --bench ]; then scripts/bench-tools.sh >/dev/null; fi
 say "ready in $(( $(date +%s) - t0 ))s"

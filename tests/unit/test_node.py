@@ -13,7 +13,8 @@ import pytest
 from pulumi.runtime.mocks import MockMonitor
 
 from llmgw_pulumi import AgentSettings, ConnectionArgs, Node, NodeArgs
-from llmgw_pulumi.shards import PROVIDER_SHARDS, provider_for, shard_name, shard_of
+from llmgw_pulumi.errors import ConfigError
+from llmgw_pulumi.shards import PROVIDER_SHARDS, SHARDS_ENV, provider_for, shard_count, shard_name, shard_of
 
 NODE_TYPES = {"pulumi-python:dynamic/llmgw:" + t for t in ("ClientCertificate", "NodeIdentity", "AgentInstall", "EngineCheck")}
 PROVIDER_TYPE = "pulumi:providers:pulumi-python"
@@ -184,3 +185,28 @@ def test_a_private_key_given_to_a_node_is_a_secret_input_of_each_resource_that_c
             assert secret["value"] == key
 
     return node.engine_check.urn.apply(check)
+
+
+def test_the_shard_count_can_be_overridden_for_a_run(monkeypatch):
+    monkeypatch.delenv(SHARDS_ENV, raising=False)
+    assert shard_count() == PROVIDER_SHARDS
+    monkeypatch.setenv(SHARDS_ENV, "16")
+    assert shard_count() == 16
+    for bad in ("0", "-4", "four", "2.5"):
+        monkeypatch.setenv(SHARDS_ENV, bad)
+        with pytest.raises(ConfigError) as err:
+            shard_count()
+        assert SHARDS_ENV in str(err.value) and repr(bad) in str(err.value)
+
+
+@pulumi.runtime.test
+def test_nodes_spread_over_the_overridden_shard_count(monitor, monkeypatch):
+    monkeypatch.setenv(SHARDS_ENV, "16")
+    ids = [f"gpu-{i:03d}" for i in range(200)]
+    nodes = [Node(n, node_args(n)) for n in ids]
+
+    def check(_: Any) -> None:
+        # 200 ids over 16 shards: every shard gets some (with 8, names 8..15 would not exist).
+        assert sorted(p.name for p in monitor.of_type(PROVIDER_TYPE)) == sorted(shard_name(k) for k in range(16))
+
+    return settle(*[x.engine_check.urn for x in nodes]).apply(check)

@@ -1,0 +1,174 @@
+"""The benchmark's pure pieces: the growth exponent, toxiproxy's API payloads, the targets and the summary.
+
+The benchmark itself prints figures and is never a pass/fail test; these check
+the arithmetic and the text it is built from.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench import growth, toxiproxy
+from bench.summary import WIDTH, Target, summary
+
+# --------------------------------------------------------------------------- growth exponent
+
+
+@pytest.mark.parametrize("k", [0.0, 0.5, 1.0, 2.0])
+def test_the_exponent_of_a_power_law_is_its_power(k):
+    points = [(n, 3.0 * n**k) for n in (1, 10, 30, 100, 200)]
+    assert growth.exponent(points) == pytest.approx(k, abs=1e-9)
+
+
+def test_the_exponent_is_a_least_squares_fit():
+    # In units of log 2: x = 0, 1, 3 and y = 0, 2, 3; the least-squares slope is 13/14 by hand, the end-to-end one 1.
+    points = [(1, 1.0), (2, 4.0), (8, 8.0)]
+    assert growth.exponent(points) == pytest.approx(13 / 14)
+    # Two points: the slope between them.
+    assert growth.exponent([(30, 4.0), (100, 10.0)]) == pytest.approx(math.log(2.5) / math.log(100 / 30))
+
+
+def test_no_exponent_without_two_sizes_or_with_a_zero():
+    assert growth.exponent([(30, 4.0)]) is None
+    assert growth.exponent([(30, 4.0), (30, 5.0)]) is None
+    assert growth.exponent([(10, 0.0), (30, 1.0)]) is None
+
+
+def test_the_large_fleet_fit_starts_at_30_nodes():
+    # Flat up to 10 nodes (fixed costs), quadratic from 30 on.
+    points = [(1, 900.0), (10, 900.0), (30, 900.0), (100, 900.0 * (100 / 30) ** 2), (200, 900.0 * (200 / 30) ** 2)]
+    g = growth.growth(points)
+    assert g.large == pytest.approx(2.0)
+    assert g.overall is not None and g.overall < 1.5
+    assert g.superlinear()
+    assert not growth.growth([(30, 1.0), (100, 3.0)]).superlinear()
+    # 30 nodes is in the window: without it, 100 -> 200 alone would be exactly linear.
+    window = growth.growth([(10, 1.0), (30, 1.0), (100, 4.0), (200, 8.0)])
+    assert window.large is not None and window.large > 1.05
+    assert "k=2.00 (30+)" in g.label()
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")  # a benchmark-only extra
+    fig = growth.Figure("wall", "wall time", "s", {"pulumi preview": [(1, 1.0), (30, 4.0), (100, 9.0)]})
+    path = growth.plot(fig, tmp_path)
+    assert path == tmp_path / "benchmark-wall.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- toxiproxy payloads
+
+
+def test_a_proxy_listens_on_loopback_and_forwards_to_the_hosts_sshd():
+    assert toxiproxy.proxy_payload("node7", "10.254.0.27") == {
+        "name": "node7", "listen": "127.0.0.1:0", "upstream": "10.254.0.27:22", "enabled": True}
+    assert toxiproxy.proxy_payload("n", "h", 2222, 40000)["listen"] == "127.0.0.1:40000"
+    assert toxiproxy.proxy_payload("n", "h", 2222)["upstream"] == "h:2222"
+    with pytest.raises(ValueError):
+        toxiproxy.proxy_payload("a/b", "h")
+
+
+def test_latency_is_added_on_both_directions():
+    toxics = toxiproxy.latency_toxics(25)
+    assert sorted(t["stream"] for t in toxics) == ["downstream", "upstream"]
+    assert {t["name"] for t in toxics} == set(toxiproxy.LATENCY_TOXICS)
+    for t in toxics:
+        assert t["type"] == "latency"
+        assert t["toxicity"] == 1.0
+        assert t["attributes"] == {"latency": 25, "jitter": 0}
+    with pytest.raises(ValueError):
+        toxiproxy.latency_toxics(-1)
+
+
+def test_the_listen_port_is_read_from_the_answer_and_must_be_loopback():
+    assert toxiproxy.listen_port({"name": "n", "listen": "127.0.0.1:40123"}) == 40123
+    with pytest.raises(RuntimeError, match="not on loopback"):
+        toxiproxy.listen_port({"name": "n", "listen": "0.0.0.0:40123"})
+
+
+# --------------------------------------------------------------------------- targets and summary
+
+
+def test_a_target_is_met_on_the_right_side_of_its_limit():
+    assert Target("up / floor", 1.25, 1.25).met is True
+    assert Target("up / floor", 1.26, 1.25).met is False
+    assert Target("script / up", 2.5, 2.5, at_least=True).met is True
+    assert Target("script / up", 2.4, 2.5, at_least=True).met is False
+    assert Target("x", None, 1.0).met is None
+
+
+def test_the_summary_has_one_line_per_target_and_fits_a_screen():
+    targets = [Target("30 nodes: pulumi up / floor", 1.56, 1.25, measured="32.3 s / 20.7 s"),
+               Target("30 nodes, 50 ms: parallel script / up", 2.9, 2.5, at_least=True),
+               Target("100 nodes: preview, s", None, 10.0),
+               Target("a very long target name " * 5, 0.5, 1.0, measured="x" * 200)]
+    text = summary(targets, notes=["note one"])
+    lines = text.splitlines()
+    assert len(lines) == 1 + len(targets) + 1 + 1
+    assert all(len(line) <= WIDTH for line in lines)
+    assert "MISSED" in lines[1] and "32.3 s / 20.7 s" in lines[1] and "<= 1.25" in lines[1]
+    assert "met" in lines[2] and ">= 2.5" in lines[2]
+    assert "not measured" in lines[3] and "n/a" in lines[3]
+    assert lines[-2] == "-- 2 met, 1 missed, 1 not measured"
+    assert lines[-1] == "note one"
+
+
+# --------------------------------------------------------------------------- routing and hosts
+
+
+def test_ssh_config_sends_each_host_address_to_its_proxy():
+    from bench.onboard import proxy_host_blocks
+
+    assert proxy_host_blocks({}) == ""
+    text = proxy_host_blocks({"10.254.0.22": 40002, "10.254.0.21": 40001})
+    assert text == ("Host 10.254.0.21\n  HostName 127.0.0.1\n  Port 40001\n  HostKeyAlias 10.254.0.21\n"
+                    "Host 10.254.0.22\n  HostName 127.0.0.1\n  Port 40002\n  HostKeyAlias 10.254.0.22\n"
+                    "Host *\n")  # what follows (the system config's Include) applies to every host again
+
+
+def test_a_reduced_ca_bundle_lists_the_first_system_cas_only(tmp_path):
+    from bench.onboard import reduce_ca_bundle
+
+    conf = tmp_path / "etc" / "ca-certificates.conf"
+    conf.parent.mkdir()
+    conf.write_text("# header\n!mozilla/Old.crt\n" + "".join(f"mozilla/CA{i}.crt\n" for i in range(140)))
+    reduce_ca_bundle(tmp_path, keep=3)
+    lines = conf.read_text().splitlines()
+    assert [line for line in lines if not line.startswith("#")] == ["mozilla/CA0.crt", "mozilla/CA1.crt", "mozilla/CA2.crt"]
+    assert lines[0] == "# header"
+    assert conf.stat().st_mode & 0o777 == 0o644
+
+
+def test_the_targets_are_ratios_of_the_runs_of_one_bench():
+    from bench.onboard import FLOOR, PAR, SEQ, UP, Counters, Result, issue12_targets
+
+    def run(size: int, kind: str, wall: float, delay: int = 0, ssh: int = 0, engine: float = 0.0) -> Result:
+        return Result(size, kind, True, wall, ssh, Counters(wall, 0, 0, 0, engine, 0, 0), 0, 0, delay_ms=delay,
+                      kind=kind)
+
+    results = [run(30, UP, 30.0, ssh=30, engine=6.0), run(30, FLOOR, 20.0),
+               run(30, UP, 40.0, delay=50), run(30, PAR, 120.0, delay=50), run(30, SEQ, 300.0, delay=50),
+               run(100, UP, 90.0, ssh=100)]
+    by_name = {t.name: t for t in issue12_targets(results)}
+    assert by_name["30 nodes: pulumi up / floor"].value == pytest.approx(1.5)
+    assert by_name["30 nodes: pulumi up / floor"].met is False
+    assert by_name["30 nodes, +50 ms: script parallel / up"].value == pytest.approx(3.0)
+    assert by_name["30 nodes, +50 ms: script sequential / up"].value == pytest.approx(7.5)
+    assert by_name["30 nodes: operator CPU-s per node (up)"].value == pytest.approx(0.2)
+    assert by_name["100 nodes: SSH connections per node per up"].value == pytest.approx(1.0)
+    assert by_name["100 nodes: no-op up, s"].value is None  # not measured: neither met nor missed
+    assert by_name["100 nodes: no-op up, s"].met is None
+
+
+def test_up_over_floor_takes_an_up_on_hosts_with_the_full_ca_bundle():
+    from bench.onboard import FLOOR, UP, Counters, Result, issue12_targets
+
+    def run(kind: str, wall: float, reduced_ca: bool = False) -> Result:
+        return Result(30, kind, True, wall, 30, Counters(wall, 0, 0, 0), 0, 0, kind=kind, reduced_ca=reduced_ca)
+
+    # A scale run at 30 nodes on hosts with a reduced bundle comes first; the floor's hosts have the full one.
+    targets = issue12_targets([run(UP, 10.0, reduced_ca=True), run(UP, 30.0), run(FLOOR, 20.0)])
+    assert targets[0].name == "30 nodes: pulumi up / floor"
+    assert targets[0].value == pytest.approx(1.5)
