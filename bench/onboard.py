@@ -124,7 +124,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -136,6 +135,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from bench import growth
 from bench.summary import Target, fmt, ratio, summary
 from bench.toxiproxy import LOOPBACK
+from lab import seed
 
 if TYPE_CHECKING:
     from lab.stack import LabStack
@@ -144,7 +144,7 @@ REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("LLMGW_CACHE", "/var/cache/llmgw-pulumi"))
 WORK = CACHE / "bench-b"
 LAB_NAME, LAB_SUBNET = "b", "10.254.0"
-SEED_SCRIPT = Path("/work/shared/seed/onboard-node.sh")
+SEED_SCRIPT = seed.SEED_SCRIPT
 RELEASE = "v1.4.2"
 RELEASE_PORT = 8443
 SSH_USER = "deploy"
@@ -541,9 +541,7 @@ class Bench:
             shutil.rmtree(WORK / d, ignore_errors=True)
         if not (self.pki_dir / "ca.pem").exists():
             labpki.init_ca(self.pki_dir)
-        self.operator_binary.parent.mkdir(parents=True, exist_ok=True)
-        self.operator_binary.write_bytes(build_llmgw(RELEASE, python=sys.executable))
-        self.operator_binary.chmod(0o755)
+        seed.operator_binary(self.operator_binary, RELEASE)
         releases = WORK / "releases"
         shutil.rmtree(releases, ignore_errors=True)
         publish_release(releases, RELEASE, {"amd64": build_llmgw(RELEASE)})
@@ -774,42 +772,14 @@ class Bench:
 
     # ----------------------------------------------------------------- the baseline
 
-    @contextlib.contextmanager
-    def openssh_env(self) -> Iterator[dict[str, str]]:
-        """An environment whose `ssh`/`scp` use the lab key and a throwaway known_hosts, nothing else.
-
-        OpenSSH takes ~/.ssh from the passwd home (root's), not $HOME, so only
-        `-F` keeps it away from /root/.ssh. The generated config includes the
-        system one after our two lines, so every other option stays as it is.
-        """
-        with tempfile.TemporaryDirectory(prefix="bench-openssh-") as tmp:
-            d = Path(tmp)
-            config = d / "ssh_config"
-            config.write_text(
-                "# bench/onboard.py: the lab key and a throwaway known_hosts; the rest is the system config.\n"
-                f"IdentityFile {self.lab.ssh_key_path}\n"
-                f"UserKnownHostsFile {d / 'known_hosts'}\n"
-                + proxy_host_blocks(self.routes)
-                + "Include /etc/ssh/ssh_config\n"
-            )
-            wrappers = d / "bin"
-            wrappers.mkdir()
-            for tool in ("ssh", "scp"):
-                real = shutil.which(tool)
-                if real is None:
-                    raise RuntimeError(f"`{tool}` is not installed (Debian package openssh-client)")
-                w = wrappers / tool
-                w.write_text(f'#!/bin/sh\nexec {real} -F {config} "$@"\n')
-                w.chmod(0o755)
-            env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
-            env["PATH"] = f"{wrappers}:{env.get('PATH', '/usr/bin:/bin')}"
-            yield env
+    def openssh_env(self) -> contextlib.AbstractContextManager[dict[str, str]]:
+        """`ssh`/`scp` with the lab key, a throwaway known_hosts and the routes through the proxies (lab.seed)."""
+        return seed.openssh_env(self.lab.ssh_key_path, proxy_host_blocks(self.routes))
 
     def run_script(self, host: Any, env: dict[str, str], log: Path) -> dict[str, Any]:
         """One onboard-node.sh invocation; every stdout line is time-stamped for the phase breakdown."""
-        argv = ["bash", str(SEED_SCRIPT), "--node", host.hostname, "--addr", host.addr,
-                "--server", self.control_plane.address, "--pki", str(self.pki_dir), "--ssh-user", SSH_USER,
-                "--binary", str(self.operator_binary), "--releases", self.release_url, "--ssh-wait", str(SSH_WAIT)]
+        argv = seed.argv(host.hostname, host.addr, server=self.control_plane.address, pki_dir=self.pki_dir,
+                         binary=self.operator_binary, release_url=self.release_url, ssh_user=SSH_USER, ssh_wait=SSH_WAIT)
         start = time.monotonic()
         lines: list[tuple[float, str]] = []
         with open(log, "w") as err:

@@ -36,8 +36,9 @@ def operator_binary(path: Path, version: str) -> Path:
 
 
 @contextlib.contextmanager
-def openssh_env(ssh_key_path: Path) -> Iterator[dict[str, str]]:
-    """An environment whose `ssh`/`scp` use ``ssh_key_path`` and a throwaway known_hosts, and no ssh-agent."""
+def openssh_env(ssh_key_path: Path, host_blocks: str = "") -> Iterator[dict[str, str]]:
+    """An environment whose `ssh`/`scp` use ``ssh_key_path`` and a throwaway known_hosts, and no ssh-agent.
+    ``host_blocks``: ssh_config `Host` blocks to add (the benchmark's routes through its latency proxies)."""
     with tempfile.TemporaryDirectory(prefix="seed-openssh-") as tmp:
         d = Path(tmp)
         config = d / "ssh_config"
@@ -45,7 +46,8 @@ def openssh_env(ssh_key_path: Path) -> Iterator[dict[str, str]]:
             "# lab/seed.py: the lab key and a throwaway known_hosts; the rest is the system config.\n"
             f"IdentityFile {ssh_key_path}\n"
             f"UserKnownHostsFile {d / 'known_hosts'}\n"
-            "Include /etc/ssh/ssh_config\n"
+            + host_blocks
+            + "Include /etc/ssh/ssh_config\n"
         )
         wrappers = d / "bin"
         wrappers.mkdir()
