@@ -40,18 +40,19 @@ def test_waits_and_warnings_are_shown_under_the_nodes_resources(cluster, hosts, 
         if d.get("severity") == "debug":
             continue  # the SDK's own trace of registrations
         by_urn.setdefault(d.get("urn", ""), []).append(d["message"])
-    identity = next(u for u in by_urn if u.endswith(f"llmgw:NodeIdentity::{node}"))
+    # The node is first reached by its ClientCertificate, which has it make its key pair.
+    first = next(u for u in by_urn if u.endswith(f"llmgw:ClientCertificate::{node}"))
     agent = next(u for u in by_urn if u.endswith(f"llmgw:AgentInstall::{node}"))
     check = next(u for u in by_urn if u.endswith(f"llmgw:EngineCheck::{node}"))
-    assert any(f"waiting up to 90s for ssh to deploy@{h.addr}" in m for m in by_urn[identity]), by_urn[identity]
-    assert any("answered after" in m for m in by_urn[identity]), by_urn[identity]
+    assert any(f"waiting up to 90s for ssh to deploy@{h.addr}" in m for m in by_urn[first]), by_urn[first]
+    assert any("answered after" in m for m in by_urn[first]), by_urn[first]
     assert any("fetches llmgw v1.4.2" in m for m in by_urn[agent]), by_urn[agent]
     assert any("vllm" in m and "/opt/vllm/bin/vllm" in m for m in by_urn[check]), by_urn[check]
     assert not [m for m in by_urn.get("", []) if node in m], "messages about the node that belong to no resource"
 
     # And the CLI prints them under the resource's heading, as the operator reads them.
     section = diagnostics_section(up.output)
-    assert any("waiting up to 90s for ssh" in line for line in section[f"pulumi-python:dynamic/llmgw:NodeIdentity ({node})"])
+    assert any("waiting up to 90s for ssh" in line for line in section[f"pulumi-python:dynamic/llmgw:ClientCertificate ({node})"])
     assert any("fetches llmgw v1.4.2" in line for line in section[f"pulumi-python:dynamic/llmgw:AgentInstall ({node})"])
     assert any(line.startswith("warning:") and "vllm" in line
                for line in section[f"pulumi-python:dynamic/llmgw:EngineCheck ({node})"])
