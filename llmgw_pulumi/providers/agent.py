@@ -63,17 +63,24 @@ def node_state(node: facts.NodeFacts, wants: dict[str, Any]) -> dict[str, str]:
     """
     state = {_state_key(f): node.state(f) for f in desired.files_of(desired.AGENT)}
     for key, f in TEXT_FILES_BY_INPUT.items():
-        have, want, sha = node.texts.get(f.path), wants.get(key), node.sha256(f.path)
-        if sha and isinstance(have, str) and isinstance(want, str) and desired.equivalent(f.content, have, want):
-            state[_state_key(f)] = state[_state_key(f)].replace(sha, desired.sha256_text(want), 1)
+        sha = node.sha256(f.path)
+        if sha and says_what_is_wanted(node, key, wants):
+            state[_state_key(f)] = state[_state_key(f)].replace(sha, desired.sha256_text(wants[key]), 1)
     return {**state, "active": node.unit_active, "enabled": node.unit_enabled}
+
+
+def says_what_is_wanted(node: facts.NodeFacts, key: str, wants: dict[str, Any]) -> bool:
+    """Does the node's text file for input ``key`` (``agent_yaml``, ``unit``) say what ``wants[key]`` says, in
+    the same or other words (see ``desired.equivalent``)?"""
+    f = TEXT_FILES_BY_INPUT[key]
+    have, want = node.texts.get(f.path), wants.get(key)
+    return isinstance(have, str) and isinstance(want, str) and desired.equivalent(f.content, have, want)
 
 
 def equivalent_texts(node: facts.NodeFacts, wants: dict[str, Any]) -> tuple[desired.Content, ...]:
     """The agent's text files the node has in other words than ``wants`` (see ``desired.equivalent``): kept."""
     return tuple(f.content for key, f in TEXT_FILES_BY_INPUT.items()
-                 if isinstance(node.texts.get(f.path), str) and isinstance(wants.get(key), str)
-                 and node.texts[f.path] != wants[key] and desired.equivalent(f.content, node.texts[f.path], wants[key]))
+                 if node.texts.get(f.path) != wants.get(key) and says_what_is_wanted(node, key, wants))
 
 
 def drift(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
@@ -213,8 +220,7 @@ class AgentInstallProvider(ResourceProvider):
         before = props.get("node_state") or {}
         paths = {_state_key(f): f.path for f in desired.files_of(desired.AGENT)}  # drift by path, as the operator knows it
         drift = {paths.get(k, f"unit {k}"): v for k, v in state.items() if v != before.get(k)}
-        on_node = {key: None if isinstance(props.get(key), str) and desired.equivalent(f.content, text, props[key]) else text
-                   for (key, text), f in zip(texts.items(), TEXT_FILES_BY_INPUT.values(), strict=True)}
+        on_node = {key: None if says_what_is_wanted(node, key, props) else text for key, text in texts.items()}
         return _glue.read_result(id_, props, OUTPUT_KEYS, {**props, "node_state": state},
                                  {**on_node, "drift": drift or None})
 

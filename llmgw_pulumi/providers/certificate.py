@@ -149,19 +149,15 @@ class ClientCertificateProvider(ResourceProvider):
             return ReadResult(id_, props)
         from .. import pki
 
-        conn = _glue.for_read(spec.connection)
-
         def look() -> dict[str, str]:
-            with _glue.session(conn, spec.node_id, props.get("host_key"), props.get("jump_host_keys")) as s:
-                res = s.run(remote.read_node_key())
-                _glue.raise_for(res, spec.node_id, f"reading the identity on {conn.host}")
-                return facts.key_values(res.stdout)
+            with _glue.session(_glue.for_read(spec.connection), spec.node_id, props.get("host_key"),
+                               props.get("jump_host_keys")) as s:
+                return _held_identity(s, spec)[1]
 
         try:
             seen = _glue.read_once_more(look, spec.node_id)
         except errors.UnreachableError as exc:
-            _glue.warn_state_kept(exc)
-            return ReadResult(id_, props)  # an outage never rewrites the record
+            return _glue.unreachable_on_read(id_, props, exc)
         want = pki.spki_b64(cert_pem)
         held = want in (seen.get("key_spki"), seen.get("pending_spki"))
         node_key = NODE_KEY_HELD if held else NODE_KEY_OTHER if seen.get("key_spki") else NODE_KEY_GONE
@@ -173,6 +169,15 @@ class ClientCertificateProvider(ResourceProvider):
         return None
 
 
+def _held_identity(s: Any, spec: CertificateSpec) -> tuple[str | None, dict[str, str]]:
+    """The certificate the node holds (public), and the public halves of its key and of a pending one
+    (``key_spki``, ``pending_spki``): node-key.sh read, over session ``s``."""
+    assert spec.connection is not None
+    res = s.run(remote.read_node_key())
+    _glue.raise_for(res, spec.node_id, f"reading the identity on {spec.connection.host}")
+    return facts.parse_survey(res.stdout).texts.get(desired.CERT_PATH), facts.key_values(res.stdout)
+
+
 def _issue_for_node_key(spec: CertificateSpec, authority: Any, now: dt.datetime) -> tuple[Any, dict[str, Any]]:
     """keyOrigin node: keep the identity the node holds, if it can be kept (``pki.adoptable``); else have the node
     make a new key pair and sign its request. Returns the certificate and what reaching the node recorded."""
@@ -180,11 +185,9 @@ def _issue_for_node_key(spec: CertificateSpec, authority: Any, now: dt.datetime)
 
     assert spec.connection is not None  # checked by ClientCertificateArgs / check()
     with _glue.session(spec.connection, spec.node_id, None) as s:
-        res = s.run(remote.read_node_key())
-        _glue.raise_for(res, spec.node_id, f"reading the identity on {spec.connection.host}")
-        held = facts.parse_survey(res.stdout).texts.get(desired.CERT_PATH)
-        key_spki = facts.key_values(res.stdout).get("key_spki", "")
-        adopted = pki.adoptable(authority, spec.node_id, held, key_spki, dt.timedelta(hours=spec.renew_before_hours), now)
+        held, seen = _held_identity(s, spec)
+        adopted = pki.adoptable(authority, spec.node_id, held, seen.get("key_spki", ""),
+                                dt.timedelta(hours=spec.renew_before_hours), now)
         issued = adopted
         if issued is None:
             res = s.run(remote.make_node_key(spec.node_id))

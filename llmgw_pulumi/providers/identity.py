@@ -38,10 +38,10 @@ def desired_hashes(props: dict[str, Any], recorded: dict[str, Any] | None = None
     (``recorded``'s ``files``), as long as the certificate is the same.
     """
     on_node = key_on_node(props)
-    pems = [props.get(k) for k in PEM_KEYS[: 2 if on_node else 3]]
-    if not all(isinstance(p, str) for p in pems):
+    ca, cert, key = props.get("ca_pem"), props.get("cert_pem"), None if on_node else props.get("key_pem")
+    if not isinstance(ca, str) or not isinstance(cert, str) or not (on_node or isinstance(key, str)):
         return None
-    want = {f.path: f.sha256 for f in desired.identity_files(*pems, *([None] if on_node else []))}  # type: ignore[arg-type]
+    want = {f.path: f.sha256 for f in desired.identity_files(ca, cert, key)}
     if on_node:
         seen = ((recorded if recorded is not None else props).get("files") or {}).get(KEY_FILE.path)
         sha = seen.split(";")[0] if isinstance(seen, str) else facts.ABSENT
