@@ -121,6 +121,11 @@ class NodeKeyMissingError(LlmgwError, fix="the key made on the node for this cer
     """The private key made on the node for its certificate is not on the node any more."""
 
 
+class NodeLockUnavailableError(LlmgwError, fix="install flock on the node (`apt-get install util-linux`), and keep "
+                                                "/run owned by root and writable by root alone; then run `pulumi up` again"):
+    """The node cannot take the lock that keeps two changes from overlapping; nothing was changed."""
+
+
 class CertificateRequestError(LlmgwError, fix="check that the node's openssl works (`openssl req -help`); "
                                               "or give the node `keyOrigin: operator`"):
     """The certificate signing request the node returned cannot be signed."""

@@ -75,6 +75,8 @@ class Exit(IntEnum):
     """Another change to the node held its lock for too long."""
     NO_KEYGEN = _CODES["NO_KEYGEN"]
     KEY_MISSING = _CODES["KEY_MISSING"]
+    NO_LOCK = _CODES["NO_LOCK"]
+    """The node cannot take its lock (no flock, or a /run others can write): nothing was changed."""
 
 
 if set(_CODES) != set(Exit.__members__) - {"OK"}:

@@ -4,8 +4,10 @@
 and the providers' create, update, read and delete run against ``FakeNode``s
 instead of SSH. No root, no SSH, no network:
 
-- every path a script touches is under ``node.root`` (the scripts prefix their
-  paths with ``$LLMGW_ROOT``, which is empty on a real node);
+- every path a script touches is under ``node.root``: the scripts prefix their
+  paths with ``$R``, which prelude.sh sets empty; this harness, which builds the
+  program text, replaces that one line with the fake root (``with_root``).
+  Nothing in the environment moves the root, so nothing on a real node can;
 - the commands that need root or a real machine are stand-ins on PATH, which
   keep their state under ``node.state`` and log every call (``node.calls()``):
   ``sudo`` (runs its command), ``chown`` (records owner, and the mode and size
@@ -23,12 +25,15 @@ instead of SSH. No root, no SSH, no network:
 
 Each ``run`` gets the command line transport would send (``sudo -n -- sh -c
 TEXT sh ARGS...``, shell-quoted) and runs it with ``sh -c``, feeding the
-script's stdin.
+script's stdin. ``FakeNode(..., without=("flock",))`` is a node that lacks those
+commands: its PATH has every other command of this machine's, not those.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -41,6 +46,16 @@ from llmgw_pulumi import errors, runner
 from llmgw_pulumi.remote import Script
 
 RELEASE_URL = "https://releases.fake.test/llmgw"
+
+ROOT_LINE = "\nR=''\n"
+"""The line of prelude.sh that sets the root of every path the scripts touch: empty, the node's own /."""
+
+
+def with_root(text: str, root: Path) -> str:
+    """A program's text with its root moved to ``root`` (the one test hook, see prelude.sh)."""
+    if text.count(ROOT_LINE) != 1:
+        raise AssertionError(f"prelude.sh must set the root in exactly one line {ROOT_LINE.strip()!r}")
+    return text.replace(ROOT_LINE, f"\nR={shlex.quote(str(root))}\n")
 
 _REAL = {name: shutil.which(name) or f"/usr/bin/{name}" for name in ("stat", "cp")}
 
@@ -77,7 +92,7 @@ now=no
 [ "${1:-}" = --now ] && { now=yes; shift; }
 u=${1:-}
 dir=$FAKE_STATE/units; mkdir -p "$dir"
-file=$LLMGW_ROOT/etc/systemd/system/$u
+file=$FAKE_ROOT/etc/systemd/system/$u
 get() { cat "$dir/$u.$1" 2>/dev/null || echo "$2"; }
 set_() { echo "$2" > "$dir/$u.$1"; }
 start() {
@@ -86,7 +101,7 @@ start() {
   # shellcheck disable=SC2086
   set -- $line
   exe=$1; shift
-  if "$LLMGW_ROOT$exe" "$@" > /dev/null 2> "$dir/$u.out"; then set_ active active
+  if "$FAKE_ROOT$exe" "$@" > /dev/null 2> "$dir/$u.out"; then set_ active active
   else set_ active activating; cat "$dir/$u.out" >> "$dir/$u.journal"; fi
   echo x >> "$dir/$u.starts"
 }
@@ -150,7 +165,8 @@ class FakeNode:
     """One machine: a root directory, the state of its stand-ins, its host key."""
 
     def __init__(self, base: Path, hostname: str = "gpu-01", arch: str = "amd64",
-                 host_key: str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeNodeHostKey") -> None:
+                 host_key: str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeNodeHostKey",
+                 without: tuple[str, ...] = ()) -> None:
         self.base = Path(base)
         self.root = self.base / "root"
         self.state = self.base / "state"
@@ -159,6 +175,7 @@ class FakeNode:
         self.host_key = host_key
         self.reachable = True
         self.runs: list[Script] = []
+        self.without = without
         for d in ("etc", "usr/local/bin", "usr/local/share", "etc/systemd/system", "run", "var/tmp"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
         for d in (self.state, self.bin, self.releases):
@@ -171,19 +188,39 @@ class FakeNode:
                     + body.replace("REAL_STAT", _REAL["stat"]).replace("REAL_CP", _REAL["cp"]))
             (self.bin / name).write_text(text)
             (self.bin / name).chmod(0o755)
+        self.path_dirs = [str(self.bin)]
+        if without:
+            self.path_dirs.append(str(self._tools_without(without)))
+        else:
+            self.path_dirs.append(os.environ.get("PATH", "/usr/bin:/bin"))
+
+    def _tools_without(self, hidden: tuple[str, ...]) -> Path:
+        """A directory of links to every command on this machine's PATH but ``hidden``."""
+        tools = self.base / "tools"
+        tools.mkdir(exist_ok=True)
+        for d in reversed(os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)):
+            if not os.path.isdir(d):
+                continue
+            for entry in os.scandir(d):
+                if entry.name not in hidden and os.access(entry.path, os.X_OK):
+                    link = tools / entry.name
+                    link.unlink(missing_ok=True)
+                    link.symlink_to(entry.path)
+        return tools
 
     # ------------------------------------------------------------------ running scripts
 
     def run(self, script: Script, timeout: float = 900) -> runner.Result:
         self.runs.append(script)
         env = {
-            "PATH": f"{self.bin}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-            "LLMGW_ROOT": str(self.root),
+            "PATH": ":".join(self.path_dirs),
+            "FAKE_ROOT": str(self.root),
             "FAKE_STATE": str(self.state),
             "LANG": "C",
             "HOME": str(self.base),
         }
-        proc = subprocess.run(["sh", "-c", script.command(sudo=True)], input=script.stdin, capture_output=True,
+        command = dataclasses.replace(script, text=with_root(script.text, self.root)).command(sudo=True)
+        proc = subprocess.run(["sh", "-c", command], input=script.stdin, capture_output=True,
                               timeout=timeout, env=env)
         return runner.Result(proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"))
 

@@ -6,9 +6,22 @@
 # positional argument or on stdin, never inside its text.
 set -u
 
-# Every path a script touches is under $R: empty on a node; a directory of the
-# test machine under tests/fakenode.py.
-R=${LLMGW_ROOT:-}
+# Every path a script touches is under $R, which is empty: the node's own /.
+#
+# The test hook that moves the root (tests/fakenode.py runs these scripts under a
+# directory of the test machine) is not in the environment, where a setting of
+# the node (sshd's AcceptEnv, pam_env, an exported variable) could reach it: the
+# harness, which builds the program text itself, replaces the one line below
+# with `R=<its directory>`. The text the package sends to a node always has it
+# empty. Even so, a root that is not an absolute path of a directory, or that
+# is `/` under another name, is refused before anything else runs.
+R=''
+if [ -n "$R" ]; then
+  case $R:$(cd "$R" 2>/dev/null && pwd -P) in
+  /*:/?*) ;;
+  *) echo "llmgw-pulumi: refusing the test root $R: not an absolute path of a directory other than /" >&2; exit 2 ;;
+  esac
+fi
 
 # kv KEY VALUE: one `key<TAB>value` line for the provider (facts.key_values).
 kv() { printf '%s\t%s\n' "$1" "$2"; }
@@ -41,6 +54,71 @@ report_file() {
     printf 'file\t%s\t-\n' "$1"
   fi
 }
+
+# changeable_by_others PREFIX PATH: when a user other than root could change
+# what the absolute PATH (on the node; PREFIX: $R, or empty for a path of this
+# machine as it is) resolves to, prints the first such component as
+# `MODE OWNER:GROUP PATH` and succeeds; fails when only root can. PATH is
+# followed as the kernel resolves it: `/`, each directory on the way, each
+# symlink met (its target is then walked in turn, relative to the symlink's
+# directory) and the file itself. A component is changeable by others when its
+# owner is not root, or (not a symlink) it is writable by a group other than
+# root's, or by everyone without being a sticky directory (as /tmp is: there a
+# root-owned entry cannot be renamed or removed by others). Where the path ends
+# in a name that does not exist yet, only the part that exists is checked.
+# Nothing is executed: this is what the probe asks before it runs a path as root.
+changeable_by_others() {
+  cb_pre=$1 cb_todo=$2 cb_dir='' cb_hops=0
+  case $cb_todo in
+  /*) ;;
+  *) printf '%s\n' "- -:- $(printable "$cb_todo") (not an absolute path)"; return 0 ;;
+  esac
+  component_changeable "$cb_pre" / && return 0
+  while [ -n "$cb_todo" ]; do
+    cb_todo=${cb_todo#/}
+    cb_name=${cb_todo%%/*}
+    cb_todo=${cb_todo#"$cb_name"}
+    case $cb_name in
+    '' | .) continue ;;
+    ..) cb_dir=${cb_dir%/*}; continue ;;
+    esac
+    cb_next=$cb_dir/$cb_name
+    [ -e "$cb_pre$cb_next" ] || [ -L "$cb_pre$cb_next" ] || return 1
+    component_changeable "$cb_pre" "$cb_next" && return 0
+    if [ -L "$cb_pre$cb_next" ]; then
+      cb_hops=$((cb_hops + 1))
+      if [ "$cb_hops" -gt 40 ]; then printf '%s\n' "- -:- $(printable "$cb_next") (too many symlinks)"; return 0; fi
+      cb_target=$(readlink "$cb_pre$cb_next")
+      case $cb_target in /*) cb_dir='' ;; esac
+      cb_todo=$cb_target$cb_todo
+    else
+      cb_dir=$cb_next
+    fi
+  done
+  return 1
+}
+
+# component_changeable PREFIX PATH: one component, as changeable_by_others says.
+component_changeable() {
+  cc=$(stat -c '%a %U %G %F' "$1$2" 2>/dev/null) || return 1
+  cc_mode=${cc%% *} cc=${cc#* }
+  cc_user=${cc%% *} cc=${cc#* }
+  cc_group=${cc%% *} cc_type=${cc#* }
+  cc_perm=$((0$cc_mode))
+  if [ "$cc_user" = root ]; then
+    [ "$cc_type" != 'symbolic link' ] || return 1
+    if [ $((cc_perm & 020)) -eq 0 ] || [ "$cc_group" = root ]; then
+      [ $((cc_perm & 2)) -ne 0 ] || return 1
+      [ "$cc_type" != directory ] || [ $((cc_perm & 01000)) -eq 0 ] || return 1
+    fi
+  fi
+  printf '%s %s:%s %s\n' "$cc_mode" "$cc_user" "$cc_group" "$(printable "$2")"
+  return 0
+}
+
+# printable TEXT: TEXT with every byte that is not printable ASCII (tabs and
+# newlines too, which would break the line format) made `?`.
+printable() { printf '%s' "$1" | LC_ALL=C tr -c '[:print:]' '?'; }
 
 # --------------------------------------------------------------------------- changing a node
 #
@@ -76,21 +154,32 @@ begin_change() {
   trap 'exit 141' PIPE
   trap 'exit 143' TERM
   # A run whose SSH session died may still be finishing (it stops at its next
-  # write): the next run waits for it.
-  if [ -d "$R/run" ] && command -v flock >/dev/null 2>&1; then
-    exec 9>"$R/run/llmgw-pulumi.lock"
-    if ! flock -w 600 9; then
-      echo "another change to this node by llmgw-pulumi has held /run/llmgw-pulumi.lock for 600s" >&2
-      exit "$EXIT_BUSY"
-    fi
-    # Leftovers of a run killed outright; under the lock nobody else is using them.
-    rm -rf "$R"/run/llmgw-stage.* "$R"/var/tmp/llmgw-stage.*  # (/var/tmp: where earlier versions staged)
-    dirs=$1
-    while [ -n "$dirs" ]; do
-      rm -f "$R${dirs%%:*}"/*.llmgw-new.*
-      case $dirs in *:*) dirs=${dirs#*:} ;; *) dirs='' ;; esac
-    done
+  # write): the next run waits for it. Without flock there is no lock, and two
+  # changes could overlap: refuse instead.
+  if ! command -v flock >/dev/null 2>&1; then
+    echo "this node has no flock (util-linux), which llmgw-pulumi needs to make one change at a time; nothing was changed" >&2
+    exit "$EXIT_NO_LOCK"
   fi
+  # The lock and the staging dirs are in /run, which only root may write:
+  # a script never removes anything as root in a directory others can write.
+  if [ ! -d "$R/run" ] || found=$(changeable_by_others "$R" /run); then
+    echo "/run is missing or can be written by a user other than root (${found:-missing}): llmgw-pulumi keeps its lock and staging there; nothing was changed" >&2
+    exit "$EXIT_NO_LOCK"
+  fi
+  exec 9>"$R/run/llmgw-pulumi.lock"
+  if ! flock -w 600 9; then
+    echo "another change to this node by llmgw-pulumi has held /run/llmgw-pulumi.lock for 600s" >&2
+    exit "$EXIT_BUSY"
+  fi
+  # Leftovers of a run killed outright; under the lock nobody else is using them.
+  # (Versions before this one staged in /var/tmp, which every user can write:
+  # what they left there is not touched, and systemd-tmpfiles ages it out.)
+  rm -rf "$R"/run/llmgw-stage.*
+  dirs=$1
+  while [ -n "$dirs" ]; do
+    rm -f "$R${dirs%%:*}"/*.llmgw-new.*
+    case $dirs in *:*) dirs=${dirs#*:} ;; *) dirs='' ;; esac
+  done
 }
 
 # cannot_write PATH: a write failed before anything was changed.

@@ -7,9 +7,14 @@
 #
 # probe-engines.sh TIMEOUT NVIDIA_SMI IB_ROOT FIELDS [NAME PATH]...
 # NVIDIA_SMI: its path, or empty for nvidia-smi on PATH; FIELDS: what --query-gpu asks for.
-# Prints `engine<TAB>NAME<TAB>runs|missing|not-executable|fails<TAB>DETAIL` per engine,
-# `smi<TAB>ok|none|missing|fails<TAB>PATH<TAB>DETAIL`, then when ok `gpu<TAB>CSV ROW` per GPU and
+# Prints `engine<TAB>NAME<TAB>runs|missing|not-executable|fails|unsafe<TAB>DETAIL` per engine,
+# `smi<TAB>ok|none|missing|fails|unsafe<TAB>PATH<TAB>DETAIL`, then when ok `gpu<TAB>CSV ROW` per GPU and
 # `smi-header<TAB>LINE` (driver and CUDA version), and `hca<TAB>NAME` per HCA (facts.parse_inventory).
+#
+# This runs as root. An engine, or nvidia-smi, that a user other than root could
+# change (the file, a directory on the way to it, a symlink met: see
+# changeable_by_others) is never run, not even `ldd` (which may execute it): it
+# is `unsafe`, with DETAIL `MODE OWNER:GROUP COMPONENT`, the first such component.
 TIMEOUT=$1 smi=$2 ib_root=$3 fields=$4
 shift 4
 
@@ -18,13 +23,16 @@ last_line() { printf '%s\n' "$1" | awk 'NF { l = $0 } END { print l }' | tr '\t'
 
 inventory() {
   if [ -n "$smi" ]; then
-    run=$R$smi
-    if [ ! -e "$run" ]; then printf 'smi\tmissing\t%s\t\n' "$smi"; return 0; fi
+    run=$R$smi on=$R
   else
     run=$(command -v nvidia-smi 2>/dev/null) || run=''
     if [ -z "$run" ]; then printf 'smi\tnone\t\t\n'; return 0; fi
-    smi=$run
+    smi=$run on=''  # found on root's PATH: a path of this machine as it is
   fi
+  if found=$(changeable_by_others "$on" "$smi"); then
+    printf 'smi\tunsafe\t%s\t%s\n' "$(printable "$smi")" "$found"; return 0
+  fi
+  if [ ! -e "$run" ]; then printf 'smi\tmissing\t%s\t\n' "$smi"; return 0; fi
   rc=0
   out=$(timeout "$TIMEOUT" "$run" --query-gpu="$fields" --format=csv,noheader,nounits 2>&1 </dev/null) || rc=$?
   [ "$rc" -ne 0 ] || plain=$(timeout "$TIMEOUT" "$run" 2>&1 </dev/null) || { rc=$?; out=$plain; }
@@ -46,6 +54,10 @@ fi
 
 while [ $# -gt 0 ]; do
   name=$1 path=$R$2
+  if found=$(changeable_by_others "$R" "$2"); then
+    shift 2
+    printf 'engine\t%s\tunsafe\t%s\n' "$name" "$found"; continue
+  fi
   shift 2
   if [ ! -e "$path" ]; then printf 'engine\t%s\tmissing\t\n' "$name"; continue; fi
   if [ ! -f "$path" ] || [ ! -x "$path" ]; then
