@@ -15,6 +15,7 @@ import base64
 import csv
 import io
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,7 +115,7 @@ class EngineProbe:
     engine: str
     path: str
     status: str
-    """runs, missing, not-executable or fails."""
+    """runs, missing, not-executable, fails or unsafe (see ``changeable_problem``)."""
     detail: str = ""
 
     @property
@@ -136,6 +137,9 @@ def engine_problem(probe: EngineProbe, node: str, target: str) -> dict[str, str]
     """The operator-facing report for one engine: what is wrong and what to run (SPEC step 7)."""
     if probe.ok:
         return None
+    if probe.status == UNSAFE:
+        return {"engine": probe.engine, "path": probe.path, "status": probe.status,
+                **changeable_problem(probe.engine, probe.path, probe.detail, node, target)}
     if probe.status == "missing":
         problem = f"{probe.engine} is configured at {probe.path}, which does not exist on {node}"
         hint = f"install {probe.engine} there, or fix engines.{probe.engine} in the stack config"
@@ -222,7 +226,8 @@ class Inventory:
     cuda: str = ""
     hcas: tuple[str, ...] = ()
     smi_status: str = "none"
-    """ok, none (not on PATH, not configured), missing (configured, not there) or fails."""
+    """ok, none (not on PATH, not configured), missing (configured, not there), fails, or unsafe (not run:
+    see ``changeable_problem``)."""
     smi_path: str = ""
     smi_detail: str = ""
 
@@ -275,7 +280,10 @@ def inventory_problems(inv: Inventory, fabrics: Sequence[tuple[str, Sequence[str
     """What is wrong with the node's hardware, reported as engine problems are (``problem`` and ``hint``):
     nvidia-smi that is configured but absent, or fails; a declared fabric HCA the node lacks."""
     out = []
-    if inv.smi_status == "missing":
+    if inv.smi_status == UNSAFE:
+        out.append({"gpu": "nvidia-smi", "path": inv.smi_path, "status": UNSAFE,
+                    **changeable_problem("nvidia-smi", inv.smi_path, inv.smi_detail, node, target)})
+    elif inv.smi_status == "missing":
         out.append({"gpu": "nvidia-smi", "path": inv.smi_path, "status": "missing",
                     "problem": f"nvidia-smi is configured at {inv.smi_path}, which does not exist on {node}",
                     "hint": "install the NVIDIA driver utilities there, or fix discovery.nvidiaSmi in the stack config"})
@@ -295,3 +303,24 @@ def inventory_problems(inv: Inventory, fabrics: Sequence[tuple[str, Sequence[str
                             "hint": f"ssh {target} ls {ib_root}; list the node's HCAs in fabric.hcas, "
                                     "or check the HCA's driver (mlx5_core) is loaded"})
     return out
+
+
+# --------------------------------------------------------------------------- paths others could change (probe-engines.sh)
+
+UNSAFE = "unsafe"
+"""The probe's status for an engine or nvidia-smi it did not run: a user other than root could change it."""
+
+
+def changeable_problem(what: str, path: str, detail: str, node: str, target: str) -> dict[str, str]:
+    """The report for ``what`` at ``path``, which the probe did not run as root because a user other than root
+    could change it: ``detail`` is the first such component, as prelude.sh's ``changeable_by_others`` prints
+    it (``MODE OWNER:GROUP COMPONENT``). The fix makes that component root's alone."""
+    mode, owner, component = (detail.split(" ", 2) + ["", "", ""])[:3]
+    if not component.startswith("/"):
+        component = path
+    why = f"mode {mode.zfill(4)}, owner {owner}" if mode.isdigit() else "its symlinks do not resolve"
+    on_node = f"sudo chown root:root {shlex.quote(component)} && sudo chmod go-w {shlex.quote(component)}"
+    return {"problem": f"{what} at {path} was not run on {node}: {component} can be changed by a user other than "
+                       f"root ({why}), who could make the probe, which runs as root, run anything",
+            "hint": f"make it root's alone (or install {what} where only root can write): "
+                    f"ssh {target} {shlex.quote(on_node)}"}

@@ -257,9 +257,9 @@ class FakeNode:
         ino = self.path(node_path).stat().st_ino
         return next((r.owner for r in reversed(self.chowns) if r.inode == ino), "root:root")
 
-    def chown(self, node_path: str, owner: str) -> None:
-        """Change a file's owner (as an operator on the node would)."""
-        st = self.path(node_path).stat()
+    def chown(self, node_path: str, owner: str, symlink: bool = False) -> None:
+        """Change a file's owner (as an operator on the node would); ``symlink``: the symlink's own (``chown -h``)."""
+        st = self.path(node_path).lstat() if symlink else self.path(node_path).stat()
         with open(self.state / "owners", "a") as f:
             f.write(f"{st.st_ino} {owner} {st.st_mode & 0o777:o} {st.st_size} {self.path(node_path)}\n")
 

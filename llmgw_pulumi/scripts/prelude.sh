@@ -58,7 +58,8 @@ report_file() {
 # changeable_by_others PREFIX PATH: when a user other than root could change
 # what the absolute PATH (on the node; PREFIX: $R, or empty for a path of this
 # machine as it is) resolves to, prints the first such component as
-# `MODE OWNER:GROUP PATH` and succeeds; fails when only root can. PATH is
+# `MODE OWNER:GROUP PATH` (`- -:- PATH` for a relative PATH, or one whose
+# symlinks do not end) and succeeds; fails when only root can. PATH is
 # followed as the kernel resolves it: `/`, each directory on the way, each
 # symlink met (its target is then walked in turn, relative to the symlink's
 # directory) and the file itself. A component is changeable by others when its
@@ -71,7 +72,7 @@ changeable_by_others() {
   cb_pre=$1 cb_todo=$2 cb_dir='' cb_hops=0
   case $cb_todo in
   /*) ;;
-  *) printf '%s\n' "- -:- $(printable "$cb_todo") (not an absolute path)"; return 0 ;;
+  *) printf -- '- -:- %s\n' "$(printable "$cb_todo")"; return 0 ;;
   esac
   component_changeable "$cb_pre" / && return 0
   while [ -n "$cb_todo" ]; do
@@ -87,7 +88,7 @@ changeable_by_others() {
     component_changeable "$cb_pre" "$cb_next" && return 0
     if [ -L "$cb_pre$cb_next" ]; then
       cb_hops=$((cb_hops + 1))
-      if [ "$cb_hops" -gt 40 ]; then printf '%s\n' "- -:- $(printable "$cb_next") (too many symlinks)"; return 0; fi
+      if [ "$cb_hops" -gt 40 ]; then printf -- '- -:- %s\n' "$(printable "$cb_next")"; return 0; fi
       cb_target=$(readlink "$cb_pre$cb_next")
       case $cb_target in /*) cb_dir='' ;; esac
       cb_todo=$cb_target$cb_todo
@@ -162,8 +163,10 @@ begin_change() {
   fi
   # The lock and the staging dirs are in /run, which only root may write:
   # a script never removes anything as root in a directory others can write.
-  if [ ! -d "$R/run" ] || found=$(changeable_by_others "$R" /run); then
-    echo "/run is missing or can be written by a user other than root (${found:-missing}): llmgw-pulumi keeps its lock and staging there; nothing was changed" >&2
+  # (Not even a sticky /run: others could plant the lock's name there first.)
+  run_is=$(stat -c '%a %U:%G' "$R/run" 2>/dev/null) || run_is='missing'
+  if [ ! -d "$R/run" ] || [ $((0${run_is%% *} & 022)) -ne 0 ] || changeable_by_others "$R" /run >/dev/null; then
+    echo "/run must be a directory only root can write, but it is $run_is: llmgw-pulumi keeps its lock and staging there; nothing was changed" >&2
     exit "$EXIT_NO_LOCK"
   fi
   exec 9>"$R/run/llmgw-pulumi.lock"

@@ -1,0 +1,270 @@
+"""The node side as a non-root user on the node would attack it (issue 17, item 5; review M4, L8, L9).
+
+The package's real scripts, run by tests/fakenode.py under a temporary root:
+
+- an engine, or nvidia-smi, that a user other than root could change is reported
+  with its fix and never run (the probe runs as root);
+- the test hook that moves the scripts' root cannot be reached from the
+  environment, and refuses a root that is `/`;
+- a node without flock, or whose /run others can write, is refused before
+  anything changes; nothing is removed in /var/tmp.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmgw_pulumi import errors, remote, runner
+from llmgw_pulumi.providers.engines import EngineCheckProvider
+from llmgw_pulumi.providers.identity import NodeIdentityProvider
+from tests.fakenode import FakeNode, FakeNodes, with_root
+from tests.unit.test_providers_fake import ADDR, CONN, HOST_KEY, certificate, checked, identity_inputs
+from tests.unit.test_providers_fake import pki_dir as pki_dir  # noqa: F401  (a fixture)
+
+ENGINE = "/opt/llama/bin/llama-server"
+MARKER = "/var/tmp/engine-ran"
+"""What a planted engine writes when it is run: its absence proves the probe did not run it."""
+
+
+def marking_engine(marker: str = MARKER) -> bytes:
+    return f"#!/bin/sh\necho \"$0 $*\" >> \"$FAKE_ROOT{marker}\"\necho engine 1.0\n".encode()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[FakeNode]:
+    fake = FakeNode(tmp_path / "node", hostname="gpu-01", host_key=HOST_KEY)
+    with runner.use(FakeNodes({ADDR: fake})):
+        yield fake
+
+
+def probe(**extra: Any) -> dict[str, Any]:
+    inputs = checked(EngineCheckProvider(), {"node_id": "gpu-01", "connection": CONN, "known_host_key": HOST_KEY,
+                                             "fail_on_problems": False, **extra})
+    return EngineCheckProvider().create(inputs).outs
+
+
+def probe_engine(path: str = ENGINE) -> dict[str, Any]:
+    return probe(engines={"llamacpp": {"bin": path}})
+
+
+def ran(node: FakeNode) -> list[str]:
+    text = node.read(MARKER)
+    return text.decode().splitlines() if text else []
+
+
+def fix_of(problem: dict[str, Any]) -> str:
+    """The command the hint tells the operator to run on the node (the quoted part after the ssh target)."""
+    head, _, command = problem["hint"].partition(": ssh deploy@10.0.0.11 ")
+    assert head.startswith("make it root's alone (or install "), problem["hint"]
+    (on_node,) = shlex.split(command)
+    return on_node
+
+
+# --------------------------------------------------------------------------- M4: engines others could change
+
+
+def test_a_safe_engine_is_run_which_the_marker_shows(node: FakeNode) -> None:
+    """The positive control for the tests below: the probe does run a root-only engine, and it marks."""
+    node.write(ENGINE, marking_engine(), 0o755)
+    outs = probe_engine()
+    assert outs["problems"] == [] and outs["engines_ok"] is True
+    assert ran(node) == [f"{node.path(ENGINE)} --version"]
+
+
+@pytest.mark.parametrize("what, arrange, component, mode_owner", [
+    ("its directory is writable by everyone", lambda n: n.path("/opt/llama/bin").chmod(0o777),
+     "/opt/llama/bin", "mode 0777, owner root:root"),
+    ("a directory further up belongs to a user", lambda n: n.chown("/opt/llama", "llama:llama"),
+     "/opt/llama", "mode 0755, owner llama:llama"),
+    ("the binary belongs to a user", lambda n: n.chown(ENGINE, "llama:root"),
+     ENGINE, "mode 0755, owner llama:root"),
+    ("its directory is writable by a group other than root's",
+     lambda n: (n.chown("/opt/llama/bin", "root:staff"), n.path("/opt/llama/bin").chmod(0o2775)),
+     "/opt/llama/bin", "mode 2775, owner root:staff"),
+    ("the binary is writable by everyone", lambda n: n.path(ENGINE).chmod(0o757), ENGINE, "mode 0757, owner root:root"),
+])
+def test_an_engine_others_could_change_is_reported_with_its_fix_and_not_run(
+        node: FakeNode, what: str, arrange: Any, component: str, mode_owner: str) -> None:
+    node.write(ENGINE, marking_engine(), 0o755)
+    arrange(node)
+    outs = probe_engine()
+    (problem,) = outs["problems"]
+    assert (problem["engine"], problem["status"], problem["path"]) == ("llamacpp", "unsafe", ENGINE), what
+    assert problem["problem"] == (f"llamacpp at {ENGINE} was not run on gpu-01: {component} can be changed by a user "
+                                  f"other than root ({mode_owner}), who could make the probe, which runs as root, "
+                                  "run anything"), what
+    assert fix_of(problem) == f"sudo chown root:root {component} && sudo chmod go-w {component}", what
+    assert outs["engines_ok"] is False
+    assert ran(node) == [], f"{what}: the probe ran the engine"
+    assert not node.calls("ldd"), what
+
+
+def test_the_fix_makes_the_engine_run_again(node: FakeNode) -> None:
+    node.write(ENGINE, marking_engine(), 0o755)
+    node.chown("/opt/llama", "llama:llama")
+    node.path("/opt/llama/bin").chmod(0o777)
+    p = EngineCheckProvider()
+    outs = probe_engine()
+    assert [x["status"] for x in outs["problems"]] == ["unsafe"] and ran(node) == []
+    node.chown("/opt/llama", "root:root")  # the operator runs the first fix; the next component is reported
+    outs = p.read("gpu-01", outs).outs
+    assert "/opt/llama/bin can be changed" in outs["problems"][0]["problem"] and ran(node) == []
+    node.path("/opt/llama/bin").chmod(0o755)
+    assert p.read("gpu-01", outs).outs["problems"] == []
+    assert len(ran(node)) == 1
+
+
+def test_a_root_owned_group_root_and_a_sticky_directory_are_fine(node: FakeNode) -> None:
+    """Writable by root's group, or a sticky world-writable directory (as /tmp) holding a root-owned engine:
+    no one else can replace it."""
+    node.write(ENGINE, marking_engine(), 0o755)
+    node.path("/opt/llama/bin").chmod(0o775)  # group root
+    node.write("/srv/shared/engine", marking_engine(), 0o755)
+    node.path("/srv/shared").chmod(0o1777)
+    outs = probe(engines={"llamacpp": {"bin": ENGINE}, "vllm": {"bin": "/srv/shared/engine"}})
+    assert outs["problems"] == [], outs["problems"]
+    assert len(ran(node)) == 2
+
+
+def test_a_symlink_is_followed_and_every_directory_on_the_way_checked(node: FakeNode) -> None:
+    """/usr/bin/eng -> ../../opt/llama/current/server, and /opt/llama/current -> builds/7: every directory the
+    kernel reads on the way counts, not only those of the path as written or of where it ends."""
+    node.write("/opt/llama/builds/7/server", marking_engine(), 0o755)
+    node.path("/usr/bin").mkdir(parents=True)
+    node.path("/usr/bin/eng").symlink_to("../../opt/llama/current/server")
+    node.path("/opt/llama/current").symlink_to("builds/7")
+    assert probe_engine("/usr/bin/eng")["problems"] == [] and len(ran(node)) == 1  # all root's: it runs
+
+    node.path("/opt/llama/builds").chmod(0o777)  # neither a prefix of /usr/bin/eng nor of the path written
+    (problem,) = probe_engine("/usr/bin/eng")["problems"]
+    assert problem["status"] == "unsafe" and "/opt/llama/builds can be changed" in problem["problem"], problem
+    assert len(ran(node)) == 1, "the probe ran an engine reached through a directory others can write"
+
+    node.path("/opt/llama/builds").chmod(0o755)
+    node.chown("/opt/llama/current", "llama:llama", symlink=True)  # the symlink itself is someone else's
+    (problem,) = probe_engine("/usr/bin/eng")["problems"]
+    assert "/opt/llama/current can be changed" in problem["problem"], problem
+    assert len(ran(node)) == 1
+
+
+def test_a_missing_engine_where_others_could_put_one_is_reported_as_such(node: FakeNode) -> None:
+    node.path("/opt/llama").mkdir(parents=True)
+    node.path("/opt/llama").chmod(0o777)
+    (problem,) = probe_engine()["problems"]
+    assert problem["status"] == "unsafe" and "/opt/llama can be changed" in problem["problem"]
+    node.path("/opt/llama").chmod(0o755)
+    (problem,) = probe_engine()["problems"]
+    assert problem["status"] == "missing"
+
+
+def test_a_path_with_shell_words_is_quoted_in_the_fix(node: FakeNode) -> None:
+    engine = "/opt/my llama;touch /tmp/pwned/server"
+    node.write(engine, marking_engine(), 0o755)
+    node.path("/opt/my llama;touch /tmp/pwned").chmod(0o777)
+    (problem,) = probe_engine(engine)["problems"]
+    assert fix_of(problem) == ("sudo chown root:root '/opt/my llama;touch /tmp/pwned' "
+                               "&& sudo chmod go-w '/opt/my llama;touch /tmp/pwned'")
+    assert ran(node) == []
+
+
+def test_nvidia_smi_others_could_change_is_not_run(node: FakeNode) -> None:
+    smi = "/opt/nvidia/bin/nvidia-smi"
+    node.write(smi, marking_engine(), 0o755)
+    node.path("/opt/nvidia").chmod(0o777)
+    outs = probe(discovery={"nvidia_smi": smi})
+    (problem,) = outs["problems"]
+    assert (problem["gpu"], problem["status"], problem["path"]) == ("nvidia-smi", "unsafe", smi)
+    assert problem["problem"].startswith(f"nvidia-smi at {smi} was not run on gpu-01: /opt/nvidia can be changed")
+    assert fix_of(problem) == "sudo chown root:root /opt/nvidia && sudo chmod go-w /opt/nvidia"
+    assert outs["engines_ok"] is True, "nvidia-smi is not an engine"
+    assert ran(node) == []
+    node.path("/opt/nvidia").chmod(0o755)  # positive control: root's alone, it runs (and fails: it is no nvidia-smi)
+    probe(discovery={"nvidia_smi": smi})
+    assert ran(node) != []
+
+
+def test_nvidia_smi_found_on_path_in_a_directory_others_can_write_is_not_run(node: FakeNode, tmp_path: Path) -> None:
+    shared = tmp_path / "node" / "bin"  # the fake's PATH: its stand-ins, then this machine's
+    (shared / "nvidia-smi").write_bytes(marking_engine())
+    (shared / "nvidia-smi").chmod(0o755)
+    shared.chmod(0o777)
+    try:
+        (problem,) = probe()["problems"]
+    finally:
+        shared.chmod(0o755)
+    assert problem["status"] == "unsafe" and f"{shared} can be changed" in problem["problem"], problem
+    assert ran(node) == []
+
+
+# --------------------------------------------------------------------------- L8: the test hook
+
+
+def survey_of(node: FakeNode, path: str, text: str, env: dict[str, str]) -> str:
+    res = subprocess.run(["sh", "-c", text, "sh", "llmgw-agent.service", path], capture_output=True, text=True,
+                         env={"PATH": ":".join(node.path_dirs), "FAKE_STATE": str(node.state), **env})
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def test_the_environment_cannot_move_the_root(node: FakeNode) -> None:
+    planted = "/etc/llmgw-hardening-test/only-in-the-fake-root"
+    assert not Path(planted).exists()
+    node.write(planted, b"x")
+    text = remote.survey().text
+    # The package's own text, with every variable an older version or a node's setting could have used:
+    seen = survey_of(node, planted, text, {"LLMGW_ROOT": str(node.root), "R": str(node.root)})
+    assert f"file\t{planted}\t-" in seen.splitlines(), seen
+    # Positive control: the harness's hook does move it.
+    seen = survey_of(node, planted, with_root(text, node.root), {})
+    assert f"file\t{planted}\t644 root root\t" in seen, seen
+
+
+@pytest.mark.parametrize("root", ["/", "//", "/tmp/..", "relative/dir", "/no/such/dir"])
+def test_a_test_root_that_is_slash_or_no_directory_is_refused(node: FakeNode, root: str) -> None:
+    res = subprocess.run(["sh", "-c", with_root(remote.survey().text, Path(root)), "sh", "x"], capture_output=True,
+                         text=True, env={"PATH": ":".join(node.path_dirs), "FAKE_STATE": str(node.state)})
+    assert res.returncode == 2 and "refusing the test root" in res.stderr, (res.returncode, res.stderr)
+    assert res.stdout == ""
+
+
+# --------------------------------------------------------------------------- L9 and the staging sweep
+
+
+def install_identity(pki_dir: Path) -> Any:
+    return NodeIdentityProvider().create(identity_inputs(certificate(pki_dir)))
+
+
+def test_without_flock_a_change_is_refused_and_nothing_changed(tmp_path: Path, pki_dir: Path) -> None:
+    bare = FakeNode(tmp_path / "bare", hostname="gpu-01", host_key=HOST_KEY, without=("flock",))
+    with runner.use(FakeNodes({ADDR: bare})):
+        with pytest.raises(errors.NodeLockUnavailableError) as caught:
+            install_identity(pki_dir)
+    assert "gpu-01: this node has no flock (util-linux)" in str(caught.value)
+    assert "fix: install flock on the node (`apt-get install util-linux`)" in str(caught.value)
+    assert bare.files() == [] and bare.calls("update-ca-certificates") == []
+    # Positive control: the same node with flock is onboarded.
+    with runner.use(FakeNodes({ADDR: FakeNode(tmp_path / "full", hostname="gpu-01", host_key=HOST_KEY)})):
+        install_identity(pki_dir)
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o775])
+def test_a_run_directory_others_can_write_is_refused(node: FakeNode, pki_dir: Path, mode: int) -> None:
+    node.path("/run").chmod(mode)
+    with pytest.raises(errors.NodeLockUnavailableError, match=f"/run must be a directory only root can write, "
+                                                              f"but it is {mode:o} root:root"):
+        install_identity(pki_dir)
+    assert [f for f in node.files() if not f.startswith("/run")] == []
+
+
+def test_leftovers_are_swept_in_run_but_nothing_is_removed_in_var_tmp(node: FakeNode, pki_dir: Path) -> None:
+    for d in ("/run/llmgw-stage.Ab12Cd", "/var/tmp/llmgw-stage.Ef34Gh"):
+        node.write(f"{d}/bin", b"left by a run killed outright")
+    install_identity(pki_dir)
+    assert not node.path("/run/llmgw-stage.Ab12Cd").exists(), "the sweep under the lock did not run"
+    assert node.read("/var/tmp/llmgw-stage.Ef34Gh/bin") == b"left by a run killed outright"
