@@ -10,7 +10,11 @@ The stack's directory
     by the stack and a hash of the project directory, the organization, project and
     stack names and the backend URL (two checkouts or backends never share one).
     Every directory is made 0700 and must be owned by the user running Pulumi and
-    writable by nobody else; each file in it is 0600.
+    writable by nobody else; each file in it is 0600. None of them is followed if
+    it is a symlink, and every directory above them (and every symlink on the way)
+    must be root's or the user's and writable by no one else, unless it is sticky
+    (as /tmp). Each provider checks the directories again when it reads the run,
+    and a run id is used as a directory name only if it is 16 hex digits.
 
 This run
     The program, when it runs for `pulumi up` (never for a preview), writes a fresh
@@ -55,6 +59,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -63,6 +68,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import validate
 from .errors import ConfigError, RolloutStoppedError
 from .specs import Rollout
 
@@ -94,21 +100,120 @@ def stack_dir(project_dir: str, organization: str, project: str, stack: str) -> 
     return base_dir() / f"{stack}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
+RUN_ID = re.compile(r"[0-9a-f]{16}")
+"""A run id (``secrets.token_hex(8)``): the only names a run directory may have."""
+_MAX_SYMLINKS = 40
+
+
+def _refusal(path: Path | str, why: str) -> ConfigError:
+    return ConfigError("llmgw", "rollout", f"the coordination directory {path} is refused: {why}",
+                       f"remove it, or set {DIR_ENV} to a directory of your own, under directories only you "
+                       "(or root) can write")
+
+
+def _check_above(path: Path, st: os.stat_result) -> None:
+    """A directory above the coordination directory, or a symlink met on the way to it: root's or this user's,
+    and writable by no one else, unless it is a sticky directory (as /tmp: there no one else can rename or
+    remove what is root's or ours, and the next component is checked to be)."""
+    if st.st_uid not in (0, os.getuid()):
+        raise _refusal(path, f"it is reached through {path}, which belongs to user {st.st_uid}")
+    if stat.S_ISLNK(st.st_mode):
+        return
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+        raise _refusal(path, f"it is reached through {path}, which others can write "
+                             f"(mode {stat.S_IMODE(st.st_mode):04o})")
+
+
+def _walk_above(path: Path) -> Path:
+    """``path`` (absolute) as the kernel resolves it, every directory and symlink on the way checked
+    (``_check_above``), without following a symlink before it is checked; the part that does not exist yet
+    is kept as written (``..`` in it taken lexically)."""
+    todo = list(path.parts[1:])
+    real = Path("/")
+    _check_above(real, os.lstat(real))
+    hops = 0
+    while todo:
+        name = todo.pop(0)
+        if name == "..":
+            real = real.parent
+            continue
+        step = real / name
+        try:
+            st = os.lstat(step)
+        except FileNotFoundError:
+            return Path(os.path.normpath(Path(step, *todo)))
+        _check_above(step, st)
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > _MAX_SYMLINKS:
+                raise _refusal(path, f"its symlinks do not resolve (at {step})")
+            target = Path(os.readlink(step))
+            if target.is_absolute():
+                real = Path("/")
+            todo = [*target.parts[1 if target.is_absolute() else 0:], *todo]
+        elif stat.S_ISDIR(st.st_mode):
+            real = step
+        else:
+            raise _refusal(path, f"{step} is not a directory")
+    return real
+
+
+def _check_private(path: Path, st: os.stat_result) -> None:
+    """One of the package's own directories: a directory (not a symlink), this user's, writable by no one else."""
+    if stat.S_ISLNK(st.st_mode):
+        raise _refusal(path, "it is a symlink, not a directory of this user's that only it can write")
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise _refusal(path, "it is not a directory of this user's that only it can write "
+                             f"(mode {stat.S_IMODE(st.st_mode):04o}, owner {st.st_uid})")
+
+
 def private_dir(path: Path) -> Path:
-    """``path`` made 0700 (its missing parents as usual), and checked: ours, writable by nobody else."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.mkdir(mode=0o700, exist_ok=True)
-    st = path.stat()
-    if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or not stat.S_ISDIR(st.st_mode):
-        raise ConfigError("llmgw", "rollout", f"the coordination directory {path} is not a directory of this user's "
-                          "that only it can write", f"remove it, or set {DIR_ENV} to a directory of your own")
-    return path
+    """``path`` made 0700 (each missing directory above it too), and checked: a directory of this user's that
+    no one else can write, never followed if it is a symlink; every directory above it, and every symlink on
+    the way, root's or this user's and writable by no one else unless sticky. Returns it as resolved."""
+    above = _walk_above(path.parent)
+    for missing in reversed([d for d in (above, *above.parents) if not os.path.lexists(d)]):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(missing, 0o700)
+    real = _walk_above(path.parent) / path.name
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(real, 0o700)
+    _check_private(real, os.lstat(real))
+    return real
+
+
+def checked_dir(path: Path) -> Path:
+    """An existing directory of the package's, checked as ``private_dir`` checks it (nothing is made);
+    FileNotFoundError when it is not there."""
+    real = _walk_above(path.parent) / path.name
+    _check_private(real, os.lstat(real))
+    return real
+
+
+def _read(path: Path) -> str | None:
+    """A file of one of the package's directories (never followed if it is a symlink); None when absent."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _refusal(path.parent, f"{path.name} is not a file of its own ({exc.strerror})") from exc
+    with os.fdopen(fd) as f:
+        return f.read()
+
+
+def _node_file(node: str, state: str) -> str:
+    """The name of a node's marker; a node id is a DNS label, never a path."""
+    if validate.node_id(node) is not None or "\n" in node:
+        raise ConfigError(node, "rollout", f"{node!r} is not a node id a marker can be named by",
+                          "give nodes ids that are DNS labels")
+    return f"{node}.{state}"
 
 
 def _write(path: Path, text: str) -> None:
     """Write a file atomically (0600): readers see all of it or none."""
     temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(temp, path)
@@ -116,11 +221,13 @@ def _write(path: Path, text: str) -> None:
 
 def start_run(directory: Path, now: float | None = None) -> str:
     """A new run of this stack (the program calls it once per `pulumi up`): its id, written to ``<dir>/run``."""
-    runs = private_dir(private_dir(directory) / RUNS)
+    directory = private_dir(directory)
+    runs = private_dir(directory / RUNS)
     now = time.time() if now is None else now
     for old in runs.iterdir():
         with contextlib.suppress(OSError):
-            if now - old.stat().st_mtime > KEEP_RUNS:
+            st = os.lstat(old)
+            if RUN_ID.fullmatch(old.name) and stat.S_ISDIR(st.st_mode) and now - st.st_mtime > KEEP_RUNS:
                 shutil.rmtree(old)
     run = secrets.token_hex(8)
     private_dir(runs / run)
@@ -137,31 +244,36 @@ class Run:
 
     @classmethod
     def current(cls, directory: Path) -> Run:
+        """The run the program started, its directories checked again (``checked_dir``) each time a provider
+        asks: markers are only ever read from directories of this user's that no one else can write."""
         try:
-            run_id = (directory / RUN_FILE).read_text().strip()
-        except OSError:
-            run_id = ""
-        path = directory / RUNS / run_id
-        if not run_id or not path.is_dir():
+            directory = checked_dir(directory)
+            run_id = (_read(directory / RUN_FILE) or "").strip()
+            if run_id and not RUN_ID.fullmatch(run_id):
+                raise _refusal(directory, f"its {RUN_FILE} file names no run id of this package's ({run_id[:40]!r})")
+            path = checked_dir(checked_dir(directory / RUNS) / run_id) if run_id else None
+        except FileNotFoundError:
+            path = None
+        if path is None:
             raise ConfigError("llmgw", "rollout", f"no current run in {directory}: the program did not start one",
                               "run `pulumi up` with this project's program, which starts the run")
         return cls(path, run_id)
 
     def mark(self, node: str, state: str, text: str = "") -> None:
-        _write(self.path / f"{node}.{state}", text)
+        _write(self.path / _node_file(node, state), text)
 
     def state(self, node: str) -> tuple[str, str] | None:
         """(state, text) of ``node`` this run, or None when it has reported nothing."""
         for state in STATES:
-            try:
-                return state, (self.path / f"{node}.{state}").read_text()
-            except FileNotFoundError:
-                continue
+            text = _read(self.path / _node_file(node, state))
+            if text is not None:
+                return state, text
         return None
 
     def failures(self) -> list[tuple[str, str]]:
         """(node, what failed) of every node whose update failed this run, by node id."""
-        return sorted((p.name[: -len(FAILED) - 1], p.read_text()) for p in self.path.glob(f"*.{FAILED}"))
+        found = ((p.name[: -len(FAILED) - 1], _read(p)) for p in self.path.glob(f"*.{FAILED}"))
+        return sorted((node, text) for node, text in found if text is not None)
 
     @contextlib.contextmanager
     def slot(self, limit: int, give_up: Callable[[], None]) -> Iterator[int]:
@@ -169,7 +281,7 @@ class Run:
         waiting and may raise to stop waiting."""
         while True:
             for k in range(limit):
-                fd = os.open(self.path / f"slot-{k}", os.O_RDWR | os.O_CREAT, 0o600)
+                fd = os.open(self.path / f"slot-{k}", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:

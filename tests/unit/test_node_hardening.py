@@ -242,9 +242,8 @@ def install_identity(pki_dir: Path) -> Any:
 
 def test_without_flock_a_change_is_refused_and_nothing_changed(tmp_path: Path, pki_dir: Path) -> None:
     bare = FakeNode(tmp_path / "bare", hostname="gpu-01", host_key=HOST_KEY, without=("flock",))
-    with runner.use(FakeNodes({ADDR: bare})):
-        with pytest.raises(errors.NodeLockUnavailableError) as caught:
-            install_identity(pki_dir)
+    with runner.use(FakeNodes({ADDR: bare})), pytest.raises(errors.NodeLockUnavailableError) as caught:
+        install_identity(pki_dir)
     assert "gpu-01: this node has no flock (util-linux)" in str(caught.value)
     assert "fix: install flock on the node (`apt-get install util-linux`)" in str(caught.value)
     assert bare.files() == [] and bare.calls("update-ca-certificates") == []
