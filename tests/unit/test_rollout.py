@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import stat
@@ -177,3 +178,150 @@ def test_stacks_of_other_checkouts_or_backends_do_not_share_a_directory(monkeypa
     monkeypatch.setenv("PULUMI_BACKEND_URL", "file:///elsewhere")
     assert a != rollout.stack_dir("/one", "org", "proj", "prod")
     assert a.name.startswith("prod-")
+
+
+# --------------------------------------------------------------------------- the directory as another user would attack it
+
+OTHER = 65534
+"""Another user's uid (nobody's)."""
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+
+
+def foreign(path: Path) -> None:
+    """``path`` (not followed if a symlink) given to another user, as if that user had made it."""
+    os.lchown(path, OTHER, OTHER)
+
+
+def forged_release(directory: Path) -> None:
+    """What the other user plants: the canary's `done`, which would release every other node."""
+    run = rollout.Run.current(directory)
+    (run.path / "c.done").write_text("")
+
+
+def test_a_planted_symlink_is_never_followed(tmp_path, monkeypatch):
+    monkeypatch.setenv(rollout.DIR_ENV, str(tmp_path / "rollout"))
+    directory = rollout.stack_dir("/project", "org", "proj", "prod")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    directory.parent.mkdir(mode=0o700)
+    directory.symlink_to(elsewhere)  # a directory of ours, 0700: only the symlink is wrong
+    with pytest.raises(ConfigError, match=r"the coordination directory .*prod-[0-9a-f]{16} is refused: it is a symlink"):
+        rollout.start_run(directory)
+    assert list(elsewhere.iterdir()) == [], "something was made through the symlink"
+
+    # Planted after the run started (the providers check again): the stack's directory, the run's, then `runs`.
+    directory.unlink()
+    rollout.start_run(directory)
+    directory.rename(elsewhere / "stack")
+    directory.symlink_to(elsewhere / "stack")
+    with pytest.raises(ConfigError, match=f"{directory} is refused: it is a symlink"):
+        rollout.Run.current(directory)
+    directory.unlink()
+    (elsewhere / "stack").rename(directory)
+    run = rollout.Run.current(directory)
+    run.path.rename(elsewhere / "run")
+    run.path.symlink_to(elsewhere / "run")
+    with pytest.raises(ConfigError, match=f"{run.path} is refused: it is a symlink"):
+        rollout.Run.current(directory)
+    (directory / rollout.RUNS).rename(tmp_path / "runs-elsewhere")
+    (directory / rollout.RUNS).symlink_to(tmp_path / "runs-elsewhere")
+    with pytest.raises(ConfigError, match=r"/runs is refused: it is a symlink"):
+        rollout.update(plan(directory, canaries=("c",)), "a").__enter__()
+
+
+def test_a_marker_that_is_a_symlink_is_refused(stack):
+    run = rollout.Run.current(stack)
+    (stack / "elsewhere").write_text("")
+    (run.path / "c.done").symlink_to(stack / "elsewhere")
+    with pytest.raises(ConfigError, match="c.done is not a file of its own"):
+        run.state("c")
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o707, 0o1777])
+def test_a_forged_done_in_a_directory_others_can_write_releases_no_one(stack, mode):
+    forged_release(stack)
+    run = rollout.Run.current(stack)
+    run.path.chmod(mode)  # a run directory others could have written the `done` into
+    refused = f"{run.path} is refused: it is not a directory of this user's that only it can write \\(mode {mode:04o}"
+    with pytest.raises(ConfigError, match=refused), rollout.update(plan(stack, canaries=("c",)), "a"):
+        raise AssertionError("a forged marker released a non-canary")
+    run.path.chmod(0o700)  # positive control: the same marker in a private directory does release it
+    with rollout.update(plan(stack, canaries=("c",)), "a"):
+        pass
+
+
+@needs_root
+def test_a_directory_of_another_user_is_refused(stack, tmp_path):
+    run = rollout.Run.current(stack)
+    foreign(run.path)  # 0700, but another user's: they wrote the markers
+    with pytest.raises(ConfigError, match=f"{run.path} is refused: it is not a directory of this user's .*owner {OTHER}"):
+        rollout.Run.current(stack)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    foreign(theirs)
+    with pytest.raises(ConfigError, match=f"owner {OTHER}"):
+        rollout.private_dir(theirs)
+
+
+@needs_root
+def test_under_a_shared_sticky_directory_another_users_entries_are_refused(tmp_path, monkeypatch):
+    """A shared 1777 directory (as /tmp) is fine to be under, but not through a symlink or directory that another
+    user planted there before the first run."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    monkeypatch.setenv(rollout.DIR_ENV, str(shared / "rollout"))
+    directory = rollout.stack_dir("/project", "org", "proj", "prod")
+    rollout.start_run(directory)  # ours, under a sticky shared directory: fine
+    forged_release(directory)
+    rollout.Run.current(directory)
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    (shared / "rollout").rename(theirs / "rollout")
+    (shared / "rollout").symlink_to(theirs / "rollout")
+    foreign(shared / "rollout")  # the symlink is the other user's: they can point it anywhere
+    with pytest.raises(ConfigError, match=f"it is reached through {shared / 'rollout'}, which belongs to user {OTHER}"):
+        rollout.Run.current(directory)
+    (shared / "rollout").unlink()
+    (theirs / "rollout").rename(shared / "rollout")
+    foreign(shared / "rollout")  # a directory above ours that is the other user's
+    with pytest.raises(ConfigError, match=f"which belongs to user {OTHER}"):
+        rollout.start_run(directory)
+
+
+def test_a_directory_above_that_others_can_write_is_refused(tmp_path, monkeypatch):
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o775)  # not sticky: a member of the group can rename our directory and put theirs in its place
+    monkeypatch.setenv(rollout.DIR_ENV, str(team / "rollout"))
+    with pytest.raises(ConfigError, match=f"it is reached through {team}, which others can write \\(mode 0775\\)"):
+        rollout.start_run(rollout.stack_dir("/project", "org", "proj", "prod"))
+    assert not (team / "rollout").exists()
+    team.chmod(0o1775)
+    rollout.start_run(rollout.stack_dir("/project", "org", "proj", "prod"))
+
+
+@pytest.mark.parametrize("run_id", ["../../../../tmp/x", "..", "0123456789abcdef/..", "0123456789ABCDEF",
+                                    "0123456789abcdef0", "0123456789abcde\n"])
+def test_a_run_id_that_is_not_one_of_ours_is_refused(stack, run_id):
+    target = stack / rollout.RUNS / run_id
+    with contextlib.suppress(OSError):
+        target.mkdir(mode=0o700, parents=True)
+    (stack / rollout.RUN_FILE).write_text(run_id)
+    with pytest.raises(ConfigError, match="file names no run id of this package's"):
+        rollout.Run.current(stack)
+
+
+def test_the_sweep_removes_only_old_run_directories(stack, tmp_path):
+    runs = stack / rollout.RUNS
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "file").write_text("not the package's")
+    (runs / "0123456789abcdef").symlink_to(keep)
+    (runs / "notes").mkdir()
+    for p in (runs / "notes", runs / "0123456789abcdef"):
+        os.utime(p, (time.time() - 2 * rollout.KEEP_RUNS,) * 2, follow_symlinks=False)
+    rollout.start_run(stack)
+    assert (keep / "file").exists() and (runs / "notes").is_dir()
