@@ -1,0 +1,79 @@
+"""The engine probe on a real host, as a non-root user of the node would attack it (issue 17, item 5; review M4).
+
+The probe runs each engine's --version as root. An engine in a directory the
+node's user `nosudo` (no sudo) owns is one that user can replace with anything: the probe
+must report it, with the fix, and not run it. Each stand-in engine records, in a
+directory only root can write, that it ran and as whom.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from tests.conftest import ssh, stack_config
+
+pytestmark = [pytest.mark.hosts, pytest.mark.engine]
+
+RAN = "/var/lib/llmgw-test-ran"
+SAFE = "/opt/engines/safe-engine"
+THEIRS = "/opt/nosudo-owned/bin"
+UNSAFE = f"{THEIRS}/unsafe-engine"
+
+
+def engine(name: str) -> str:
+    return (f"#!/bin/sh\nmkdir -p {RAN} && echo \"$(id -u) $*\" >> {RAN}/{name}\n"
+            "case $1 in --version) echo engine 1.0 ;; esac\n")
+
+
+def probed(host, name: str) -> list[str]:
+    """The probe's runs of the engine (``--version``, ``--help``) as the engine recorded them, read from the
+    host's filesystem, not through the package. (The agent starts engines too, as ``<path> serve``: that is
+    the agent's, not the probe's.)"""
+    text = host.read_file(f"{RAN}/{name}")
+    return [line for line in (text.decode().splitlines() if text else []) if line.split()[1:2] != ["serve"]]
+
+
+def install(host, cluster, path: str, dir_owner: str) -> None:
+    """The engine, root's, 0755, in a directory of ``dir_owner``'s."""
+    d = path.rsplit("/", 1)[0]
+    command = (f"sudo install -d -o {dir_owner} -g {dir_owner} -m 0755 {d} && printf '%s' {shlex.quote(engine(path.rsplit('/', 1)[1]))}"
+               f" | sudo tee {path} >/dev/null && sudo chown root:root {path} && sudo chmod 0755 {path}")
+    rc, out = ssh(host, cluster, command)
+    assert rc == 0, out
+
+
+def test_an_engine_a_user_could_replace_is_reported_with_its_fix_and_not_run(cluster, hosts, new_stack):
+    (h,) = hosts(1)
+    install(h, cluster, SAFE, "root")
+    install(h, cluster, UNSAFE, "nosudo")
+    assert ssh(h, cluster, f"sudo -u nosudo test -w {THEIRS} && echo nosudo-can-write")[1].strip() == "nosudo-can-write"
+    config = stack_config(cluster, [h], nodes=[{"id": h.hostname, "address": h.addr,
+                                                "engines": {"llamacpp": {"bin": SAFE}, "vllm": {"bin": UNSAFE}}}])
+    stack = new_stack(config)
+    up = stack.up()
+    assert up.ok, up.output
+
+    # Positive control: the probe ran the engine only root can change, as root.
+    assert probed(h, "safe-engine") == ["0 --version"]
+    # The other it did not run at all, and reported it under the node's EngineCheck with the fix.
+    assert probed(h, "unsafe-engine") == [], "the probe ran, as root, an engine the user nosudo can replace"
+    problem = (f"vllm at {UNSAFE} was not run on {h.hostname}: {THEIRS} can be changed by a user other than root "
+               "(mode 0755, owner nosudo:nosudo)")
+    warning = next((d for d in up.diagnostics("warning") if problem in d["message"]), None)
+    assert warning is not None, up.output
+    assert warning["urn"].endswith(f"llmgw:EngineCheck::{h.hostname}")
+    (reported,) = stack.outputs()[h.hostname]["engine_problems"]
+    assert (reported["engine"], reported["status"], reported["path"]) == ("vllm", "unsafe", UNSAFE)
+    fix = f"sudo chown root:root {THEIRS} && sudo chmod go-w {THEIRS}"
+    assert reported["hint"].endswith(f"ssh deploy@{h.addr} {shlex.quote(fix)}"), reported["hint"]
+
+    # The operator runs the fix as given; the next refresh probes again, runs the engine and clears the problem.
+    rc, out = ssh(h, cluster, fix)
+    assert rc == 0, out
+    refresh = stack.refresh()
+    assert refresh.ok, refresh.output
+    assert probed(h, "unsafe-engine") == ["0 --version"]
+    checks = [r for r in stack.export()["resources"] if r["type"].endswith("EngineCheck")]
+    assert [c["outputs"]["problems"] for c in checks] == [[]]
