@@ -325,3 +325,11 @@ def test_the_sweep_removes_only_old_run_directories(stack, tmp_path):
         os.utime(p, (time.time() - 2 * rollout.KEEP_RUNS,) * 2, follow_symlinks=False)
     rollout.start_run(stack)
     assert (keep / "file").exists() and (runs / "notes").is_dir()
+
+
+def test_a_relative_directory_is_walked_from_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(rollout.DIR_ENV, "rollout")
+    directory = rollout.stack_dir("/project", "org", "proj", "prod")
+    rollout.start_run(directory)
+    assert rollout.Run.current(directory).path.parent == tmp_path / "rollout" / directory.name / rollout.RUNS
