@@ -125,10 +125,10 @@ def _check_above(path: Path, st: os.stat_result) -> None:
 
 
 def _walk_above(path: Path) -> Path:
-    """``path`` (absolute) as the kernel resolves it, every directory and symlink on the way checked
+    """``path`` (made absolute) as the kernel resolves it, every directory and symlink on the way checked
     (``_check_above``), without following a symlink before it is checked; the part that does not exist yet
     is kept as written (``..`` in it taken lexically)."""
-    todo = list(path.parts[1:])
+    todo = list(Path(os.path.abspath(path)).parts[1:])
     real = Path("/")
     _check_above(real, os.lstat(real))
     hops = 0
