@@ -77,3 +77,21 @@ def test_an_engine_a_user_could_replace_is_reported_with_its_fix_and_not_run(clu
     assert probed(h, "unsafe-engine") == ["0 --version"]
     checks = [r for r in stack.export()["resources"] if r["type"].endswith("EngineCheck")]
     assert [c["outputs"]["problems"] for c in checks] == [[]]
+
+
+def test_a_node_without_flock_is_refused_before_anything_changes(cluster, hosts, new_stack):
+    (h,) = hosts(1)
+    rc, out = ssh(h, cluster, "sudo mv /usr/bin/flock /usr/bin/flock.hidden && ! command -v flock")
+    assert rc == 0, out
+    stack = new_stack(stack_config(cluster, [h]))
+    up = stack.up()
+    assert not up.ok, up.output
+    assert f"{h.hostname}: this node has no flock (util-linux)" in up.output, up.output
+    assert "fix: install flock on the node (`apt-get install util-linux`)" in up.output, up.output
+    assert ssh(h, cluster, "test -e /etc/llmgw || echo none")[1].strip() == "none", "something was made on the node"
+
+    # Positive control: with flock back, the same stack onboards the node.
+    assert ssh(h, cluster, "sudo mv /usr/bin/flock.hidden /usr/bin/flock")[0] == 0
+    again = stack.up()
+    assert again.ok, again.output
+    assert h.read_file("/etc/llmgw/agent.pem") is not None
