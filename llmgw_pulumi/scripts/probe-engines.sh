@@ -53,12 +53,9 @@ if [ -d "$R$ib_root" ]; then
 fi
 
 while [ $# -gt 0 ]; do
-  name=$1 path=$R$2
-  if found=$(changeable_by_others "$R" "$2"); then
-    shift 2
-    printf 'engine\t%s\tunsafe\t%s\n' "$name" "$found"; continue
-  fi
+  name=$1 wanted=$2 path=$R$2
   shift 2
+  if found=$(changeable_by_others "$R" "$wanted"); then printf 'engine\t%s\tunsafe\t%s\n' "$name" "$found"; continue; fi
   if [ ! -e "$path" ]; then printf 'engine\t%s\tmissing\t\n' "$name"; continue; fi
   if [ ! -f "$path" ] || [ ! -x "$path" ]; then
     printf 'engine\t%s\tnot-executable\t%s\n' "$name" "$(stat -c '%A %U' "$path")"
