@@ -5,7 +5,7 @@ its ``llmgw_pulumi``, first on ``PYTHONPATH``: the program imports it, and so
 do the dynamic providers, whose processes the CLI starts with its own
 environment). Then ``pulumi up`` runs with the package of this checkout and
 the config unchanged. On every node nothing may change: no file rewritten
-(inode, mtimes, mode, owner, sha256), no agent restarted (same MainPID, and
+(inode, mtime, mode, owner, sha256), no agent restarted (same MainPID, and
 the control plane sees no stream close), no certificate re-issued (same
 serials); the CLI's change summary may only hold state-side updates, and the
 preview after that `up` is empty.
@@ -113,15 +113,16 @@ class Imports:
         return [origin for r, m, origin in self.rows if (r, m) == (role, module)]
 
 
-def node_files(host: Any) -> dict[str, tuple[int, int, int, int, int, int, str]]:
-    """path -> (inode, mtime ns, ctime ns, mode, uid, gid, sha256) of every file the package keeps on the node."""
+def node_files(host: Any) -> dict[str, tuple[int, int, int, int, int, str]]:
+    """path -> (inode, mtime ns, mode, uid, gid, sha256) of every file the package keeps on the node.
+
+    Not the ctime: a chmod or chown to the mode and owner a file already has changes nothing on the node."""
     identity = sorted(f"{IDENTITY_DIR}/{e.name}" for e in os.scandir(host.root / IDENTITY_DIR.lstrip("/")))
     facts = {}
     for path in (*identity, *NODE_FILES):
         st, data = host.stat(path), host.read_file(path)
         assert st is not None and data is not None, f"{host.hostname}: {path} is missing"
-        facts[path] = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, st.st_uid, st.st_gid,
-                       hashlib.sha256(data).hexdigest())
+        facts[path] = (st.st_ino, st.st_mtime_ns, st.st_mode, st.st_uid, st.st_gid, hashlib.sha256(data).hexdigest())
     return facts
 
 
