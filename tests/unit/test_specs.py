@@ -93,7 +93,7 @@ SAYS = {
     "address": "is not an IP address or a DNS name", "port": "is not a TCP port", "user": "is not a user name",
     "ssh wait": "out of range", "pinned host key": "is not an SSH public key", "node id": "is not a valid DNS label",
     "pki dir": "is relative", "validity": "above 0", "renewal not before expiry": "not shorter than the validity",
-    "malformed tag": "malformed release tag", "release url": "is not an http(s) URL",
+    "malformed tag": "malformed release tag", "release url": "is not an http",
     "dev version without a binary": "is not a release tag",
 }
 
