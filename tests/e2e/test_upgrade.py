@@ -224,18 +224,16 @@ def test_an_upgrade_from_the_base_commit_changes_no_node(cluster, hosts, new_sta
     reissued = serials(stack, fleet)
     problems += [f"{n}: certificate re-issued (state, node serial) {issued[n]} -> {now}" for n, now in reissued.items()
                  if issued[n] != now]
-    assert problems == [], "the upgrade changed nodes:\n" + "\n".join(problems) + "\n" + upgrade.output
-
-    preview = stack.preview(expect_no_changes=True)
-    assert preview.ok, preview.output
-
     # The control plane's view: no stream of these nodes closed since the first up. A restart made now, on
     # purpose, is seen as one close and one accept per node: had the upgrade restarted an agent, its close
-    # (and its reconnect) would be in the list before these.
+    # (and its reconnect) would be in the list besides these.
     for h in fleet:
         assert ssh(h, cluster, "sudo systemctl restart llmgw-agent")[0] == 0
     assert wait_until(lambda: all({"closed", "accepted"} <= set(s) for s in streams(cluster, ids, mark).values()), 30), \
         streams(cluster, ids, mark)
-    seen = {n: sorted(s) for n, s in streams(cluster, ids, mark).items()}
-    assert seen == dict.fromkeys(sorted(ids), ["accepted", "closed"]), \
-        f"the control plane saw an agent reconnect during the upgrade: {seen}"
+    problems += [f"{n}: the control plane saw its stream end and open again during the upgrade: {sorted(s)}"
+                 for n, s in streams(cluster, ids, mark).items() if sorted(s) != ["accepted", "closed"]]
+    assert problems == [], "the upgrade changed nodes:\n" + "\n".join(problems) + "\n" + upgrade.output
+
+    preview = stack.preview(expect_no_changes=True)
+    assert preview.ok, preview.output
