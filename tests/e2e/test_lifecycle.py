@@ -298,6 +298,9 @@ def test_no_private_key_or_passphrase_in_state_or_output(cluster, hosts, new_sta
         assert line not in stack.all_output(), "a private key is in the CLI output"
     assert PASSPHRASE not in exported and PASSPHRASE not in at_rest and PASSPHRASE not in stack.all_output()
     providers = {r["inputs"].get("__provider") for r in stack.export()["resources"] if "__provider" in r.get("inputs", {})}
+    classes = ("ClientCertificateProvider", "NodeIdentityProvider", "AgentInstallProvider", "EngineCheckProvider")
+    # One provider per resource class, each of them by reference: its module and class name, no code, no path.
+    assert sorted(c for p in providers for c in classes if c.encode() in base64.b64decode(p)) == sorted(classes), providers
     for p in providers:
         decoded = base64.b64decode(p)
         assert len(p) < 120 and b"llmgw_pulumi.providers" in decoded and b"/" not in decoded, "provider by reference"

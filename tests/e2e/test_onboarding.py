@@ -8,6 +8,7 @@ dirs) and over SSH, and at the control-plane test double.
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 from pathlib import Path
 
@@ -141,7 +142,23 @@ def test_tampered_release_is_refused_and_nothing_installed(cluster, hosts, new_s
     assert "nothing was installed" in up.output
     for path in ("/usr/local/bin/llmgw", "/etc/llmgw/agent.yaml", "/etc/systemd/system/llmgw-agent.service"):
         assert h.read_file(path) is None, f"{path} installed from a tampered release"
-    assert not list((h.upper / "var" / "tmp").glob("llmgw-stage.*")), "staging dir left behind"
+    # Where the install stages the download, as its script says (and the places earlier versions used). /run is
+    # the node's own tmpfs, not in the upper dir: looked at over SSH, and seen to show a staging dir when one is there.
+    places = " ".join(staging_dirs())
+    look = f"sudo find {places} -maxdepth 1 -name 'llmgw-stage.*' 2>/dev/null; true"
+    assert ssh(h, cluster, look)[1].split() == [], "staging dir left behind"
+    probe = f"{staging_dirs()[0]}/llmgw-stage.probe"
+    assert ssh(h, cluster, f"sudo mkdir {probe}")[0] == 0
+    assert ssh(h, cluster, look)[1].split() == [probe], f"a staging dir in {places} is not seen"
+
+
+def staging_dirs() -> list[str]:
+    """The directory install-agent.sh makes its staging dir in (``mktemp -d``), then those earlier versions used."""
+    from llmgw_pulumi import remote
+
+    found = re.findall(r'mktemp -d "\$R(/[^"]*)/llmgw-stage\.X+"', remote.script_text("install-agent.sh"))
+    assert len(found) == 1, "install-agent.sh no longer makes its staging dir with mktemp -d \"$R/DIR/llmgw-stage.X...\""
+    return [found[0], *(d for d in ("/run", "/var/tmp") if d != found[0])]
 
 
 def _broken_engine(tmp: Path) -> Path:

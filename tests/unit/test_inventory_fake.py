@@ -13,13 +13,20 @@ from typing import Any
 
 import pytest
 
-from lab.doubles.nvidia_smi import FIXTURES, QUERY_NOHEADER_FIELDS, build_nvidia_smi, failing_nvidia_smi
+from lab.doubles import nvidia_smi
+from lab.doubles.nvidia_smi import FIXTURES, QUERY_NOHEADER_FIELDS, failing_nvidia_smi
 from llmgw_pulumi import errors, runner
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from tests.fakenode import FakeNode, FakeNodes
 from tests.unit.test_providers_fake import ADDR, CONN, HOST_KEY, checked
 
-pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared/fixtures not beside the checkout")
+# The captured H200 output this test replays, kept in the repository (the files of ../shared/fixtures/nvidia-h200
+# the stand-in reads), so that the test runs in every checkout.
+CAPTURED = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-h200"
+
+
+def build_nvidia_smi(gpus: int = 1) -> str:
+    return nvidia_smi.build_nvidia_smi(gpus, fixtures=CAPTURED)
 
 UUID0 = "GPU-65decab1-06a8-ac78-1f56-8a52138b6ec2"
 H200 = {"index": 0, "name": "NVIDIA H200", "memory_mib": 143771, "uuid": UUID0, "pci_bus_id": "00000000:00:06.0",
@@ -148,3 +155,11 @@ def test_bad_fabrics_and_discovery_are_refused_by_check() -> None:
                                            "discovery": {"nvidia_smi": "nvidia-smi"}})
     reasons = " | ".join(f.reason for f in res.failures)
     assert "fabrics[0].hcas" in reasons and "discovery.nvidia_smi" in reasons, reasons
+
+
+def test_the_captured_output_is_the_shared_fixtures_where_they_are_beside_the_checkout():
+    if not FIXTURES.is_dir():
+        pytest.skip("../shared/fixtures is not beside this checkout: nothing to compare the copy with")
+    copied = sorted(p.name for p in CAPTURED.iterdir())
+    assert len(copied) == 6
+    assert {n: (CAPTURED / n).read_bytes() for n in copied} == {n: (FIXTURES / n).read_bytes() for n in copied}

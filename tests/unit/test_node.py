@@ -151,7 +151,9 @@ def test_a_node_without_vm_options_has_none_on_its_resources(monitor):
     node = Node("gpu-01", node_args("gpu-01"))
 
     def check(_: Any) -> None:
-        for r in monitor.of_type(NODE_TYPES):
+        children = monitor.of_type(NODE_TYPES)
+        assert sorted(r.type.split(":")[-1] for r in children) == sorted(t.split(":")[-1] for t in NODE_TYPES), children
+        for r in children:
             assert list(r.replace_with) == []
             assert not [d for d in r.dependencies if "command" in d]
 

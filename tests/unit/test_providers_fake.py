@@ -23,7 +23,7 @@ from cryptography.x509.oid import NameOID
 
 from lab import pki as labpki
 from lab.release_server import publish_release
-from llmgw_pulumi import desired, errors, pki, runner
+from llmgw_pulumi import desired, errors, pki, remote, runner
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
@@ -596,7 +596,11 @@ def test_a_node_that_holds_an_identity_of_this_ca_is_adopted_without_a_change(no
 
     cert = certificate(pki_dir, key_origin="node")
     assert cert["adopted"] is True and cert["serial"] == issued["serial"] and cert["cert_pem"] == issued["cert_pem"]
-    assert not [c for c in node.calls() if "genpkey" in c], "a key pair was made for a node that has one"
+    # The node was asked what it holds, and never to make a key pair: no key-making script ran, and no pending key
+    # was staged (the temporary file a new pair is born in, which the key-making test sees given its owner).
+    assert remote.read_node_key() in node.runs and remote.make_node_key("gpu-01") not in node.runs, [s.args for s in node.runs]
+    assert [r for r in node.chowns if r.path.startswith(PENDING + ".llmgw-new.")] == [], node.chowns
+    assert node.read(PENDING) is None
     outs = NodeIdentityProvider().create(identity_inputs(cert)).outs
     after = {p: os.stat(node.path(p)) for p in before}
     assert {p: (s.st_ino, s.st_mtime_ns) for p, s in after.items()} == {p: (s.st_ino, s.st_mtime_ns) for p, s in before.items()}

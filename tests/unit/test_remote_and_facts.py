@@ -44,14 +44,21 @@ def test_file_contents_travel_on_stdin_not_on_the_command_line():
     assert script.args[-5:] == ("file", "/etc/llmgw/agent-key.pem", "0600", "root:root", str(len(key)))
 
 
+SPEC_IDENTITY_FILES = ("/etc/llmgw/ca.pem", "/etc/llmgw/agent.pem", "/etc/llmgw/agent-key.pem",
+                       "/usr/local/share/ca-certificates/llmgw-ca.crt")
+SPEC_AGENT_FILES = ("/usr/local/bin/llmgw", "/etc/llmgw/agent.yaml", "/etc/systemd/system/llmgw-agent.service")
+
+
 def test_the_scripts_are_told_every_file_by_the_desired_state():
     identity = remote.install_identity(desired.identity_files("CA", "C", "K"), restart_agent=False).args
     agent = remote.install_agent(mode="keep", config="c", unit="u").args
     for f in desired.NODE_FILES:
         assert f.path in (identity if f.resource == desired.IDENTITY else agent), f.path
+    # The SPEC's files (steps 3 to 8), written out here: the survey reads every one, removal takes the agent's.
     survey = remote.survey().args
-    assert survey == (desired.UNIT_NAME, *(f.path for f in desired.NODE_FILES), "--text")
-    assert remote.remove_agent("gpu-01").args[-3:] == tuple(f.path for f in desired.files_of(desired.AGENT))
+    assert (survey[0], survey[-1]) == ("llmgw-agent.service", "--text"), survey
+    assert sorted(survey[1:-1]) == sorted([*SPEC_IDENTITY_FILES, *SPEC_AGENT_FILES]), survey
+    assert sorted(remote.remove_agent("gpu-01").args[-3:]) == sorted(SPEC_AGENT_FILES)
 
 
 def test_exit_codes_have_one_source():

@@ -7,7 +7,9 @@ import multiprocessing
 import os
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,8 +17,8 @@ from llmgw_pulumi import rollout
 from llmgw_pulumi.errors import ConfigError, RolloutStoppedError
 from llmgw_pulumi.specs import Rollout
 
-HOLD = 0.3
-"""Seconds each fake update keeps its slot (an agent restarting)."""
+WAIT = 30.0
+"""The longest the tests wait for something that must happen: a regression fails after this, it does not hang."""
 
 
 @pytest.fixture
@@ -32,86 +34,169 @@ def plan(directory: Path, max_parallel: int | None = None, canaries: tuple[str, 
     return Rollout(max_parallel=max_parallel, canaries=canaries, directory=str(directory))
 
 
+def _say(log: str, node: str, what: str) -> None:
+    """One line of the shared log; O_APPEND writes land in the order they happen, whichever process makes them."""
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{node}\t{what}\n".encode())
+    finally:
+        os.close(fd)
+
+
+class _Clock:
+    """The rollout's ``time`` in a child: says "waiting" the first time the gate makes its node wait (it polls)."""
+
+    def __init__(self, log: str, node: str) -> None:
+        self.log, self.node, self.waited = log, node, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        if not self.waited:
+            self.waited = True
+            _say(self.log, self.node, "waiting")
+        time.sleep(seconds)
+
+
 def _update(directory: Path, max_parallel: int | None, canaries: tuple[str, ...], node: str, fail: bool,
-            log: str, start: float) -> None:
-    """One provider process updating one node: log when it was inside the gate, and how it ended."""
+            log: str, release: Any) -> None:
+    """One provider process updating one node: inside the gate until the test lets it go; then how it ended."""
     rollout.POLL = 0.02
-    time.sleep(max(0.0, start - time.time()))
+    rollout.time = _Clock(log, node)  # type: ignore[assignment]
     try:
         with rollout.update(plan(directory, max_parallel, canaries), node):
-            began = time.time()
-            time.sleep(HOLD)
+            _say(log, node, "inside")
+            if not release.wait(WAIT):
+                _say(log, node, "never let go")
+            _say(log, node, "leaving")  # before the gate hears of it: a next node's "inside" comes after
             if fail:
                 raise RuntimeError(f"{node}: the agent did not stay running")
-            ended = time.time()
         outcome = "done"
     except RolloutStoppedError as exc:
-        began = ended = time.time()
         outcome = "refused " + str(exc).replace("\n", " ")
     except RuntimeError:
-        ended = time.time()
         outcome = "failed"
-    with open(log, "a") as f:
-        f.write(f"{node}\t{began}\t{ended}\t{outcome}\n")
+    _say(log, node, outcome)
 
 
-def run_updates(directory: Path, tmp_path: Path, nodes: list[str], max_parallel: int | None = None,
-                canaries: tuple[str, ...] = (), failing: tuple[str, ...] = ()) -> dict[str, tuple[float, float, str]]:
-    """Each node updated by a process of its own, all at once; node -> (began, ended, outcome)."""
-    log = str(tmp_path / "log")
-    start = time.time() + 0.3
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_update, args=(directory, max_parallel, canaries, n, n in failing, log, start))
-             for n in nodes]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
-    rows = [line.split("\t") for line in Path(log).read_text().splitlines()]
-    return {r[0]: (float(r[1]), float(r[2]), r[3]) for r in rows}
+OUTCOMES = ("done", "failed", "refused")
 
 
-def most_at_once(results: dict[str, tuple[float, float, str]]) -> int:
-    edges = sorted([(b, 1) for b, e, _ in results.values() if e > b] + [(e, -1) for b, e, _ in results.values() if e > b])
+class Updates:
+    """Each node updated by a process of its own, all at once; the log says what each did, in order."""
+
+    def __init__(self, directory: Path, tmp_path: Path, nodes: list[str], max_parallel: int | None = None,
+                 canaries: tuple[str, ...] = (), failing: tuple[str, ...] = ()) -> None:
+        self.log = tmp_path / "log"
+        ctx = multiprocessing.get_context("fork")
+        self.release = {n: ctx.Event() for n in nodes}
+        self.procs = [ctx.Process(target=_update, daemon=True,
+                                  args=(directory, max_parallel, canaries, n, n in failing, str(self.log), self.release[n]))
+                      for n in nodes]
+
+    def __enter__(self) -> Updates:
+        for p in self.procs:
+            p.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for p in self.procs:
+            p.kill()
+            p.join()
+
+    def events(self) -> list[tuple[str, str]]:
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        return [(node, what) for node, what in (line.split("\t", 1) for line in lines)]
+
+    def wait(self, until: Callable[[list[tuple[str, str]]], bool], what: str) -> list[tuple[str, str]]:
+        deadline = time.monotonic() + WAIT
+        while not until(events := self.events()):
+            if time.monotonic() > deadline:
+                pytest.fail(f"waited {WAIT:.0f}s for {what}; the log: {events}")
+            time.sleep(0.02)
+        return events
+
+    def let_go(self) -> None:
+        for event in self.release.values():
+            event.set()
+
+    def finish(self) -> dict[str, str]:
+        """Let every node go and wait for each one's outcome: node -> outcome."""
+        self.let_go()
+        events = self.wait(lambda ev: len(outcomes(ev)) == len(self.procs), "every node's outcome")
+        return outcomes(events)
+
+
+def outcomes(events: list[tuple[str, str]]) -> dict[str, str]:
+    return {n: w for n, w in events if w.startswith(OUTCOMES)}
+
+
+def nodes_saying(events: list[tuple[str, str]], what: str) -> list[str]:
+    return [n for n, w in events if w == what]
+
+
+def most_inside(events: list[tuple[str, str]]) -> int:
+    """The most nodes inside the gate at once, from the order of their "inside" and "leaving"."""
     now = most = 0
-    for _, step in edges:
-        now += step
+    for _, what in events:
+        now += {"inside": 1, "leaving": -1}.get(what, 0)
         most = max(most, now)
     return most
 
 
 def test_never_more_than_max_parallel_inside_the_gate_across_processes(stack, tmp_path):
-    results = run_updates(stack, tmp_path, [f"n{i}" for i in range(6)], max_parallel=2)
-    assert {r[2] for r in results.values()} == {"done"}
-    assert most_at_once(results) == 2
+    with Updates(stack, tmp_path, [f"n{i}" for i in range(6)], max_parallel=2) as updates:
+        held = updates.wait(lambda ev: most_inside(ev) > 2 or (len(nodes_saying(ev, "inside")) == 2
+                                                               and len(nodes_saying(ev, "waiting")) == 4),
+                            "two nodes inside the gate and four waiting")
+        assert most_inside(held) == 2 and len(nodes_saying(held, "waiting")) == 4, held
+        assert set(updates.finish().values()) == {"done"}
+    assert most_inside(updates.events()) == 2, updates.events()
 
 
 def test_without_a_limit_all_update_at_once(stack, tmp_path):
-    results = run_updates(stack, tmp_path, [f"n{i}" for i in range(4)])
-    assert most_at_once(results) == 4
+    with Updates(stack, tmp_path, [f"n{i}" for i in range(4)]) as updates:
+        updates.wait(lambda ev: most_inside(ev) == 4, "all four nodes inside the gate at once")
+        assert set(updates.finish().values()) == {"done"}
 
 
 def test_canaries_first_then_the_others(stack, tmp_path):
-    results = run_updates(stack, tmp_path, ["c1", "c2", "a", "b", "d"], max_parallel=3, canaries=("c1", "c2"))
-    canaries_done = max(results[c][1] for c in ("c1", "c2"))
-    assert min(results[n][0] for n in ("a", "b", "d")) >= canaries_done
-    assert results["c1"][0] < results["c2"][1] and results["c2"][0] < results["c1"][1], "canaries ran side by side"
+    others = ("a", "b", "d")
+    with Updates(stack, tmp_path, ["c1", "c2", *others], max_parallel=3, canaries=("c1", "c2")) as updates:
+        held = updates.wait(lambda ev: set(nodes_saying(ev, "inside")) >= {"c1", "c2"}
+                            and set(nodes_saying(ev, "waiting")) >= set(others),
+                            "both canaries inside the gate side by side, the others waiting")
+        assert sorted(nodes_saying(held, "inside")) == ["c1", "c2"], held
+        assert set(updates.finish().values()) == {"done"}
+    events = updates.events()
+    canaries_left = max(events.index((c, "leaving")) for c in ("c1", "c2"))
+    assert min(events.index((n, "inside")) for n in others) > canaries_left, events
 
 
 def test_a_failed_canary_stops_everyone_else_with_its_name(stack, tmp_path):
-    results = run_updates(stack, tmp_path, ["c1", "a", "b"], max_parallel=2, canaries=("c1",), failing=("c1",))
-    assert results["c1"][2] == "failed"
+    with Updates(stack, tmp_path, ["c1", "a", "b"], max_parallel=2, canaries=("c1",), failing=("c1",)) as updates:
+        updates.wait(lambda ev: "c1" in nodes_saying(ev, "inside") and {"a", "b"} <= set(nodes_saying(ev, "waiting")),
+                     "the canary inside the gate, the others waiting for it")
+        results = updates.finish()
+    assert results["c1"] == "failed"
     for node in ("a", "b"):
-        assert results[node][2].startswith(f"refused {node}: not updated: the rollout stopped because the update of "
-                                           "c1 failed (c1: the agent did not stay running)"), results[node]
-        assert "fix: fix the release or config that failed" in results[node][2]
+        assert results[node].startswith(f"refused {node}: not updated: the rollout stopped because the update of "
+                                        "c1 failed (c1: the agent did not stay running)"), results[node]
+        assert "fix: fix the release or config that failed" in results[node]
+    assert nodes_saying(updates.events(), "inside") == ["c1"]
 
 
 def test_after_a_failure_no_node_waiting_for_a_slot_starts(stack, tmp_path):
-    results = run_updates(stack, tmp_path, ["a", "b", "c", "d"], max_parallel=1, failing=("a", "b", "c", "d"))
-    assert sorted(r[2] for r in results.values()).count("failed") == 1, results
-    assert sum(r[2].startswith("refused") for r in results.values()) == 3
+    nodes = ["a", "b", "c", "d"]
+    with Updates(stack, tmp_path, nodes, max_parallel=1, failing=tuple(nodes)) as updates:
+        held = updates.wait(lambda ev: len(nodes_saying(ev, "inside")) + len(nodes_saying(ev, "waiting")) >= 4,
+                            "one node inside the gate, the other three waiting for its slot")
+        assert len(nodes_saying(held, "inside")) == 1, held
+        results = updates.finish()
+    assert sorted(results.values()).count("failed") == 1, results
+    assert sum(r.startswith("refused") for r in results.values()) == 3, results
+    assert nodes_saying(updates.events(), "inside") == nodes_saying(held, "inside")
 
 
 def test_a_canary_with_nothing_to_change_does_not_hold_the_others(stack):

@@ -83,6 +83,21 @@ SAME = [
 ]
 
 
+# What each problem says, written here (both paths above read the same text: this is what it must say).
+SAYS = {
+    "management address": "is not an IP address or a DNS name", "management interface": "is not a network interface name",
+    "server without a port": "has no port", "no servers": "is empty", "a control plane twice": "a control plane twice",
+    "bad hca": "is not an HCA name", "hcas without a fabric": "without a fabric", "relative ib root": "is relative",
+    "nvidia-smi with a newline": "newline", "relative engine, agent": "is relative", "relative engine, check": "is relative",
+    "unknown engine": "not an engine the agent knows", "fail on problems not a boolean": "is not true or false",
+    "address": "is not an IP address or a DNS name", "port": "is not a TCP port", "user": "is not a user name",
+    "ssh wait": "out of range", "pinned host key": "is not an SSH public key", "node id": "is not a valid DNS label",
+    "pki dir": "is relative", "validity": "above 0", "renewal not before expiry": "not shorter than the validity",
+    "malformed tag": "malformed release tag", "release url": "is not an http",
+    "dev version without a binary": "is not a release tag",
+}
+
+
 def set_path(inputs: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
     out = copy.deepcopy(inputs)
     if not path:
@@ -106,6 +121,7 @@ def test_the_same_bad_value_has_the_same_problem_and_fix_in_both(case, path, val
     found = [p for p in err.value.problems if p[:2] == (node, key)]
     assert len(found) == 1, err.value.problems
     _, _, problem, fix = found[0]
+    assert SAYS[case] in problem and fix.strip() and fix != problem, (problem, fix)
     inputs = set_path(INPUTS[provider], input_path, value if input_value is None else input_value)
     reasons = [f.reason for f in provider().check({}, inputs).failures]
     assert f"{inputs['node_id']}: {input_name}: {problem}. Fix: {fix}" in reasons, reasons

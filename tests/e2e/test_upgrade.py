@@ -1,0 +1,239 @@
+"""An upgrade of this package changes no node: the guard for every change of the state's shape.
+
+A stack is onboarded by the package as it was at ``BASE`` (``git archive`` of
+its ``llmgw_pulumi``, first on ``PYTHONPATH``: the program imports it, and so
+do the dynamic providers, whose processes the CLI starts with its own
+environment). Then ``pulumi up`` runs with the package of this checkout and
+the config unchanged. On every node nothing may change: no file rewritten
+(inode, mtime, mode, owner, sha256), no agent restarted (same MainPID, and
+the control plane sees no stream close), no certificate re-issued (same
+serials); the CLI's change summary may only hold state-side updates, and the
+preview after that `up` is empty.
+
+That each `up` ran the code it was meant to is checked, not assumed: a probe
+(a ``sitecustomize`` on ``PYTHONPATH``) logs where every ``llmgw_pulumi``
+module each Python process imports comes from, and whether the process is the
+program or a provider.
+
+Move ``BASE`` forward when a release's state shape is the one to upgrade from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+
+from tests.conftest import REPO, ssh, stack_config, wait_until
+from tests.e2e.test_lifecycle import install_test_engine
+
+pytestmark = [pytest.mark.hosts, pytest.mark.engine]
+
+BASE = "ca1dd75"
+"""The commit whose package writes the state this checkout's package must take over without touching a node."""
+
+NODE_FILES = ("/usr/local/bin/llmgw", "/etc/systemd/system/llmgw-agent.service",
+              "/usr/local/share/ca-certificates/llmgw-ca.crt", "/etc/ssl/certs/ca-certificates.crt")
+"""Besides everything in /etc/llmgw: the binary, the unit, the CA as a trust anchor and the bundle it is in."""
+IDENTITY_DIR = "/etc/llmgw"
+STATE_SIDE = {"same", "update"}
+"""The operations the upgrade's `up` may show: an update rewrites state, the node checks above say it did no more."""
+
+PROBE = '''\
+"""Test probe of tests/e2e/test_upgrade.py: where each llmgw_pulumi module this process imports comes from."""
+import os
+import sys
+
+
+class _Where:
+    def find_spec(self, name, path=None, target=None):
+        if name != "llmgw_pulumi" and not name.startswith("llmgw_pulumi."):
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                role = "provider" if sys.argv[0].endswith(os.path.join("pulumi", "dynamic", "__main__.py")) else "program"
+                fd = os.open(os.environ["LLMGW_IMPORT_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                os.write(fd, f"{os.getpid()}\\t{role}\\t{name}\\t{spec.origin}\\n".encode())
+                os.close(fd)
+                return spec
+        return None
+
+
+sys.meta_path.insert(0, _Where())
+'''
+
+
+def base_package(commit: str, into: Path) -> Path:
+    """``llmgw_pulumi`` as it was at ``commit``, extracted under ``into``; skips without git or the commit."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed: the upgrade test takes the earlier package from the history")
+    found = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
+                           capture_output=True, text=True)
+    if found.returncode != 0:
+        pytest.skip(f"commit {commit} is not in this clone (a shallow clone? `git fetch --unshallow`): "
+                    "the upgrade test needs the package as it was there")
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", commit, "llmgw_pulumi"],
+                             capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    assert (into / "llmgw_pulumi" / "__init__.py").is_file()
+    return into
+
+
+@dataclass(frozen=True)
+class Imports:
+    """What the probe logged for one CLI run: (role, module, file) per import."""
+
+    rows: list[tuple[str, str, str]]
+
+    @classmethod
+    def read(cls, log: Path) -> Imports:
+        lines = log.read_text().splitlines() if log.exists() else []
+        return cls([(role, module, origin) for _, role, module, origin in (line.split("\t") for line in lines)])
+
+    def roles(self) -> set[str]:
+        return {role for role, _, _ in self.rows}
+
+    def outside(self, package: Path) -> list[tuple[str, str, str]]:
+        return [r for r in self.rows if not r[2].startswith(str(package) + os.sep)]
+
+    def of(self, role: str, module: str) -> list[str]:
+        return [origin for r, m, origin in self.rows if (r, m) == (role, module)]
+
+
+def node_files(host: Any) -> dict[str, tuple[int, int, int, int, int, str]]:
+    """path -> (inode, mtime ns, mode, uid, gid, sha256) of every file the package keeps on the node.
+
+    Not the ctime: a chmod or chown to the mode and owner a file already has changes nothing on the node."""
+    identity = sorted(f"{IDENTITY_DIR}/{e.name}" for e in os.scandir(host.root / IDENTITY_DIR.lstrip("/")))
+    facts = {}
+    for path in (*identity, *NODE_FILES):
+        st, data = host.stat(path), host.read_file(path)
+        assert st is not None and data is not None, f"{host.hostname}: {path} is missing"
+        facts[path] = (st.st_ino, st.st_mtime_ns, st.st_mode, st.st_uid, st.st_gid, hashlib.sha256(data).hexdigest())
+    return facts
+
+
+def agent_process(host: Any, cluster: Any) -> tuple[str, str]:
+    """(MainPID, start time) of the agent's service."""
+    rc, out = ssh(host, cluster, "systemctl show -p MainPID -p ExecMainStartTimestampMonotonic --value llmgw-agent")
+    assert rc == 0, out
+    pid, started = out.split()
+    assert pid != "0", f"{host.hostname}: the agent is not running"
+    return pid, started
+
+
+def serials(stack: Any, hosts: list[Any]) -> dict[str, Any]:
+    """node -> (serial recorded in state, serial of the certificate on the node)."""
+    recorded = {r["urn"].split("::")[-1]: r["outputs"]["serial"] for r in stack.export()["resources"]
+                if r["type"].endswith("ClientCertificate")}
+    on_node = {h.hostname: x509.load_pem_x509_certificate(h.read_file(f"{IDENTITY_DIR}/agent.pem")).serial_number
+               for h in hosts}
+    return {h.hostname: (recorded.get(h.hostname), on_node[h.hostname]) for h in hosts}
+
+
+def steps_taken(run: Any) -> dict[str, list[str]]:
+    """Type::name -> the steps the engine took for it other than "same" (update, create-replacement, ...)."""
+    steps: dict[str, list[str]] = {}
+    for event in run.events:
+        meta = (event.get("resourcePreEvent") or {}).get("metadata")
+        if meta and meta["op"] != "same":
+            urn = meta["urn"]
+            steps.setdefault(f"{urn.split('::')[-2].split(':')[-1]}::{urn.split('::')[-1]}", []).append(meta["op"])
+    return steps
+
+
+def streams(cluster: Any, ids: set[str], since: int) -> dict[str, list[str]]:
+    return {n: [e.outcome for e in cluster.control_plane.events[since:] if e.node_id == n] for n in sorted(ids)}
+
+
+def test_an_upgrade_from_the_base_commit_changes_no_node(cluster, hosts, new_stack, tmp_path):
+    base = base_package(BASE, tmp_path / "base")
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "sitecustomize.py").write_text(PROBE)
+
+    keyed, operator_keyed, dev = hosts(3)
+    engine = install_test_engine(keyed, cluster)
+    nodes = [
+        # keyOrigin node (the default), the release tag, an engine
+        {"id": keyed.hostname, "address": keyed.addr, "engines": {"llamacpp": {"bin": engine}}},
+        # keyOrigin operator, the release tag, agent.yaml overrides
+        {"id": operator_keyed.hostname, "address": operator_keyed.addr, "keyOrigin": "operator",
+         "mgmtAddr": operator_keyed.addr, "fabric": {"name": "ib-east", "hcas": ["mlx5_0"]},
+         "discovery": {"ibRoot": "/run/ib"}},
+        # a dev build, copied
+        {"id": dev.hostname, "address": dev.addr, "agent": {"binary": str(cluster.dev_binary)}},
+    ]
+    fleet = [keyed, operator_keyed, dev]
+    ids = {h.hostname for h in fleet}
+    stack = new_stack(stack_config(cluster, fleet, nodes=nodes))
+
+    # The base's package onboards the nodes.
+    old_log = tmp_path / "imports-base.log"
+    stack.env.update(PYTHONPATH=f"{base}:{probe}", LLMGW_IMPORT_LOG=str(old_log))
+    first = stack.up()
+    assert first.ok, first.output
+    imports = Imports.read(old_log)
+    assert imports.roles() == {"program", "provider"}, imports.rows
+    assert imports.outside(base) == [], f"the first up imported the package from elsewhere than {base}"
+    assert set(imports.of("provider", "llmgw_pulumi.providers.agent")) == {str(base / "llmgw_pulumi/providers/agent.py")}
+    assert cluster.control_plane.wait_for(ids, timeout=30), cluster.control_plane.events[-6:]
+
+    files = {h.hostname: node_files(h) for h in fleet}
+    agents = {h.hostname: agent_process(h, cluster) for h in fleet}
+    issued = serials(stack, fleet)
+    mark = len(cluster.control_plane.events)
+
+    # This checkout's package takes over, the config unchanged.
+    new_log = tmp_path / "imports-new.log"
+    stack.env.update(PYTHONPATH=str(probe), LLMGW_IMPORT_LOG=str(new_log))
+    upgrade = stack.up()
+    assert upgrade.ok, upgrade.output
+    steps = steps_taken(upgrade)
+    print(f"\nupgrade from {BASE}: {upgrade.changes}; steps other than same: {steps}")
+    imports = Imports.read(new_log)
+    assert imports.roles() == {"program", "provider"}, imports.rows
+    assert imports.outside(REPO / "llmgw_pulumi") == [], "the upgrade's up did not run this checkout's package"
+
+    # Every node change is listed before the test fails, so that one run tells all an upgrade did.
+    problems = []
+    if not set(upgrade.changes) <= STATE_SIDE:
+        problems.append(f"the upgrade's up shows {upgrade.changes}, steps {steps}")
+    for h in fleet:
+        now = node_files(h)
+        changed = sorted(p for p in files[h.hostname].keys() | now.keys() if files[h.hostname].get(p) != now.get(p))
+        if changed:
+            problems.append(f"{h.hostname}: rewrote or changed {changed}: "
+                            f"{ {p: (files[h.hostname].get(p), now.get(p)) for p in changed} }")
+    restarted = {h.hostname: (agents[h.hostname], agent_process(h, cluster)) for h in fleet}
+    problems += [f"{n}: the agent restarted (MainPID, start) {was} -> {now}" for n, (was, now) in restarted.items()
+                 if was != now]
+    reissued = serials(stack, fleet)
+    problems += [f"{n}: certificate re-issued (state, node serial) {issued[n]} -> {now}" for n, now in reissued.items()
+                 if issued[n] != now]
+    # The control plane's view: no stream of these nodes closed since the first up. A restart made now, on
+    # purpose, is seen as one close and one accept per node: had the upgrade restarted an agent, its close
+    # (and its reconnect) would be in the list besides these.
+    for h in fleet:
+        assert ssh(h, cluster, "sudo systemctl restart llmgw-agent")[0] == 0
+    assert wait_until(lambda: all({"closed", "accepted"} <= set(s) for s in streams(cluster, ids, mark).values()), 30), \
+        streams(cluster, ids, mark)
+    problems += [f"{n}: the control plane saw its stream end and open again during the upgrade: {sorted(s)}"
+                 for n, s in streams(cluster, ids, mark).items() if sorted(s) != ["accepted", "closed"]]
+    assert problems == [], "the upgrade changed nodes:\n" + "\n".join(problems) + "\n" + upgrade.output
+
+    preview = stack.preview(expect_no_changes=True)
+    assert preview.ok, preview.output
