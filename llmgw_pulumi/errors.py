@@ -64,9 +64,22 @@ class UnreachableError(LlmgwError, fix="check the address, that sshd runs and th
     """No SSH connection could be made before the wait deadline."""
 
 
-class HostKeyChangedError(LlmgwError, fix="if the machine was legitimately replaced, set the node's hostKey "
-                                          "(ConnectionArgs.host_key) to the new key (or replace the node); "
-                                          "otherwise treat it as a substituted machine"):
+def host_key_fix(key_type: str | None = None, presented: str | None = None) -> str:
+    """The fix of a changed host key: confirm the key on the machine itself, then declare the machine, never accept
+    it blindly. ``key_type`` names the .pub file to read (ed25519 when not known); ``presented`` is the fingerprint
+    the node showed (SHA256:...)."""
+    kind = {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa"}.get(key_type or "ssh-ed25519", "ecdsa")
+    shown = presented or "the fingerprint above"
+    return (f"do not accept the new key on trust: another machine may be answering at this address. Confirm it on "
+            f"the machine itself, on its console and not over this network: `ssh-keygen -lf "
+            f"/etc/ssh/ssh_host_{kind}_key.pub` must print {shown}. Only if it does and the machine was re-imaged or "
+            f"replaced, declare that: a VM of the program passed to Node as replace_with replaces the node's "
+            f"resources with it; otherwise pin the confirmed key as the node's hostKey (ConnectionArgs.host_key) and "
+            f"run `pulumi up --refresh`, or run `pulumi up` with one `--replace <urn>` for each of the node's four "
+            f"resources (`pulumi stack --show-urns`). If it does not, treat the machine as substituted")
+
+
+class HostKeyChangedError(LlmgwError, fix=host_key_fix()):
     """The node presented a different SSH host key from the one recorded or pinned."""
 
 
