@@ -128,9 +128,11 @@ class NoKeygenError(LlmgwError, fix="install openssl on the node (`apt-get insta
     """The node cannot make its own key pair: it has no openssl."""
 
 
-class NodeKeyMissingError(LlmgwError, fix="the key made on the node for this certificate is gone (the node was "
-                                          "re-imaged or /etc/llmgw was cleaned): run `pulumi up --replace` on the "
-                                          "node's ClientCertificate to have a new pair made and signed"):
+class NodeKeyMissingError(LlmgwError, fix="the key made on the node for this certificate is gone (/etc/llmgw was "
+                                          "cleaned, or the node was re-imaged): run `pulumi up --refresh`, which "
+                                          "sees the key gone and has a new pair made and signed on the machine whose "
+                                          "host key is recorded (a re-imaged machine is refused until it is declared, "
+                                          "see its host-key error)"):
     """The private key made on the node for its certificate is not on the node any more."""
 
 

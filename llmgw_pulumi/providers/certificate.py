@@ -62,7 +62,7 @@ REPLACE_KEYS = ("node_id", "connection.host", "connection.port")
 machine trusted on first use unless its host key is pinned. A PKI dir that moved, or another user or key to log in
 with, changes nothing."""
 REISSUE_REASONS = {
-    "not_after": "the certificate is inside its renewal window",
+    "not_after": "the certificate expires {not_after}, inside its renewal window",
     "ca_fingerprint": "the CA in pkiDir is another one",
     "node_key": "the node no longer holds the certificate's key",
     "key_origin": "keyOrigin changed",
@@ -109,8 +109,7 @@ def reissue_reasons(olds: dict[str, Any], news: dict[str, Any], now: dt.datetime
 def why_reissued(news: dict[str, Any], olds: dict[str, Any], reasons: list[str]) -> str:
     """What the preview and `up` say about a certificate issued again for the same machine."""
     node = news.get("node_id", "?")
-    why = "; ".join(REISSUE_REASONS[r] + (f" (it expires {olds.get('not_after')})" if r == "not_after" else "")
-                    for r in reasons)
+    why = "; ".join(REISSUE_REASONS[r].format(not_after=olds.get("not_after")) for r in reasons)
     if news.get("key_origin", KEY_ORIGIN_NODE) != KEY_ORIGIN_NODE:
         return f"{node}: a new certificate is issued ({why}); its key is made here"
     host_key = olds.get("host_key")

@@ -12,6 +12,7 @@ use, where it would go to whichever machine answered (``operator_key_unguarded``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +60,7 @@ def files_state(node: facts.NodeFacts) -> dict[str, str]:
     return {f.path: node.state(f) for f in desired.files_of(desired.IDENTITY)}
 
 
-def recorded_keys(props: dict[str, Any]) -> tuple[str | None, Any]:
+def recorded_keys(props: Mapping[str, Any]) -> tuple[str | None, Any]:
     """The host keys to expect: those this resource recorded (its outputs ``host_key`` and ``jump_host_keys``),
     else those ClientCertificate recorded when it had the node make its key (``known_*``)."""
     return (props.get("host_key") or props.get("known_host_key"),
@@ -75,7 +76,7 @@ OPERATOR_KEY_UNGUARDED = (
 """The problem and fix of an operator-made key about to be sent to a machine nobody vouched for."""
 
 
-def operator_key_unguarded(sends_key: bool, pin: Any, recorded: dict[str, Any]) -> bool:
+def operator_key_unguarded(sends_key: bool, pin: Any, recorded: Mapping[str, Any]) -> bool:
     """Would an operator-made key (``sends_key``) go to a machine that neither a pinned host key (``pin``) nor one
     recorded (``recorded``'s, see recorded_keys) vouches for?"""
     return sends_key and pin is None and recorded_keys(recorded)[0] is None
@@ -119,7 +120,7 @@ class NodeIdentityProvider(ResourceProvider):
     serialize_as_secret_always = False
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        def collect(props: dict[str, Any], problems: Problems) -> None:
+        def collect(props: Mapping[str, Any], problems: Problems) -> None:
             IdentitySpec.collect(props, problems)
             # A resource that will be created (none yet, or another machine) has recorded nothing: say so in the
             # preview already. create() refuses in any case (a replacement the engine decides on, replace_with).
