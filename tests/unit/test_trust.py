@@ -23,8 +23,19 @@ from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from tests.fakenode import FakeNode, FakeNodes
 
 from .test_providers_fake import (
-    ADDR, CONN, HOST_KEY, KEY, PENDING, PINNED, agent_inputs, cert_public, certificate, checked, engine_inputs,
-    identity_inputs, public_of,
+    ADDR,
+    CONN,
+    HOST_KEY,
+    KEY,
+    PENDING,
+    PINNED,
+    agent_inputs,
+    cert_public,
+    certificate,
+    checked,
+    engine_inputs,
+    identity_inputs,
+    public_of,
 )
 from .test_providers_fake import pki_dir as pki_dir  # the fixture: a CA in a temporary PKI dir
 
