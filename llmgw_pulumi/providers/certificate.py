@@ -182,7 +182,6 @@ class ClientCertificateProvider(ResourceProvider):
         if not reasons:
             # Only validity settings or the way to reach the node changed: they apply at the next issuance.
             return UpdateResult(_glue.carried(olds, news, OUTPUT_KEYS))
-        log.info("%s", why_reissued(news, olds, reasons))
         # The same machine: the host keys recorded when it was first reached are expected.
         return UpdateResult(_issue(news, Recorded(olds.get("host_key"), olds.get("jump_host_keys"))))
 
