@@ -71,12 +71,12 @@ def host_key_fix(key_type: str | None = None, presented: str | None = None) -> s
     kind = {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa"}.get(key_type or "ssh-ed25519", "ecdsa")
     shown = presented or "the fingerprint above"
     fix = (f"do not accept the new key on trust: another machine may be answering at this address. Confirm it on "
-            f"the machine itself, on its console and not over this network: `ssh-keygen -lf "
-            f"/etc/ssh/ssh_host_{kind}_key.pub` must print {shown}. Only if it does and the machine was re-imaged or "
-            f"replaced, declare that: a VM of the program passed to Node as replace_with replaces the node's "
-            f"resources with it; otherwise pin the confirmed key as the node's hostKey (ConnectionArgs.host_key) and "
-            f"run `pulumi up --refresh`, or run `pulumi up` with one `--replace <urn>` for each of the node's four "
-            f"resources (`pulumi stack --show-urns`). If it does not, treat the machine as substituted")
+           f"the machine itself, on its console and not over this network: `ssh-keygen -lf "
+           f"/etc/ssh/ssh_host_{kind}_key.pub` must print {shown}. If it does not, treat the machine as substituted. "
+           f"If it does, pin the confirmed key as the node's hostKey (ConnectionArgs.host_key) and run `pulumi up`; "
+           f"if the machine was also re-imaged (its /etc/llmgw is gone), onboard it afresh with the pin in place: "
+           f"`pulumi up` with one `--replace <urn>` for each of the node's four resources (`pulumi stack "
+           f"--show-urns`), or, for a VM of the program, by passing the VM to Node as replace_with")
     return fix
 
 

@@ -223,3 +223,42 @@ def test_agent_and_engine_check_expect_the_jump_host_keys_recorded(nodes: Any, t
     real.jump_host_keys = {BASTION: HOST_KEY}
     provider.create(inputs)
     assert real.runs
+
+
+# --------------------------------------------------------------------------- declaring a changed key
+
+
+def test_a_confirmed_new_key_is_declared_by_pinning_it(nodes: Any, pki_dir: Path) -> None:
+    # The same machine with new host keys (its identity intact): refused until the new key is pinned.
+    real, _, _ = nodes
+    cert = certificate(pki_dir, key_origin="node")
+    ident = NodeIdentityProvider()
+    inputs = identity_inputs(cert)
+    outs = ident.create(inputs).outs
+    real.host_key = OTHER_KEY
+    with pytest.raises(errors.HostKeyChangedError):
+        ident.update("gpu-01", outs, {**inputs, "connection": CONN, "cert_pem": cert["cert_pem"]})
+    pinned_conn = {**CONN, "host_key": OTHER_KEY}
+    p = ClientCertificateProvider()
+    news = checked(p, {**{k: cert[k] for k in ("node_id", "pki_dir", "validity_hours", "renew_before_hours")},
+                       "connection": pinned_conn})
+    carried = p.update("id", cert, news).outs  # the pin recorded, nothing issued
+    assert carried["serial"] == cert["serial"] and carried["connection"]["host_key"] == OTHER_KEY
+    assert p.read("id", carried).outs["node_key"] == "held"  # read with the pin: the same machine
+    updated = ident.update("gpu-01", outs, checked(ident, {**inputs, "connection": pinned_conn})).outs
+    assert updated["host_key"] == OTHER_KEY
+
+
+def test_a_delete_runs_nothing_on_a_machine_it_does_not_know(nodes: Any, pki_dir: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    # A re-imaged machine declared by replacing the node's resources: the old ones' deletes meet the new host key.
+    real, impostor, fakes = nodes
+    cert = certificate(pki_dir, key_origin="node")
+    outs = NodeIdentityProvider().create(identity_inputs(cert)).outs
+    fakes.nodes[ADDR] = impostor
+    NodeIdentityProvider().delete("gpu-01", outs)
+    untouched(impostor)
+    assert "nothing was removed from it" in caplog.text and "presented another host key" in caplog.text
+    fakes.nodes[ADDR] = real  # positive control: on the machine it knows, the delete removes the identity
+    NodeIdentityProvider().delete("gpu-01", outs)
+    assert real.read(KEY) is None
