@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import shutil
 import subprocess
 import time
 
@@ -111,3 +112,65 @@ def test_another_machine_at_the_address_is_refused_and_the_real_node_renews_once
     assert wait_until(lambda: any(e.node_id == node.hostname and e.outcome == "accepted" and e.time > t_back
                                   for e in cluster.control_plane.events), 20), "the renewed node was not accepted"
     assert [p for p in NODE_FILES if impostor.stat(p) is not None] == []
+
+
+def own_host_key(host, recorded: str) -> str:
+    """The host's key of the recorded type, read from its disk: as an operator reads it on the machine's console."""
+    pub = host.read_file(f"/etc/ssh/ssh_host_{recorded.split()[0].removeprefix('ssh-')}_key.pub") or b""
+    return " ".join(pub.decode().split()[:2])
+
+
+def test_new_host_keys_are_refused_until_the_confirmed_key_is_pinned(cluster, hosts, new_stack):
+    (h,) = hosts(1)
+    config = stack_config(cluster, [h], certificate=RENEW_SOON)
+    stack = new_stack(config)
+    assert stack.up().ok
+    before = certificate_state(stack)
+    recorded = before["outputs"]["host_key"]
+    h.regenerate_host_keys()  # the same machine, its identity intact, with new host keys
+    new_key = own_host_key(h, recorded)
+    assert new_key and new_key != recorded
+    refused = stack.up()      # due for renewal: refused, nothing signed
+    assert not refused.ok and f"presented host key {fingerprint(new_key)}" in refused.output, refused.output
+    assert certificate_state(stack)["outputs"]["serial"] == before["outputs"]["serial"]
+
+    config["nodes"][0]["hostKey"] = new_key  # confirmed on the machine, then pinned
+    stack.set_config(config)
+    t_pinned = time.time()
+    pinned = stack.up()
+    assert pinned.ok, pinned.output
+    now = certificate_state(stack)
+    assert now["outputs"]["serial"] != before["outputs"]["serial"]
+    assert (h.read_file("/etc/llmgw/agent.pem") or b"").decode() == now["outputs"]["cert_pem"]
+    assert wait_until(lambda: any(e.node_id == h.hostname and e.outcome == "accepted" and e.time > t_pinned
+                                  for e in cluster.control_plane.events), 20), "the node was not accepted"
+
+
+def test_a_reimaged_machine_is_onboarded_afresh_once_declared(cluster, hosts, new_stack):
+    (h,) = hosts(1)
+    config = stack_config(cluster, [h])
+    stack = new_stack(config)
+    assert stack.up().ok
+    recorded = certificate_state(stack)["outputs"]["host_key"]
+    # Re-imaged: a fresh disk (no /etc/llmgw) and new host keys.
+    h.stop()
+    shutil.rmtree(h.upper / "etc/llmgw")
+    h.regenerate_host_keys()
+    h.start()
+    new_key = own_host_key(h, recorded)
+    assert new_key != recorded and h.stat("/etc/llmgw") is None
+
+    config["nodes"][0]["hostKey"] = new_key  # confirmed on its console, pinned
+    stack.set_config(config)
+    urns = [r["urn"] for r in stack.export()["resources"]
+            if r["type"].rsplit(":", 1)[-1] in ("ClientCertificate", "NodeIdentity", "AgentInstall", "EngineCheck")]
+    assert len(urns) == 4, urns
+    t_declared = time.time()
+    declared = stack._engine(["up", "--yes", "--skip-preview", *(a for u in urns for a in ("--replace", u))], None)
+    assert declared.ok, declared.output
+    identity = next(r for r in stack.export()["resources"] if r["type"].endswith("NodeIdentity"))
+    assert identity["outputs"]["host_key"] == new_key
+    assert h.stat("/etc/llmgw/agent-key.pem") is not None
+    assert wait_until(lambda: any(e.node_id == h.hostname and e.outcome == "accepted" and e.time > t_declared
+                                  for e in cluster.control_plane.events), 20), "the re-imaged node was not accepted"
+    assert stack.preview(expect_no_changes=True).ok
