@@ -262,3 +262,20 @@ def test_a_delete_runs_nothing_on_a_machine_it_does_not_know(nodes: Any, pki_dir
     fakes.nodes[ADDR] = real  # positive control: on the machine it knows, the delete removes the identity
     NodeIdentityProvider().delete("gpu-01", outs)
     assert real.read(KEY) is None
+
+
+def test_a_renewal_through_a_bastion_expects_the_bastions_recorded_key(nodes: Any, pki_dir: Path) -> None:
+    real, _, _ = nodes
+    real.jump_host_keys = {BASTION: HOST_KEY}
+    p = ClientCertificateProvider()
+    cert = p.create(checked(p, {"node_id": "gpu-01", "pki_dir": str(pki_dir), "validity_hours": 100.0,
+                                "renew_before_hours": 10.0, "key_origin": "node", "connection": JUMP_CONN})).outs
+    assert cert["jump_host_keys"] == {BASTION: HOST_KEY}
+    real.jump_host_keys = {BASTION: OTHER_KEY}  # another machine answers as the bastion
+    runs = len(real.runs)
+    news = renewal_props(pki_dir, connection=JUMP_CONN)
+    with pytest.raises(errors.HostKeyChangedError, match="jump host"):
+        p.update("id", cert, news)
+    assert len(real.runs) == runs
+    real.jump_host_keys = {BASTION: HOST_KEY}
+    assert p.update("id", cert, news).outs["serial"] != cert["serial"]
