@@ -124,10 +124,12 @@ class NodeIdentityProvider(ResourceProvider):
             IdentitySpec.collect(props, problems)
             # A resource that will be created (none yet, or another machine) has recorded nothing: say so in the
             # preview already. create() refuses in any case (a replacement the engine decides on, replace_with).
+            conn = props.get("connection")
+            if not isinstance(conn, Mapping) or is_unknown(conn.get("host_key")):
+                return  # the pin is not known yet (a preview): create() decides
             new_machine = not olds or not _glue.same_machine(olds, props) or olds.get("node_id") != props.get("node_id")
-            pin = (props.get("connection") or {}).get("host_key")
             operator_key = props.get("key_origin") == KEY_ORIGIN_OPERATOR
-            if new_machine and not is_unknown(pin) and operator_key_unguarded(operator_key, pin, props):
+            if new_machine and operator_key_unguarded(operator_key, conn.get("host_key"), props):
                 problems.add("hostKey", *OPERATOR_KEY_UNGUARDED)
 
         return _glue.check(news, collect, defaults={"key_origin": KEY_ORIGIN_NODE})

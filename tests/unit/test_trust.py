@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
+from pulumi.output import Unknown
 
 from lab import pki as labpki
 from llmgw_pulumi import errors, runner
@@ -148,6 +149,7 @@ def test_an_operator_key_is_not_sent_to_a_machine_nobody_vouched_for(nodes: Any,
     failures = p.check({}, unpinned).failures
     assert len(failures) == 1 and "hostKey" in failures[0].reason and "on its console" in failures[0].reason
     assert p.check({}, {**unpinned, "connection": PINNED}).failures == []
+    assert p.check({}, {**unpinned, "connection": Unknown()}).failures == []  # a preview: create() decides
     # And create() refuses before any connection, whatever check said (a replacement the engine decided on).
     with pytest.raises(errors.ConfigError) as refused:
         p.create({**unpinned, "key_origin": "operator"})
