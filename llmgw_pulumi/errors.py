@@ -64,9 +64,23 @@ class UnreachableError(LlmgwError, fix="check the address, that sshd runs and th
     """No SSH connection could be made before the wait deadline."""
 
 
-class HostKeyChangedError(LlmgwError, fix="if the machine was legitimately replaced, set the node's hostKey "
-                                          "(ConnectionArgs.host_key) to the new key (or replace the node); "
-                                          "otherwise treat it as a substituted machine"):
+def host_key_fix(key_type: str | None = None, presented: str | None = None) -> str:
+    """The fix of a changed host key: confirm the key on the machine itself, then declare the machine, never accept
+    it blindly. ``key_type`` names the .pub file to read (ed25519 when not known); ``presented`` is the fingerprint
+    the node showed (SHA256:...)."""
+    kind = {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa"}.get(key_type or "ssh-ed25519", "ecdsa")
+    shown = presented or "the fingerprint above"
+    fix = (f"do not accept the new key on trust: another machine may be answering at this address. Confirm it on "
+           f"the machine itself, on its console and not over this network: `ssh-keygen -lf "
+           f"/etc/ssh/ssh_host_{kind}_key.pub` must print {shown}. If it does not, treat the machine as substituted. "
+           f"If it does, pin the confirmed key as the node's hostKey (ConnectionArgs.host_key) and run `pulumi up`; "
+           f"if the machine was also re-imaged (its /etc/llmgw is gone), onboard it afresh with the pin in place: "
+           f"`pulumi up` with one `--replace <urn>` for each of the node's four resources (`pulumi stack "
+           f"--show-urns`), or, for a VM of the program, by passing the VM to Node as replace_with")
+    return fix
+
+
+class HostKeyChangedError(LlmgwError, fix=host_key_fix()):
     """The node presented a different SSH host key from the one recorded or pinned."""
 
 
@@ -115,9 +129,11 @@ class NoKeygenError(LlmgwError, fix="install openssl on the node (`apt-get insta
     """The node cannot make its own key pair: it has no openssl."""
 
 
-class NodeKeyMissingError(LlmgwError, fix="the key made on the node for this certificate is gone (the node was "
-                                          "re-imaged or /etc/llmgw was cleaned): run `pulumi up --replace` on the "
-                                          "node's ClientCertificate to have a new pair made and signed"):
+class NodeKeyMissingError(LlmgwError, fix="the key made on the node for this certificate is gone (/etc/llmgw was "
+                                          "cleaned, or the node was re-imaged): run `pulumi up --refresh`, which "
+                                          "sees the key gone and has a new pair made and signed on the machine whose "
+                                          "host key is recorded (a re-imaged machine is refused until it is declared, "
+                                          "see its host-key error)"):
     """The private key made on the node for its certificate is not on the node any more."""
 
 

@@ -56,6 +56,7 @@ from .errors import (
     RemoteCommandError,
     SudoUnavailableError,
     UnreachableError,
+    host_key_fix,
 )
 from .remote import Script
 from .runner import Result
@@ -79,6 +80,11 @@ def fingerprint(host_key: str) -> str:
     """OpenSSH-style SHA256 fingerprint of 'type base64' public key text."""
     key_type, blob = host_key.split()[:2]
     return str(paramiko.PKey.from_type_string(key_type, base64.b64decode(blob)).fingerprint)
+
+
+def same_key(expected: str, presented: str) -> bool:
+    """Is ``presented`` ('type base64', as the server sent it) the key ``expected`` (pinned or recorded)?"""
+    return expected.split()[:2] == presented.split()[:2]
 
 
 KEY_CLASSES: tuple[type[paramiko.PKey], ...] = (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey)
@@ -338,7 +344,7 @@ def _open(end: Endpoint, key_type: str | None, via: paramiko.Transport | None, n
             transport.close()
             raise HostKeyChangedError(
                 node, f"{end.host} no longer offers a {key_type} host key, the type that was pinned or recorded; "
-                      "refusing to connect") from None
+                      "refusing to connect", host_key_fix()) from None
         return transport
     except BaseException:
         sock.close()
@@ -362,11 +368,11 @@ def establish(end: Endpoint, conn: Connection, node: str, recorded: str | None, 
             try:
                 key = transport.get_remote_server_key()
                 presented = f"{key.get_name()} {key.get_base64()}"
-                if expected and expected.split()[:2] != presented.split()[:2]:
+                if expected and not same_key(expected, presented):
                     raise HostKeyChangedError(
                         node, f"{end.host} presented host key {fingerprint(presented)}, but {fingerprint(expected)} "
                               f"was {'pinned' if end.host_key else 'recorded when the node was onboarded'}; "
-                              "refusing to connect")
+                              "refusing to connect", host_key_fix(key.get_name(), fingerprint(presented)))
                 login(transport, end.user, end.host, conn, node)
             except BaseException:
                 transport.close()
@@ -476,10 +482,11 @@ class Pool:
                     self._entries[key] = entry
             else:
                 want = end.host_key or expected
-                if want and want.split()[:2] != entry.host_key.split()[:2]:
+                if want and not same_key(want, entry.host_key):
                     raise HostKeyChangedError(
                         node, f"{end.host} presented host key {fingerprint(entry.host_key)}, but "
-                              f"{fingerprint(want)} was expected; refusing to use it")
+                              f"{fingerprint(want)} was expected; refusing to use it",
+                        host_key_fix(entry.host_key.split()[0], fingerprint(entry.host_key)))
             with self._lock:
                 entry.users += 1
             return entry

@@ -173,6 +173,8 @@ class FakeNode:
         self.bin = self.base / "bin"
         self.releases = self.state / "releases"
         self.host_key = host_key
+        self.jump_host_keys: dict[str, str] = {}
+        """What the jump hosts on the way to this node present, by 'host:port' (a Connection's ``jump``)."""
         self.reachable = True
         self.runs: list[Script] = []
         self.without = without
@@ -330,17 +332,18 @@ class ChownRecord:
 
 
 class _Session:
-    def __init__(self, node: FakeNode) -> None:
+    def __init__(self, node: FakeNode, jump_host_keys: dict[str, str]) -> None:
         self.node = node
         self.host_key = node.host_key
-        self.jump_host_keys: dict[str, str] = {}
+        self.jump_host_keys = jump_host_keys
 
     def run(self, script: Script, timeout: float = 900) -> runner.Result:
         return self.node.run(script, timeout)
 
 
 class FakeNodes:
-    """A ``runner.Nodes`` over fake nodes, by address; checks host keys as the SSH pool does."""
+    """A ``runner.Nodes`` over fake nodes, by address; checks host keys as the SSH pool does: a pin (the
+    connection's or a jump host's ``host_key``) wins, else the key expected (recorded), else any key is taken."""
 
     def __init__(self, nodes: dict[str, FakeNode]) -> None:
         self.nodes = nodes
@@ -352,10 +355,19 @@ class FakeNodes:
         fake = self.nodes.get(conn.host)
         if fake is None or not fake.reachable:
             raise errors.UnreachableError(node, f"cannot reach {conn.target} over ssh after {conn.wait:g}s")
-        if expected_host_key is not None and expected_host_key != fake.host_key:
-            raise errors.HostKeyChangedError(node, f"{conn.host} presented another host key than the one recorded")
+        recorded_jumps = dict(expected_jump_keys or {})
+        shown = {}
+        for hop in conn.jump:
+            where = f"{hop.host}:{hop.port}"
+            want, presented = hop.host_key or recorded_jumps.get(where), fake.jump_host_keys.get(where, "")
+            if want is not None and want != presented:
+                raise errors.HostKeyChangedError(node, f"jump host {where} presented another host key than expected")
+            shown[where] = presented
+        want = conn.host_key or expected_host_key
+        if want is not None and want != fake.host_key:
+            raise errors.HostKeyChangedError(node, f"{conn.host} presented another host key than the one expected")
         self.sessions += 1
-        yield _Session(fake)
+        yield _Session(fake, shown)
 
     def close_all(self) -> None:
         pass

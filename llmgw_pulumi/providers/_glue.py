@@ -273,12 +273,18 @@ def raise_for(res: Any, node: str, doing: str) -> None:
 def remove_from_node(conn: Any, node: str, known: tuple[str | None, Mapping[str, str] | None], script: Any,
                      what: str) -> None:
     """A delete: run the removal ``script`` on the node. A node that cannot be reached is a machine that is gone,
-    and took its files with it (a warning, not an error)."""
+    and took its files with it (a warning, not an error). So is one that presents another host key than this
+    resource recorded: the machine it was installed on is not there (re-imaged, and declared so by replacing the
+    node's resources), and nothing is run on a machine it does not know."""
     try:
         with session(conn, node, *known) as s:
             res = s.run(script)
     except errors.UnreachableError as exc:
         log.warning("%s; assuming the machine is gone, nothing was removed from it", exc)
+        return
+    except errors.HostKeyChangedError as exc:
+        log.warning("%s: %s; this is not the machine %s was installed on, nothing was removed from it",
+                    node, exc.message, what)
         return
     raise_for(res, node, f"removing {what} from {conn.host}")
 

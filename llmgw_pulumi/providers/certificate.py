@@ -18,10 +18,22 @@ Where the key pair is made is the node's ``key_origin``:
   state as a secret output (``key_pem``), for nodes without openssl.
 
 The CA key is read from the PKI dir at issue time and never enters state.
-Renewal is a replacement: inside the renewal window the preview says
-``replace (not_after)``; with the key on the node the replacement has the
-node make a new pair, and the new certificate flows into NodeIdentity as an
-in-place update that swaps certificate and key together.
+
+Which machine is reached (SPEC step 2; the trust rules in docs/operations.md):
+
+- A new node id, address or port is a new machine: the certificate is
+  replaced, and its ``create()`` trusts the host key it meets on first use
+  (unless ``hostKey`` is pinned). So is a node whose VM the program replaced
+  (``replace_with``: the engine replaces the resource).
+- Everything else that needs a new certificate for the same machine (renewal,
+  another CA, the node's key lost or replaced, another ``keyOrigin``) is an
+  update in place: ``update()`` sees the old outputs, so it reaches the node
+  expecting the host key and jump-host keys recorded there, and a machine
+  presenting another key is refused before anything is made on it or signed.
+  ``diff`` says why under the resource (``reissue_reasons``): the engine
+  shows an update's reason only through the provider's own log, since a
+  dynamic provider sends no detailed diff. The new certificate flows into
+  NodeIdentity as an in-place update that swaps certificate and key together.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
+import logging
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,10 +54,20 @@ from .. import desired, errors, facts, remote
 from ..specs import DEFAULT_RENEW_BEFORE_HOURS, DEFAULT_VALIDITY_HOURS, KEY_ORIGIN_NODE, CertificateSpec, Connection, to_inputs
 from . import _glue
 
+log = logging.getLogger(__name__)
+
 INPUT_KEYS = ("node_id", "pki_dir", "validity_hours", "renew_before_hours", "key_origin", "connection")
-REPLACE_KEYS = ("node_id", "ca_fingerprint", "key_origin", "connection.host", "connection.port")
-"""A new node id, another CA, another origin of the key, or (with the key made on the node) another machine needs a
-new certificate; a PKI dir that moved, or another user or key to log in with, does not."""
+REPLACE_KEYS = ("node_id", "connection.host", "connection.port")
+"""A new node id, or (with the key made on the node) another machine: a new certificate, from a new resource, for a
+machine trusted on first use unless its host key is pinned. A PKI dir that moved, or another user or key to log in
+with, changes nothing."""
+REISSUE_REASONS = {
+    "not_after": "the certificate expires {not_after}, inside its renewal window",
+    "ca_fingerprint": "the CA in pkiDir is another one",
+    "node_key": "the node no longer holds the certificate's key",
+    "key_origin": "keyOrigin changed",
+}
+"""Why the same machine gets a new certificate: an update in place, which expects the host keys recorded."""
 OUTPUT_KEYS = ("cert_pem", "key_pem", "ca_pem", "ca_not_after", "serial", "not_after", "fingerprint_sha256",
                "adopted", "host_key", "jump_host_keys", "node_key")
 NODE_KEY_HELD, NODE_KEY_GONE, NODE_KEY_OTHER = "held", "gone", "another key"
@@ -67,6 +90,42 @@ def renewal_due(olds: dict[str, Any], news: dict[str, Any], now: dt.datetime) ->
     if isinstance(ca_not_after, str) and dt.datetime.fromisoformat(not_after) >= dt.datetime.fromisoformat(ca_not_after):
         return False
     return dt.datetime.fromisoformat(not_after) - dt.timedelta(hours=before) <= now
+
+
+def reissue_reasons(olds: dict[str, Any], news: dict[str, Any], now: dt.datetime) -> list[str]:
+    """Why the machine already known needs a new certificate (keys of REISSUE_REASONS), in that order."""
+    reasons = []
+    if renewal_due(olds, news, now):
+        reasons.append("not_after")
+    if olds.get("ca_fingerprint") and news.get("ca_fingerprint") and olds["ca_fingerprint"] != news["ca_fingerprint"]:
+        reasons.append("ca_fingerprint")
+    if news.get("key_origin") == KEY_ORIGIN_NODE and olds.get("node_key") not in (None, NODE_KEY_HELD):
+        reasons.append("node_key")
+    if olds.get("key_origin", KEY_ORIGIN_NODE) != news.get("key_origin", KEY_ORIGIN_NODE):
+        reasons.append("key_origin")
+    return reasons
+
+
+def why_reissued(news: dict[str, Any], olds: dict[str, Any], reasons: list[str]) -> str:
+    """What the preview and `up` say about a certificate issued again for the same machine."""
+    node = news.get("node_id", "?")
+    why = "; ".join(REISSUE_REASONS[r].format(not_after=olds.get("not_after")) for r in reasons)
+    if news.get("key_origin", KEY_ORIGIN_NODE) != KEY_ORIGIN_NODE:
+        return f"{node}: a new certificate is issued ({why}); its key is made here"
+    host_key = olds.get("host_key")
+    seen = f"host key {openssh_fingerprint(host_key)}" if isinstance(host_key, str) else "no host key recorded"
+    return (f"{node}: a new certificate is issued ({why}), for a key pair made on the machine already known "
+            f"({seen}); a machine presenting another host key is refused")
+
+
+def openssh_fingerprint(host_key: str) -> str:
+    """'SHA256:...' of 'type base64' public key text, as ssh-keygen -l prints it (without paramiko: diff runs in
+    every preview)."""
+    try:
+        blob = base64.b64decode(host_key.split()[1], validate=True)
+    except (IndexError, ValueError):
+        return "an unreadable key"
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
 def ca_fingerprint(pki_dir: str) -> str | None:
@@ -101,44 +160,30 @@ class ClientCertificateProvider(ResourceProvider):
                            defaults={"validity_hours": DEFAULT_VALIDITY_HOURS, "renew_before_hours": DEFAULT_RENEW_BEFORE_HOURS,
                                      "key_origin": KEY_ORIGIN_NODE})
 
+    @_glue.operator_errors
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         changes = _glue.changed_keys(olds, news, INPUT_KEYS)
-        if olds.get("ca_fingerprint") and news.get("ca_fingerprint") and olds["ca_fingerprint"] != news["ca_fingerprint"]:
-            changes.append("ca_fingerprint")
-        if renewal_due(olds, news, _now()):
-            changes.append("not_after")
-        if news.get("key_origin") == KEY_ORIGIN_NODE and olds.get("node_key") not in (None, NODE_KEY_HELD):
-            changes.append("node_key")
-        return _glue.diff_result(changes, (*REPLACE_KEYS, "not_after", "node_key"))
+        reasons = reissue_reasons(olds, news, _now())
+        changes += [r for r in reasons if r not in changes]
+        replaces = _glue.diff_result(changes, REPLACE_KEYS)
+        if reasons and not replaces.replaces:
+            log.info("%s", why_reissued(news, olds, reasons))  # the preview's only place to say why
+        return replaces
 
     @_glue.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
-        from .. import pki  # cryptography: only when a certificate is issued
-
-        spec = CertificateSpec.from_props(props)
-        now = _now()
-        authority = pki.load_authority(spec.pki_dir, spec.node_id, now)
-        if spec.key_on_node:
-            issued, reached = _issue_for_node_key(spec, authority, now)
-        else:
-            issued, reached = pki.issue(authority, spec.node_id, dt.timedelta(hours=spec.validity_hours), now), {}
-        outs = _glue.outputs(
-            props,
-            cert_pem=issued.cert_pem,
-            key_pem=issued.key_pem or None,
-            ca_pem=authority.cert_pem,
-            ca_not_after=authority.cert.not_valid_after_utc.isoformat(),
-            serial=issued.serial,
-            not_after=issued.not_after,
-            fingerprint_sha256=issued.fingerprint_sha256,
-            **reached,
-        )
-        return CreateResult(f"{spec.node_id}:{issued.serial}", outs)
+        # A new resource: a new node id or another machine, trusted on first use unless its host key is pinned.
+        outs = _issue(props, None)
+        return CreateResult(f"{outs['node_id']}:{outs['serial']}", outs)
 
     @_glue.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        # Only validity settings or the way to reach the node changed: they apply at the next issuance.
-        return UpdateResult(_glue.outputs(news, **{k: olds.get(k) for k in OUTPUT_KEYS}))
+        reasons = reissue_reasons(olds, news, _now())
+        if not reasons:
+            # Only validity settings or the way to reach the node changed: they apply at the next issuance.
+            return UpdateResult(_glue.carried(olds, news, OUTPUT_KEYS))
+        # The same machine: the host keys recorded when it was first reached are expected.
+        return UpdateResult(_issue(news, Recorded(olds.get("host_key"), olds.get("jump_host_keys"))))
 
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
@@ -178,13 +223,62 @@ def _held_identity(s: Any, spec: CertificateSpec) -> tuple[str | None, dict[str,
     return facts.parse_survey(res.stdout).texts.get(desired.CERT_PATH), facts.key_values(res.stdout)
 
 
-def _issue_for_node_key(spec: CertificateSpec, authority: Any, now: dt.datetime) -> tuple[Any, dict[str, Any]]:
+@dataclass(frozen=True)
+class Recorded:
+    """The host keys recorded when this resource first reached its node (its ``host_key`` and ``jump_host_keys``
+    outputs): what an update expects to meet again."""
+
+    host_key: str | None
+    jump_host_keys: dict[str, str] | None
+
+
+def _issue(props: dict[str, Any], recorded: Recorded | None) -> dict[str, Any]:
+    """Issue the certificate ``props`` ask for; its outputs. ``recorded``: None for a new resource (first use),
+    else the keys its node must present (an update)."""
+    from .. import pki  # cryptography: only when a certificate is issued
+
+    spec = CertificateSpec.from_props(props)
+    now = _now()
+    authority = pki.load_authority(spec.pki_dir, spec.node_id, now)
+    if spec.key_on_node:
+        issued, reached = _issue_for_node_key(spec, authority, now, recorded)
+    else:
+        issued, reached = pki.issue(authority, spec.node_id, dt.timedelta(hours=spec.validity_hours), now), {}
+    return _glue.outputs(
+        props,
+        cert_pem=issued.cert_pem,
+        key_pem=issued.key_pem or None,
+        ca_pem=authority.cert_pem,
+        ca_not_after=authority.cert.not_valid_after_utc.isoformat(),
+        serial=issued.serial,
+        not_after=issued.not_after,
+        fingerprint_sha256=issued.fingerprint_sha256,
+        **reached,
+    )
+
+
+def _issue_for_node_key(spec: CertificateSpec, authority: Any, now: dt.datetime,
+                        recorded: Recorded | None) -> tuple[Any, dict[str, Any]]:
     """keyOrigin node: keep the identity the node holds, if it can be kept (``pki.adoptable``); else have the node
-    make a new key pair and sign its request. Returns the certificate and what reaching the node recorded."""
+    make a new key pair and sign its request. Returns the certificate and what reaching the node recorded.
+
+    ``recorded``: the host keys an update expects (see ``Recorded``); the session refuses another machine before
+    anything runs on it. An update that has none recorded (the key was made here until now) reaches a machine this
+    resource never met: it needs the host key pinned, as a first contact of NodeIdentity's would have recorded it.
+    """
     from .. import pki
 
     assert spec.connection is not None  # checked by ClientCertificateArgs / check()
-    with _glue.session(spec.connection, spec.node_id, None) as s:
+    if recorded is not None and recorded.host_key is None and spec.connection.host_key is None:
+        raise errors.ConfigError(
+            spec.node_id, "hostKey",
+            "no host key is recorded for this machine here (its key was made by the operator until now), and none is "
+            "pinned, so the machine that would make the new key pair cannot be told from another one",
+            "pin the node's hostKey (ConnectionArgs.host_key) to the key its NodeIdentity recorded (host_key in "
+            "`pulumi stack export`), after comparing its fingerprint with `ssh-keygen -lf "
+            "/etc/ssh/ssh_host_ed25519_key.pub` run on the machine's console")
+    expected_host_key, expected_jump_keys = (recorded.host_key, recorded.jump_host_keys) if recorded else (None, None)
+    with _glue.session(spec.connection, spec.node_id, expected_host_key, expected_jump_keys) as s:
         held, seen = _held_identity(s, spec)
         adopted = pki.adoptable(authority, spec.node_id, held, seen.get("key_spki", ""),
                                 dt.timedelta(hours=spec.renew_before_hours), now)

@@ -3,18 +3,24 @@
 SPEC steps 1, 3 and 4. It is also where the node is first reached: the host key
 seen on first use is recorded as the ``host_key`` output, and the node's
 hostname and architecture are recorded for AgentInstall.
+
+With ``keyOrigin: operator`` the node's private key travels in the install
+script's stdin. It is only ever sent to a machine whose host key is pinned
+(``hostKey``) or already recorded: never on a first contact trusted on first
+use, where it would go to whichever machine answered (``operator_key_unguarded``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
-from .. import desired, facts, remote
-from ..specs import KEY_ORIGIN_NODE, Connection, IdentitySpec, to_inputs
+from .. import desired, errors, facts, remote
+from ..specs import KEY_ORIGIN_NODE, KEY_ORIGIN_OPERATOR, Connection, IdentitySpec, Problems, is_unknown, to_inputs
 from . import _glue
 
 INPUT_KEYS = ("node_id", "connection", "ca_pem", "cert_pem", "key_pem", "key_origin")
@@ -54,14 +60,32 @@ def files_state(node: facts.NodeFacts) -> dict[str, str]:
     return {f.path: node.state(f) for f in desired.files_of(desired.IDENTITY)}
 
 
-def recorded_keys(props: dict[str, Any]) -> tuple[str | None, Any]:
+def recorded_keys(props: Mapping[str, Any]) -> tuple[str | None, Any]:
     """The host keys to expect: those this resource recorded (its outputs ``host_key`` and ``jump_host_keys``),
     else those ClientCertificate recorded when it had the node make its key (``known_*``)."""
     return (props.get("host_key") or props.get("known_host_key"),
             props.get("jump_host_keys") or props.get("known_jump_host_keys"))
 
 
+OPERATOR_KEY_UNGUARDED = (
+    "keyOrigin operator sends the node's private key over SSH, and no host key is pinned or recorded for this "
+    "machine: the key would go to whichever machine answers at its address",
+    "pin the node's hostKey (ConnectionArgs.host_key), read on the machine itself, not over the network: "
+    "`cat /etc/ssh/ssh_host_ed25519_key.pub` on its console, or the key its image or provisioning system gave it; "
+    "or leave keyOrigin at node (the default): that key never leaves the node")
+"""The problem and fix of an operator-made key about to be sent to a machine nobody vouched for."""
+
+
+def operator_key_unguarded(sends_key: bool, pin: Any, recorded: Mapping[str, Any]) -> bool:
+    """Would an operator-made key (``sends_key``) go to a machine that neither a pinned host key (``pin``) nor one
+    recorded (``recorded``'s, see recorded_keys) vouches for?"""
+    return sends_key and pin is None and recorded_keys(recorded)[0] is None
+
+
 def _apply(spec: IdentitySpec, recorded: dict[str, Any], restart_agent: bool) -> dict[str, Any]:
+    if operator_key_unguarded(spec.key_pem is not None, spec.connection.host_key, recorded):
+        # Refused before any connection: nothing is sent, not even the session's first command.
+        raise errors.ConfigError(spec.node_id, "hostKey", *OPERATOR_KEY_UNGUARDED)
     files = desired.identity_files(spec.ca_pem, spec.cert_pem, spec.key_pem)
     spki = None
     if spec.key_pem is None:
@@ -95,8 +119,20 @@ class NodeIdentityProvider(ResourceProvider):
     # Pickled by reference (module + class name): the payload holds nothing secret.
     serialize_as_secret_always = False
 
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        return _glue.check(news, IdentitySpec.collect, defaults={"key_origin": KEY_ORIGIN_NODE})
+    def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        def collect(props: Mapping[str, Any], problems: Problems) -> None:
+            IdentitySpec.collect(props, problems)
+            # A resource that will be created (none yet, or another machine) has recorded nothing: say so in the
+            # preview already. create() refuses in any case (a replacement the engine decides on, replace_with).
+            conn = props.get("connection")
+            if not isinstance(conn, Mapping) or is_unknown(conn.get("host_key")):
+                return  # the pin is not known yet (a preview): create() decides
+            new_machine = not olds or not _glue.same_machine(olds, props) or olds.get("node_id") != props.get("node_id")
+            operator_key = props.get("key_origin") == KEY_ORIGIN_OPERATOR
+            if new_machine and operator_key_unguarded(operator_key, conn.get("host_key"), props):
+                problems.add("hostKey", *OPERATOR_KEY_UNGUARDED)
+
+        return _glue.check(news, collect, defaults={"key_origin": KEY_ORIGIN_NODE})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # A replacement is created before the old one is deleted; the delete

@@ -139,9 +139,11 @@ def test_certificate_renewal_inside_the_window(cluster, hosts, new_stack):
     preview = stack.preview(diff=True)
     assert preview.ok, preview.output
     summary = preview.result.change_summary
-    # The certificate is replaced and the identity updated; the agent is not shown as changing.
-    assert summary.get("replace") == 1 and summary.get("update") == 1, preview.output
-    assert "not_after" in preview.output
+    # The certificate is issued again in place (the same machine: its recorded host key is expected) and the
+    # identity updated; the agent is not shown as changing. The preview says why, under the certificate.
+    assert summary.get("update") == 2 and "replace" not in summary, preview.output
+    assert "inside its renewal window" in preview.output and "a machine presenting another host key is refused" \
+        in preview.output, preview.output
     accepted_before = sum(1 for e in cluster.control_plane.events if e.node_id == h.hostname and e.outcome == "accepted")
     up_clean(stack)
     assert serial_on(h) != first
@@ -175,8 +177,8 @@ def test_refresh_shows_drift_and_up_repairs_exactly_that(cluster, hosts, new_sta
     # The node makes a new key pair and gets its certificate; the identity and the agent are repaired; the engine's
     # problem is a standing warning, not a change.
     summary = preview.result.change_summary
-    assert (summary.get("replace"), summary.get("update")) == (1, 2), preview.output
-    assert "ClientCertificate node" in preview.output and "create replacement" in preview.output, preview.output
+    assert summary.get("update") == 3 and "replace" not in summary, preview.output
+    assert "the node no longer holds the certificate's key" in preview.output, preview.output
     assert "not an executable file" in preview.output
     # The engine is the operator's to fix; the rest `pulumi up` repairs.
     assert ssh(h, cluster, f"sudo chmod 755 {engine}")[0] == 0
@@ -278,8 +280,10 @@ def test_no_private_key_or_passphrase_in_state_or_output(cluster, hosts, new_sta
 
     (h,) = hosts(1)
     # keyOrigin operator: the node's key is a secret in state (made on the node, it is not in state at all:
-    # tests/e2e/test_node_key.py).
-    config = stack_config(cluster, [h], nodes=[{"id": h.hostname, "address": h.addr, "keyOrigin": "operator"}])
+    # tests/e2e/test_node_key.py). A key made here is sent only to a pinned (or recorded) host key: the lab host's
+    # own, read from its disk as an operator reads it on the console.
+    config = stack_config(cluster, [h], nodes=[{"id": h.hostname, "address": h.addr, "keyOrigin": "operator",
+                                                "hostKey": h.read_file("/etc/ssh/ssh_host_ed25519_key.pub").decode()}])
     stack = new_stack(config)
     up_clean(stack)
     stack.set_config({**config, "servers": [cluster.control_plane.address, cluster.standby.address]})

@@ -104,8 +104,18 @@ def test_a_node_without_openssl_is_told_the_fix_or_keeps_its_key_on_the_operator
 
         config["nodes"][0]["keyOrigin"] = "operator"
         stack.set_config(config)
+        # A key made here is sent only to a machine vouched for: unpinned, it is refused before anything is sent.
+        opens = h.passive_tcp_opens()
+        unpinned = stack.up()
+        assert not unpinned.ok and "hostKey: keyOrigin operator sends the node's private key" in unpinned.output, \
+            unpinned.output
+        assert h.read_file(KEY_PATH) is None and h.passive_tcp_opens() == opens, "the node was reached"
+        # Pinned to the lab host's own key, read from its disk as an operator reads it on the console.
+        config["nodes"][0]["hostKey"] = (h.read_file("/etc/ssh/ssh_host_ed25519_key.pub") or b"").decode()
+        stack.set_config(config)
         ok = stack.up()
         assert ok.ok, ok.output
+        assert h.passive_tcp_opens() > opens
         key = h.read_file(KEY_PATH) or b""
         assert serialization.load_pem_private_key(key, None).public_key() == \
             x509.load_pem_x509_certificate(h.read_file(CERT_PATH) or b"").public_key()

@@ -33,8 +33,8 @@ ARGS_FIELD = re.compile(r"\b([A-Z][A-Za-z]*Args)\.([a-z_]+)")
 DOTTED = re.compile(r"(?<![\w./{}:-])([a-z][A-Za-z]*(?:\.[a-z][A-Za-z]*)+)\b")
 CAMEL = re.compile(r"(?<![\w.:-])[a-z][a-z0-9]+(?:[A-Z][a-z0-9]*)+\b")
 SNAKE = re.compile(r"(?<![\w./-])[a-z]+(?:_[a-z]+)+\b")
-NOT_SETTINGS = {"known_hosts"}
-"""Words shaped like a setting that name something else (a file every SSH user knows)."""
+NOT_SETTINGS = {"known_hosts", "replace_with"}
+"""Words shaped like a setting that name something else (a file every SSH user knows, a Pulumi resource option)."""
 
 
 def unknown_keys(text: str) -> list[str]:

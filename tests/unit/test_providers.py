@@ -11,7 +11,7 @@ import pytest
 from pulumi.output import Unknown
 
 from llmgw_pulumi.providers.agent import AgentInstallProvider
-from llmgw_pulumi.providers.certificate import ClientCertificateProvider
+from llmgw_pulumi.providers.certificate import ClientCertificateProvider, reissue_reasons
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider, desired_hashes
 from tests.unit import fake_pem
@@ -40,7 +40,7 @@ def test_certificate_no_diff_for_floats_and_provider_changes():
     assert p.diff("id", olds, {**news, "validity_hours": 8760.0}).changes is False
 
 
-def test_certificate_replaced_for_a_new_node_id_and_inside_the_renewal_window():
+def test_certificate_replaced_for_a_new_node_id_and_reissued_in_place_inside_the_renewal_window():
     p = ClientCertificateProvider()
     base = {"node_id": "gpu-01", "pki_dir": "/pki", "validity_hours": 100.0, "renew_before_hours": 10.0,
             "key_origin": "operator"}
@@ -49,22 +49,29 @@ def test_certificate_replaced_for_a_new_node_id_and_inside_the_renewal_window():
     ca_end = (dt.datetime.now(dt.UTC) + dt.timedelta(days=300)).isoformat()
     d = p.diff("id", {**base, "not_after": far, "ca_not_after": ca_end}, {**base, "node_id": "gpu-02"})
     assert d.changes and d.replaces == ["node_id"]
+    # The same machine: an update in place, which expects the host keys recorded (the reason is logged).
     d = p.diff("id", {**base, "not_after": near, "ca_not_after": ca_end}, base)
-    assert d.changes and d.replaces == ["not_after"]
+    assert d.changes and d.replaces == []
+    assert reissue_reasons({**base, "not_after": near, "ca_not_after": ca_end}, base, dt.datetime.now(dt.UTC)) == \
+        ["not_after"]
     # Capped at the CA's own expiry: a new certificate could not last longer, so no endless re-issue.
     d = p.diff("id", {**base, "not_after": near, "ca_not_after": near}, base)
     assert d.changes is False
 
 
-def test_certificate_replaced_for_another_ca_but_not_for_a_moved_pki_dir():
+def test_certificate_reissued_in_place_for_another_ca_but_not_for_a_moved_pki_dir():
     p = ClientCertificateProvider()
     base = {"node_id": "gpu-01", "pki_dir": "/pki", "validity_hours": 100.0, "renew_before_hours": 10.0,
             "key_origin": "operator"}
     later = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=90)).isoformat()
     olds = {**base, "ca_fingerprint": "aa", "not_after": later, "ca_not_after": later}
-    assert p.diff("id", olds, {**base, "ca_fingerprint": "bb"}).replaces == ["ca_fingerprint"]
+    rotated = p.diff("id", olds, {**base, "ca_fingerprint": "bb"})
+    assert rotated.changes and rotated.replaces == []
+    now = dt.datetime.now(dt.UTC)
+    assert reissue_reasons(olds, {**base, "ca_fingerprint": "bb"}, now) == ["ca_fingerprint"]
     moved = p.diff("id", olds, {**base, "pki_dir": "/srv/pki", "ca_fingerprint": "aa"})
     assert moved.changes and moved.replaces == []
+    assert reissue_reasons(olds, {**base, "pki_dir": "/srv/pki", "ca_fingerprint": "aa"}, now) == []
     # A reviewer without ca.pem: the old fingerprint is carried forward.
     res = p.check({**base, "ca_fingerprint": "aa"}, {**base, "pki_dir": "/nonexistent"})
     assert res.inputs["ca_fingerprint"] == "aa"
@@ -80,7 +87,10 @@ def test_a_key_made_on_the_node_is_reissued_for_another_machine_not_for_another_
     assert p.diff("id", olds, {**base, "connection": {**conn, "host": "10.0.0.12"}}).replaces == ["connection.host"]
     relogin = p.diff("id", olds, {**base, "connection": {**conn, "user": "ops", "private_key_path": "/k2"}})
     assert relogin.changes and relogin.replaces == []
-    assert p.diff("id", olds, {**base, "key_origin": "operator", "connection": None}).replaces == ["key_origin"]
+    switched = p.diff("id", olds, {**base, "key_origin": "operator", "connection": None})
+    assert switched.changes and switched.replaces == []
+    assert reissue_reasons(olds, {**base, "key_origin": "operator", "connection": None}, dt.datetime.now(dt.UTC)) == \
+        ["key_origin"]
 
 
 def test_certificate_validity_change_updates_without_reissuing():

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
 from cryptography.x509.oid import NameOID
 
 from lab import pki as labpki
@@ -37,7 +38,11 @@ CA, CERT, KEY = "/etc/llmgw/ca.pem", "/etc/llmgw/agent.pem", "/etc/llmgw/agent-k
 ANCHOR = "/usr/local/share/ca-certificates/llmgw-ca.crt"
 BINARY, CONFIG, UNIT = "/usr/local/bin/llmgw", "/etc/llmgw/agent.yaml", "/etc/systemd/system/llmgw-agent.service"
 UNIT_NAME = "llmgw-agent.service"
-HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeNodeHostKey"
+HOST_KEY = ed25519.Ed25519PrivateKey.from_private_bytes(b"\x01" * 32).public_key().public_bytes(
+    serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+"""The fake node's host key: a real one, so that a test can pin it as an operator would (``hostKey``)."""
+PINNED = {**CONN, "host_key": HOST_KEY}
+"""The connection with the node's host key pinned: what keyOrigin operator needs before its key is sent."""
 
 
 def agent_binary(version: str, starts: bool = True) -> bytes:
@@ -79,9 +84,12 @@ def certificate(pki_dir: Path, node_id: str = "gpu-01", key_origin: str = "opera
 
 
 def identity_inputs(cert: dict[str, Any], node_id: str = "gpu-01") -> dict[str, Any]:
+    """NodeIdentity's inputs for ``cert``; with keyOrigin operator the node's host key is pinned, as it must be
+    before a key made here is sent (ClientCertificate recorded none)."""
     on_node = cert["key_origin"] == "node"
     return checked(NodeIdentityProvider(), {
-        "node_id": node_id, "connection": CONN, "ca_pem": cert["ca_pem"], "cert_pem": cert["cert_pem"],
+        "node_id": node_id, "connection": CONN if on_node else PINNED, "ca_pem": cert["ca_pem"],
+        "cert_pem": cert["cert_pem"],
         "key_origin": cert["key_origin"],
         **({"known_host_key": cert["host_key"]} if on_node else {"key_pem": cert["key_pem"]})})
 
@@ -251,7 +259,7 @@ def test_identity_delete_leaves_a_changed_file_and_another_identity_alone(node: 
 
 def test_identity_checks_the_recorded_host_key_and_keeps_a_node_that_does_not_answer(node: FakeNode, pki_dir: Path) -> None:
     p = NodeIdentityProvider()
-    inputs, outs = onboard_identity(pki_dir)
+    _, inputs, outs = onboard(pki_dir)  # keyOrigin node: nothing pinned, the key recorded is what is expected
     with pytest.raises(errors.HostKeyChangedError):
         p.update("gpu-01", {**outs, "host_key": "ssh-ed25519 AAAAsomeoneelse"}, inputs)
     node.reachable = False
@@ -571,7 +579,7 @@ def test_renewal_makes_a_new_pair_and_swaps_it_with_the_certificate(node: FakeNo
     p = ClientCertificateProvider()
     props = checked(p, {"node_id": "gpu-01", "pki_dir": str(pki_dir), "validity_hours": 1000.0,
                         "renew_before_hours": 200.0, "connection": CONN})
-    renewed = p.create(props).outs
+    renewed = p.update("id", cert, props).outs  # an update in place: the recorded host key is expected
     assert renewed["adopted"] is False and renewed["serial"] != cert["serial"]
     # Until NodeIdentity installs the new certificate, the key in use is untouched and the new one waits.
     assert node.read(KEY) == old_key and node.read(PENDING) is not None and node.mode(PENDING) == 0o600
@@ -638,7 +646,13 @@ def test_refresh_sees_a_node_key_gone_and_the_next_up_has_a_new_pair_made(node: 
     node.path(KEY).unlink()
     gone = p.read("id", cert).outs
     assert gone["node_key"] == "gone"
-    assert p.diff("id", gone, props).replaces == ["node_key"]
+    # The same machine: an update in place that has a new pair made there, expecting the host key recorded.
+    d = p.diff("id", gone, props)
+    assert d.changes and d.replaces == []
+    renewed = p.update("id", gone, props).outs
+    assert renewed["serial"] != cert["serial"] and renewed["node_key"] == "held"
+    assert public_of(node.read(PENDING) or b"") == cert_public(renewed["cert_pem"])
+    node.path(PENDING).unlink()
     node.path(KEY).write_bytes(pki.issue(pki.load_authority(str(pki_dir), "gpu-01"), "gpu-01",
                                          dt.timedelta(hours=1), dt.datetime.now(dt.UTC)).key_pem.encode())
     assert p.read("id", cert).outs["node_key"] == "another key"
@@ -647,7 +661,7 @@ def test_refresh_sees_a_node_key_gone_and_the_next_up_has_a_new_pair_made(node: 
 def test_a_missing_node_key_is_an_error_that_names_the_fix(node: FakeNode, pki_dir: Path) -> None:
     cert = certificate(pki_dir, key_origin="node")
     node.path(PENDING).unlink()
-    with pytest.raises(errors.NodeKeyMissingError, match="--replace"):
+    with pytest.raises(errors.NodeKeyMissingError, match="--refresh"):
         NodeIdentityProvider().create(identity_inputs(cert))
     assert node.read(CERT) is None, "the certificate was installed without its key"
 

@@ -1,0 +1,163 @@
+"""Host keys checked in a real SSH handshake: an in-process paramiko server on loopback.
+
+transport.py compares the key a server presents with the one pinned or
+recorded in two places: when a connection is made (``establish``) and when a
+pooled connection is handed to another resource (``Pool._checkout``). Both are
+exercised here against a server whose host key the test chooses; the server
+records each login and command, so a refusal is seen to come before either.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import paramiko
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from llmgw_pulumi import errors, transport
+from llmgw_pulumi.specs import Connection
+
+
+def ed25519_pair() -> tuple[paramiko.Ed25519Key, str]:
+    """A new ed25519 key as paramiko loads it, and its private half as OpenSSH text."""
+    text = ed25519.Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()).decode()
+    return paramiko.Ed25519Key.from_private_key(io.StringIO(text)), text
+
+
+def public_text(key: paramiko.PKey) -> str:
+    return f"{key.get_name()} {key.get_base64()}"
+
+
+@dataclass
+class Server:
+    """An SSH server on 127.0.0.1 that accepts one client key and answers every command with exit status 0."""
+
+    host_key: paramiko.PKey
+    client_key: paramiko.PKey
+    client_text: str
+    """The client key's private half, as the operator's side configures it."""
+    logins: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+    port: int = 0
+
+    def serve(self) -> Iterator[Server]:
+        listener = socket.create_server(("127.0.0.1", 0))
+        self.port = listener.getsockname()[1]
+        transports: list[paramiko.Transport] = []
+
+        def accept() -> None:
+            while True:
+                try:
+                    sock, _ = listener.accept()
+                except OSError:
+                    return
+                t = paramiko.Transport(sock)
+                t.add_server_key(self.host_key)
+                transports.append(t)
+                t.start_server(server=_Interface(self))
+
+        threading.Thread(target=accept, daemon=True).start()
+        try:
+            yield self
+        finally:
+            listener.close()
+            for t in transports:
+                t.close()
+
+
+class _Interface(paramiko.ServerInterface):
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def get_allowed_auths(self, username: str) -> str:
+        return "publickey"
+
+    def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
+        self.server.logins.append(username)
+        same = key.get_base64() == self.server.client_key.get_base64()
+        return paramiko.AUTH_SUCCESSFUL if same else paramiko.AUTH_FAILED
+
+    def check_channel_request(self, kind: str, chanid: int) -> int:
+        return paramiko.OPEN_SUCCEEDED if kind == "session" else paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+
+    def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
+        self.server.commands.append(command.decode())
+
+        def answer() -> None:
+            # The client sends its end of input only once its exec request was answered: reply after that.
+            while channel.recv(65536):
+                pass
+            channel.send_exit_status(0)
+            channel.shutdown_write()
+            channel.close()
+
+        threading.Thread(target=answer, daemon=True).start()
+        return True
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    host_key, _ = ed25519_pair()
+    client_key, client_text = ed25519_pair()
+    yield from Server(host_key, client_key, client_text).serve()
+
+
+def connection(srv: Server, pin: str | None = None) -> Connection:
+    return Connection.from_props({"host": "127.0.0.1", "port": srv.port, "user": "deploy", "wait": 5.0,
+                                  "private_key": srv.client_text, "host_key": pin}, "gpu-01")
+
+
+def test_establish_refuses_a_key_other_than_the_one_recorded_before_logging_in(server: Server) -> None:
+    conn = connection(server)
+    other = public_text(ed25519_pair()[0])
+    with pytest.raises(errors.HostKeyChangedError) as refused:
+        transport.establish(conn, conn, "gpu-01", other, time.monotonic() + 5)
+    assert "recorded when the node was onboarded" in refused.value.message
+    assert transport.fingerprint(public_text(server.host_key)) in refused.value.message
+    assert transport.fingerprint(public_text(server.host_key)) in refused.value.fix  # the key to confirm
+    assert "ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub" in refused.value.fix
+    assert server.logins == [] and server.commands == []
+    # Positive control: the recorded key is accepted, and the login follows.
+    t, presented = transport.establish(conn, conn, "gpu-01", public_text(server.host_key), time.monotonic() + 5)
+    t.close()
+    assert presented == public_text(server.host_key) and server.logins == ["deploy"]
+
+
+def test_establish_refuses_a_key_other_than_the_pinned_one(server: Server) -> None:
+    conn = connection(server, pin=public_text(ed25519_pair()[0]))
+    with pytest.raises(errors.HostKeyChangedError, match="was pinned"):
+        transport.establish(conn, conn, "gpu-01", None, time.monotonic() + 5)
+    assert server.logins == []
+
+
+def test_a_pooled_connection_is_not_handed_to_a_resource_expecting_another_machine(server: Server) -> None:
+    pool = transport.Pool()
+    conn = connection(server)
+    try:
+        with pool.session(conn, "gpu-01", None) as s:  # first use: trusted and recorded
+            assert s.host_key == public_text(server.host_key)
+        opened = list(server.logins)
+        with pool.session(conn, "gpu-01", public_text(server.host_key)):
+            pass  # the same machine: the pooled connection is reused
+        assert server.logins == opened
+        other = public_text(ed25519_pair()[0])
+        commands = len(server.commands)
+        with (pytest.raises(errors.HostKeyChangedError, match="was expected; refusing to use it") as refused,
+              pool.session(conn, "gpu-01", other)):
+            pytest.fail("a session was handed out")
+        assert "ssh-keygen -lf" in refused.value.fix
+        assert len(server.commands) == commands
+        # A pin wins over what the resource recorded, on a pooled connection too.
+        with (pytest.raises(errors.HostKeyChangedError),
+              pool.session(connection(server, pin=other), "gpu-01", public_text(server.host_key))):
+            pytest.fail("a session was handed out")
+    finally:
+        pool.close_all()
