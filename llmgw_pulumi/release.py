@@ -174,7 +174,7 @@ def verify_signature(data: bytes, signature: bytes, signing_key: str, what: str)
             raise ReleaseSignatureError(WHO, f"cannot run ssh-keygen to verify {what}: {exc}",
                                         "check that `ssh-keygen -Y verify` works on this machine") from None
     if done.returncode != 0:
-        said = " ".join(done.stderr.decode(errors="replace").split())
+        said = " ".join((done.stderr + done.stdout).decode(errors="replace").split()) or f"exit {done.returncode}"
         raise ReleaseSignatureError(WHO, f"the signature of {what} does not verify with agent.signingKey "
                                     f"{key_fingerprint(signing_key)} (ssh-keygen: {_shown(said, 200)})")
 
