@@ -102,6 +102,12 @@ class ReleaseVersionError(LlmgwError, fix="do not install it: the release server
     """A release binary with the approved sha256 reports another version than the tag requested."""
 
 
+class UnsafeDirectoryError(LlmgwError, fix="make the directory named above root's and writable by root only "
+                                          "(`chown root:root DIR && chmod go-w DIR` on the node), check what is in "
+                                          "it, then run `pulumi up` again"):
+    """A directory the agent's files go into (or one of its parents) is writable by a user other than root."""
+
+
 class AgentStartError(LlmgwError, fix="read the agent's journal on the node ('journalctl -u llmgw-agent'); "
                                       "the previous binary and config were restored"):
     """The agent did not stay running after it was (re)started."""

@@ -77,6 +77,8 @@ class Exit(IntEnum):
     KEY_MISSING = _CODES["KEY_MISSING"]
     VERSION = _CODES["VERSION"]
     """A release binary reports another version than the tag asked for."""
+    UNSAFE_DIR = _CODES["UNSAFE_DIR"]
+    """A directory to install into is writable by a user other than root."""
 
 
 if set(_CODES) != set(Exit.__members__) - {"OK"}:

@@ -257,6 +257,7 @@ _EXIT_ERRORS: dict[int, type[LlmgwError]] = {
     Exit.NO_KEYGEN: errors.NoKeygenError,
     Exit.KEY_MISSING: errors.NodeKeyMissingError,
     Exit.VERSION: errors.ReleaseVersionError,
+    Exit.UNSAFE_DIR: errors.UnsafeDirectoryError,
 }
 
 

@@ -93,8 +93,9 @@ safe_dir() {
       st=$(stat -c '%U %a' "$R$d/")
       owner=${st% *} perms=${st#* }
       if [ "$owner" != root ] || [ $((0$perms & 022)) -ne 0 ]; then
-        echo "$d is owned by $owner with mode $perms: a user other than root could replace what is installed in it; nothing was changed. Fix it on the node: chown root:root $d && chmod go-w $d" >&2
-        exit "$EXIT_WRITE"
+        echo "$d is owned by $owner with mode $perms: a user other than root could replace what is installed in it; nothing was changed" >&2
+        echo "on the node: chown root:root $d && chmod go-w $d" >&2
+        exit "$EXIT_UNSAFE_DIR"
       fi
     fi
     [ "$d" != / ] || break

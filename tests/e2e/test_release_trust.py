@@ -27,7 +27,7 @@ import pytest
 
 from lab.doubles.llmgw import build_llmgw
 from lab.release_server import corrupt_signature, make_signing_key, publish_release
-from tests.conftest import REPO, RELEASE, stack_config
+from tests.conftest import RELEASE, REPO, stack_config
 
 BINARY, CONFIG, UNIT = "/usr/local/bin/llmgw", "/etc/llmgw/agent.yaml", "/etc/systemd/system/llmgw-agent.service"
 UPGRADE_FROM = "ca1dd75"
