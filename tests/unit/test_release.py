@@ -188,33 +188,33 @@ def release_inputs(binary: bytes, **extra: Any) -> dict[str, Any]:
 
 
 def test_a_binary_that_reports_another_version_is_not_installed(agent_node: FakeNode) -> None:  # noqa: F811
-    node = agent_node
+    fake = agent_node
     old = agent_binary("v1.0.0")
-    publish(node, TAG, old)  # an old build under the new tag, with its own (approved) sha256
+    publish(fake, TAG, old)  # an old build under the new tag, with its own (approved) sha256
     with pytest.raises(errors.ReleaseVersionError, match=f"reports version 'v1.0.0', not {TAG}; nothing was installed"):
         AgentInstallProvider().create(release_inputs(old))
     for path in (BINARY, CONFIG, UNIT):
-        assert node.read(path) is None
-    assert node.leftovers() == [] and changes_to_systemd(node) == []
+        assert fake.read(path) is None
+    assert fake.leftovers() == [] and changes_to_systemd(fake) == []
 
 
 def test_the_right_bytes_with_the_wrong_mode_are_repaired_in_place(agent_node: FakeNode) -> None:  # noqa: F811
     """M1: refresh reports the mode, and `up` makes it right without rewriting the binary or restarting."""
-    node = agent_node
+    fake = agent_node
     binary = agent_binary(TAG)
-    publish(node, TAG, binary)
+    publish(fake, TAG, binary)
     p = AgentInstallProvider()
     inputs = release_inputs(binary)
     outs = p.create(inputs).outs
-    node.path(BINARY).chmod(0o777)
-    inode = node.path(BINARY).stat().st_ino
+    fake.path(BINARY).chmod(0o777)
+    inode = fake.path(BINARY).stat().st_ino
     refreshed = p.read("gpu-01", outs).outs
     assert "0777" in refreshed["node_state"]["binary_sha256"], refreshed["node_state"]
-    restarts = len(changes_to_systemd(node))
+    restarts = len(changes_to_systemd(fake))
     repaired = p.update("gpu-01", refreshed, inputs).outs
-    assert node.mode(BINARY) == 0o755 and node.path(BINARY).stat().st_ino == inode
+    assert fake.mode(BINARY) == 0o755 and fake.path(BINARY).stat().st_ino == inode
     assert repaired["node_state"]["binary_sha256"] == sha(binary)
-    assert [c for c in changes_to_systemd(node)[restarts:] if "restart" in c] == []
+    assert [c for c in changes_to_systemd(fake)[restarts:] if "restart" in c] == []
 
 
 @pytest.mark.parametrize("directory,how", [
@@ -225,16 +225,16 @@ def test_the_right_bytes_with_the_wrong_mode_are_repaired_in_place(agent_node: F
 def test_nothing_is_installed_into_a_directory_another_user_can_write(agent_node: FakeNode, directory: str,  # noqa: F811
                                                                       how: str) -> None:
     """L5: a user who can write there could plant the rollback copy (llmgw.llmgw-prev) or swap the binary."""
-    node = agent_node
+    fake = agent_node
     binary = agent_binary(TAG)
-    publish(node, TAG, binary)
+    publish(fake, TAG, binary)
     if how == "owned by another user":
-        node.chown(directory, "deploy:deploy")
+        fake.chown(directory, "deploy:deploy")
     else:
-        node.path(directory).chmod(0o2775 if how == "group-writable" else 0o1777)
+        fake.path(directory).chmod(0o2775 if how == "group-writable" else 0o1777)
     with pytest.raises(errors.UnsafeDirectoryError) as raised:
         AgentInstallProvider().create(release_inputs(binary))
     assert f"{directory} is owned by" in str(raised.value) and f"chown root:root {directory}" in str(raised.value)
     for path in (BINARY, CONFIG, UNIT):
-        assert node.read(path) is None
-    assert node.calls("curl") == []  # refused before anything was downloaded
+        assert fake.read(path) is None
+    assert fake.calls("curl") == []  # refused before anything was downloaded
