@@ -117,7 +117,7 @@ def parse_checksums(text: str, tag: str, where: str = CHECKSUMS) -> dict[str, st
     """arch -> sha256 of every ``llmgw-<tag>-linux-<arch>`` that ``checksums.txt`` lists (sha256sum format).
 
     Strict: every line is ``<64 hex digits>  <name>`` (or `` *<name>``), each
-    file once; lines for other files are allowed. Anything else raises
+    binary once; lines for other files are allowed (and not used). Anything else raises
     ChecksumMismatchError naming the line, since a file we cannot read exactly
     is not one to install from.
     """
@@ -134,12 +134,9 @@ def parse_checksums(text: str, tag: str, where: str = CHECKSUMS) -> dict[str, st
             raise ChecksumMismatchError(WHO, f"{where} of {tag}, line {number}: {_shown(line)} is not "
                                         "'<sha256> <file name>'", fix)
         digest, name = m[1].lower(), m[2]
-        if not name.startswith(prefix):
-            continue
         arch = name[len(prefix):]
-        if not _ARCH.match(arch):
-            raise ChecksumMismatchError(WHO, f"{where} of {tag}, line {number}: {_shown(name)} does not name an "
-                                        "architecture", fix)
+        if not name.startswith(prefix) or not _ARCH.match(arch):
+            continue  # another file of the release (a tarball, llmgw-<tag>-linux-amd64.sig, ...)
         if arch in found:
             raise ChecksumMismatchError(WHO, f"{where} of {tag} lists {name} more than once (line {number})", fix)
         found[arch] = digest

@@ -27,7 +27,7 @@ import pytest
 
 from lab.doubles.llmgw import build_llmgw
 from lab.release_server import corrupt_signature, make_signing_key, publish_release
-from tests.conftest import RELEASE, REPO, stack_config
+from tests.conftest import RELEASE, REPO, shard, stack_config
 
 BINARY, CONFIG, UNIT = "/usr/local/bin/llmgw", "/etc/llmgw/agent.yaml", "/etc/systemd/system/llmgw-agent.service"
 UPGRADE_FROM = "ca1dd75"
@@ -73,13 +73,20 @@ def untouched(h: Any) -> bool:
 # --------------------------------------------------------------------------- signed releases
 
 
+def ids_in_two_shards() -> list[str]:
+    """Two node ids whose resources run in different provider processes (what once per process would not catch)."""
+    first = "trust-a"
+    second = next(f"trust-{i}" for i in range(100) if shard(f"trust-{i}") != shard(first))
+    return [first, second]
+
+
 def test_a_signed_release_is_fetched_once_per_up_and_previews_offline(lab, cluster, hosts, new_stack, tmp_path):
     a, b = hosts(2)
     root, log = tmp_path / "releases", tmp_path / "server.log"
     publish_release(root, RELEASE, {"amd64": build_llmgw(RELEASE)}, sign_with=cluster.release_signing_key_path)
     with release_server(lab, cluster, root, log) as url:
-        config = stack_config(cluster, [a, b], agent={"version": RELEASE, "releaseUrl": url,
-                                                      "signingKey": cluster.release_signing_key})
+        config = stack_config(cluster, [a, b], ids=ids_in_two_shards(),
+                              agent={"version": RELEASE, "releaseUrl": url, "signingKey": cluster.release_signing_key})
         stack = new_stack(config)
         up = stack.up()
         assert up.ok, up.output
@@ -175,9 +182,17 @@ def test_a_binary_that_reports_another_version_is_refused(lab, cluster, hosts, n
     root, log = tmp_path / "releases", tmp_path / "server.log"
     # An old build published under a new tag: its checksums.txt matches it and is properly signed.
     publish_release(root, tag, {"amd64": build_llmgw(RELEASE)}, sign_with=cluster.release_signing_key_path)
+    agent = {"version": tag, "signingKey": cluster.release_signing_key}
     with release_server(lab, cluster, root, log) as url:
-        up = new_stack(stack_config(cluster, [h], agent={"version": tag, "releaseUrl": url,
-                                                         "signingKey": cluster.release_signing_key})).up()
+        stack = new_stack(stack_config(cluster, [h], agent={**agent, "releaseUrl": url}))
+        # A private release server: its CA given in the stack config, nothing in the environment.
+        del stack.env["SSL_CERT_FILE"]
+        untrusted = stack.up()
+        assert not untrusted.ok and "CERTIFICATE_VERIFY_FAILED" in untrusted.output, untrusted.output
+        assert untouched(h)
+        stack.set_config(stack_config(cluster, [h], agent={**agent, "releaseUrl": url,
+                                                           "releaseCa": str(cluster.pki_dir / "ca.pem")}))
+        up = stack.up()
         assert requests(log, f"/{tag}/llmgw-{tag}-linux-amd64") == 1  # it was downloaded, then refused
     assert not up.ok
     assert f"llmgw binary for amd64 reports version '{RELEASE}', not {tag}; nothing was installed" in up.output, up.output

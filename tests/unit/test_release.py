@@ -70,7 +70,8 @@ def test_checksums_are_read_per_architecture() -> None:
     (f"{'a' * 64}  llmgw-v1.0.0-linux-amd64\n", "lists no llmgw-v1.2.3-linux-<arch> binary"),
     (f"{'a' * 64}  llmgw-{TAG}-linux-amd64 extra\n", "line 1: "),
     (f"{'g' * 64}  llmgw-{TAG}-linux-amd64\n", "line 1: "),
-    (f"{'a' * 64}  llmgw-{TAG}-linux-\x1b[2J\n", "does not name an architecture"),
+    (f"{'a' * 64}  llmgw-{TAG}-linux-amd64 \x1b[2J\n", "line 1: "),
+    (f"{'a' * 64}  llmgw-{TAG}-linux-amd64.sig\n{'a' * 64}  old/llmgw-{TAG}-linux-amd64\n", "lists no"),
     ("", "lists no"),
 ])
 def test_a_checksums_txt_that_is_not_exactly_one_good_line_per_file_is_refused(text: str, words: str) -> None:
@@ -238,3 +239,38 @@ def test_nothing_is_installed_into_a_directory_another_user_can_write(agent_node
     for path in (BINARY, CONFIG, UNIT):
         assert fake.read(path) is None
     assert fake.calls("curl") == []  # refused before anything was downloaded
+
+
+# --------------------------------------------------------------------------- stack config
+
+
+def test_a_nodes_agent_settings_fall_back_to_the_stacks_but_pins_only_for_the_same_version(tmp_path: Path) -> None:
+    _, key = make_signing_key(tmp_path)
+    pins = {"amd64": "a" * 64}
+    config = {"pkiDir": "/pki", "servers": ["cp:7443"], "ssh": {"privateKeyPath": "/k"},
+              "agent": {"version": "v1.4.2", "releaseUrl": "https://r.example", "signingKey": key, "sha256": pins},
+              "nodes": [{"id": "gpu-01", "address": "10.0.0.1", "agent": {"fetch": "operator"}},
+                        {"id": "gpu-02", "address": "10.0.0.2", "agent": {"version": "v1.5.0"}},
+                        {"id": "gpu-03", "address": "10.0.0.3"}]}
+    spec = stack_config.parse(config)
+    air_gapped, canary, plain = spec.nodes
+    assert air_gapped.agent is not None and canary.agent is not None and plain.agent is None
+    assert (air_gapped.agent.version, air_gapped.agent.fetch, air_gapped.agent.sha256) == ("v1.4.2", "operator", pins)
+    assert air_gapped.agent.signing_key == key and canary.agent.signing_key == key
+    assert (canary.agent.version, canary.agent.sha256, canary.agent.fetch) == ("v1.5.0", None, None)
+
+
+@pytest.mark.parametrize("agent,field,words", [
+    ({"signingKey": "ssh-ed25519 not-a-key"}, "agent.signingKey", "is not an OpenSSH public key"),
+    ({"sha256": {"amd64": "abc"}}, "agent.sha256", "not 64 hex digits"),
+    ({"sha256": "abc"}, "agent.sha256", "not a mapping"),
+    ({"fetch": "bastion"}, "agent.fetch", "is not node or operator"),
+    ({"releaseCa": ""}, "agent.releaseCa", "is empty"),
+])
+def test_bad_release_settings_are_refused_with_a_fix(agent: dict[str, Any], field: str, words: str) -> None:
+    config = {"pkiDir": "/pki", "servers": ["cp:7443"], "ssh": {"privateKeyPath": "/k"},
+              "agent": {"version": "v1.4.2", "releaseUrl": "https://r.example", **agent},
+              "nodes": [{"id": "gpu-01", "address": "10.0.0.1"}]}
+    with pytest.raises(StackConfigError) as raised:
+        stack_config.parse(config)
+    assert [(p[1], words in p[2]) for p in raised.value.problems] == [(field, True)], raised.value.problems
