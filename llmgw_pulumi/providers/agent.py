@@ -4,7 +4,8 @@ SPEC steps 5, 6 and 8. The rendered agent.yaml and unit are inputs (derived in
 check, without touching the network), so `pulumi preview --diff` shows the
 config text that will change. Changing settings rewrites the config atomically
 and restarts the agent; changing the version installs the new binary (a
-release is verified against its checksums.txt again); nothing is re-issued.
+release must have the sha256 approved on the operator's side, see
+llmgw_pulumi.release, and report its tag); nothing is re-issued.
 """
 
 from __future__ import annotations
