@@ -113,7 +113,7 @@ def _shown(text: str, limit: int = 120) -> str:
 # --------------------------------------------------------------------------- checksums.txt
 
 
-def parse_checksums(text: str, tag: str, where: str = CHECKSUMS) -> dict[str, str]:
+def parse_checksums(text: str, tag: str, source: str = "") -> dict[str, str]:
     """arch -> sha256 of every ``llmgw-<tag>-linux-<arch>`` that ``checksums.txt`` lists (sha256sum format).
 
     Strict: every line is ``<64 hex digits>  <name>`` (or `` *<name>``), each
@@ -124,6 +124,7 @@ def parse_checksums(text: str, tag: str, where: str = CHECKSUMS) -> dict[str, st
     fix = (f"republish {CHECKSUMS} in sha256sum format (`sha256sum llmgw-{tag}-linux-* > {CHECKSUMS}`): "
            "one line per file, 64 hex digits, two spaces, the file name")
     prefix = f"llmgw-{tag}-linux-"
+    where = f"{CHECKSUMS} of {tag}" + (f" ({source})" if source else "")
     found: dict[str, str] = {}
     for number, line in enumerate(text.split("\n"), 1):
         line = line.removesuffix("\r")
@@ -131,17 +132,17 @@ def parse_checksums(text: str, tag: str, where: str = CHECKSUMS) -> dict[str, st
             continue
         m = _LINE.match(line)
         if not m:
-            raise ChecksumMismatchError(WHO, f"{where} of {tag}, line {number}: {_shown(line)} is not "
+            raise ChecksumMismatchError(WHO, f"{where}, line {number}: {_shown(line)} is not "
                                         "'<sha256> <file name>'", fix)
         digest, name = m[1].lower(), m[2]
         arch = name[len(prefix):]
         if not name.startswith(prefix) or not _ARCH.match(arch):
             continue  # another file of the release (a tarball, llmgw-<tag>-linux-amd64.sig, ...)
         if arch in found:
-            raise ChecksumMismatchError(WHO, f"{where} of {tag} lists {name} more than once (line {number})", fix)
+            raise ChecksumMismatchError(WHO, f"{where} lists {name} more than once (line {number})", fix)
         found[arch] = digest
     if not found:
-        raise ChecksumMismatchError(WHO, f"{where} of {tag} lists no {prefix}<arch> binary", fix)
+        raise ChecksumMismatchError(WHO, f"{where} lists no {prefix}<arch> binary", fix)
     return found
 
 
