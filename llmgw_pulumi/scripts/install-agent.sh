@@ -68,23 +68,10 @@ restore() {
     systemctl disable --now "$UNIT" >/dev/null 2>&1 || true
   fi
 }
-# An earlier run killed outright in the middle of its change left what it
-# replaced: put that back first, so this run starts from the last state known to work.
-for f in "$R$B" "$R$C" "$R$U"; do
-  if [ -e "$f.llmgw-prev" ] || [ -e "$f.llmgw-absent" ]; then restore keep; break; fi
-done
-phase=prepare restarted=no
-rollback() {
-  case $phase in
-  backup) for f in "$R$B" "$R$C" "$R$U"; do rm -f "$f.llmgw-prev" "$f.llmgw-absent"; done ;;
-  commit) if [ "$restarted" = yes ]; then restore restart; else restore keep; fi ;;
-  esac
-}
-arch=$(node_arch)
-
 # Nothing is installed into a directory a user other than root could write to
 # (or whose parents they could): they could swap the file, or plant the copy a
-# rollback restores (*.llmgw-prev), and have it run as root.
+# rollback restores (*.llmgw-prev), and have it run as root. Checked first:
+# even the leftovers of a killed run are put back only in a safe directory.
 # safe_dir DIR: DIR and each parent up to / are root's and not group- or world-writable.
 safe_dir() {
   d=$1
@@ -103,6 +90,19 @@ safe_dir() {
   done
 }
 for f in "$B" "$C" "$U"; do safe_dir "$(dirname "$f")"; done
+# An earlier run killed outright in the middle of its change left what it
+# replaced: put that back first, so this run starts from the last state known to work.
+for f in "$R$B" "$R$C" "$R$U"; do
+  if [ -e "$f.llmgw-prev" ] || [ -e "$f.llmgw-absent" ]; then restore keep; break; fi
+done
+phase=prepare restarted=no
+rollback() {
+  case $phase in
+  backup) for f in "$R$B" "$R$C" "$R$U"; do rm -f "$f.llmgw-prev" "$f.llmgw-absent"; done ;;
+  commit) if [ "$restarted" = yes ]; then restore restart; else restore keep; fi ;;
+  esac
+}
+arch=$(node_arch)
 
 # Staged in /run (a root-only tmpfs): a reboot in the middle leaves nothing behind.
 stage=$(mktemp -d "$R/run/llmgw-stage.XXXXXX")

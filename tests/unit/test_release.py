@@ -233,6 +233,7 @@ def test_nothing_is_installed_into_a_directory_another_user_can_write(agent_node
         fake.chown(directory, "deploy:deploy")
     else:
         fake.path(directory).chmod(0o2775 if how == "group-writable" else 0o1777)
+    fake.write(BINARY + ".llmgw-prev", b"#!/bin/sh\n# planted\n", 0o755)  # what a rollback would put back
     with pytest.raises(errors.UnsafeDirectoryError) as raised:
         AgentInstallProvider().create(release_inputs(binary))
     assert f"{directory} is owned by" in str(raised.value) and f"chown root:root {directory}" in str(raised.value)
