@@ -841,7 +841,7 @@ class Bench:
         return {
             "pkiDir": str(self.pki_dir),
             "servers": [self.control_plane.address],
-            "agent": {"version": RELEASE, "releaseUrl": self.release_url},
+            "agent": {"version": RELEASE, "releaseUrl": self.release_url, "releaseCa": str(self.pki_dir / "ca.pem")},
             "ssh": {"user": SSH_USER, "privateKeyPath": str(self.lab.ssh_key_path), "wait": SSH_WAIT},
             "nodes": [{"id": node_id, **self.route(address)} for node_id, address in nodes],
         }

@@ -13,7 +13,17 @@ request to stderr as `<method> <path> <status>`. --delay sleeps before each
 response, for tests of a slow server. Directories are not listed.
 
 `publish_release()` writes a release into a root, optionally one whose served
-binary is not the one its checksums.txt lists.
+binary is not the one its checksums.txt lists, and signs its checksums.txt
+(`checksums.txt.sig`, `ssh-keygen -Y sign` in the namespace `llmgw-release`)
+with a key `make_signing_key()` made at run time. The fixtures a test of the
+operator's checks needs are releases like any other:
+
+- a tampered binary with a matching checksums.txt: `publish_release(root, tag,
+  {arch: evil})`, signed by a key the stack does not trust, or by none;
+- a bad signature: `sign_with` a key other than the stack's `signingKey`, or
+  `corrupt_signature()` afterwards;
+- a binary that reports another tag: `publish_release(root, "v9.0.0",
+  {"amd64": build_llmgw("v1.4.2")})`, whose checksums.txt and signature match.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import os
 import signal
 import socket
 import ssl
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -37,13 +48,47 @@ def release_name(tag: str, arch: str) -> str:
     return f"llmgw-{tag}-linux-{arch}"
 
 
+SIGNATURE_NAMESPACE = "llmgw-release"
+"""The namespace llmgw_pulumi.release verifies checksums.txt's signature in (stated here, not imported)."""
+
+
+def make_signing_key(directory: Path, name: str = "release-signing") -> tuple[Path, str]:
+    """A new ed25519 key for signing releases, made with ssh-keygen: (its private key file, its public line)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    key = directory / name
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(key)], check=True,
+                   capture_output=True)
+    return key, key.with_suffix(".pub").read_text().strip()
+
+
+def sign(path: Path, key: Path) -> Path:
+    """`path`.sig: the OpenSSH signature of `path` by `key` (`ssh-keygen -Y sign -n llmgw-release`)."""
+    sig = path.with_name(path.name + ".sig")
+    sig.unlink(missing_ok=True)
+    subprocess.run(["ssh-keygen", "-q", "-Y", "sign", "-f", str(key), "-n", SIGNATURE_NAMESPACE, str(path)],
+                   check=True, capture_output=True)
+    return sig
+
+
+def corrupt_signature(root: Path, tag: str) -> None:
+    """Flip one byte inside the signature blob of `root/<tag>/checksums.txt.sig` (it stays well-formed armour)."""
+    sig = Path(root) / tag / "checksums.txt.sig"
+    lines = sig.read_text().splitlines()
+    middle = len(lines) // 2
+    line = lines[middle]
+    lines[middle] = line[:10] + ("A" if line[10] != "A" else "B") + line[11:]
+    sig.write_text("\n".join(lines) + "\n")
+
+
 def publish_release(
-    root: Path, tag: str, binaries: dict[str, bytes], tamper: dict[str, bytes] | None = None
+    root: Path, tag: str, binaries: dict[str, bytes], tamper: dict[str, bytes] | None = None,
+    sign_with: Path | None = None,
 ) -> None:
     """Write `root/<tag>/`: a binary per arch and `checksums.txt` listing their sha256.
 
     For an arch in `tamper`, the file served holds `tamper[arch]` while
-    checksums.txt still lists the sha256 of `binaries[arch]`.
+    checksums.txt still lists the sha256 of `binaries[arch]`. With `sign_with`
+    (a key from `make_signing_key`), checksums.txt is signed: `checksums.txt.sig`.
     """
     tamper = tamper or {}
     if not set(tamper) <= set(binaries):
@@ -56,6 +101,9 @@ def publish_release(
         (directory / name).write_bytes(tamper.get(arch, binaries[arch]))
         lines.append(f"{hashlib.sha256(binaries[arch]).hexdigest()}  {name}\n")
     (directory / "checksums.txt").write_text("".join(lines))
+    (directory / "checksums.txt.sig").unlink(missing_ok=True)
+    if sign_with is not None:
+        sign(directory / "checksums.txt", sign_with)
 
 
 class _Handler(SimpleHTTPRequestHandler):

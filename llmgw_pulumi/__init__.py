@@ -25,9 +25,12 @@ from .errors import (
     NodeBusyError,
     NodeDiskFullError,
     ReleaseFetchError,
+    ReleaseSignatureError,
+    ReleaseVersionError,
     RemoteCommandError,
     SudoUnavailableError,
     UnreachableError,
+    UnsafeDirectoryError,
 )
 from .node import ConnectionArgs, Node, NodeArgs
 from .providers.agent import AgentInstall, AgentInstallArgs
@@ -48,5 +51,6 @@ __all__ = [
     "Discovery", "EngineCheck", "EngineCheckArgs", "EngineWillNotRunError", "Fabric", "HostKeyChangedError",
     "LlmgwError", "Node",
     "NodeArgs", "NodeBusyError", "NodeDiskFullError", "NodeIdentity", "NodeIdentityArgs", "ReleaseFetchError",
-    "RemoteCommandError", "StackConfigError", "SudoUnavailableError", "UnreachableError",
+    "ReleaseSignatureError", "ReleaseVersionError", "RemoteCommandError", "StackConfigError", "SudoUnavailableError",
+    "UnreachableError", "UnsafeDirectoryError",
 ]

@@ -95,13 +95,31 @@ class SudoUnavailableError(LlmgwError, fix="give the SSH user passwordless sudo 
     """The SSH user is not root and cannot run `sudo -n`."""
 
 
-class ReleaseFetchError(LlmgwError, fix="check agent.releaseUrl and that the node can reach it (and trusts its certificate)"):
-    """The node could not download the release binary or its checksums."""
+class ReleaseFetchError(LlmgwError, fix="check agent.releaseUrl and that the node can reach it (and trusts its "
+                                        "certificate), or set agent.fetch: operator"):
+    """The release binary or its checksums could not be downloaded (by the node, or here)."""
 
 
 class ChecksumMismatchError(LlmgwError, fix="do not install it: the release or the path to it has been tampered with "
                                             "or corrupted; republish it"):
-    """A downloaded release binary does not match the release's checksums.txt."""
+    """A release binary does not match the sha256 the operator's side approved (or checksums.txt is malformed)."""
+
+
+class ReleaseSignatureError(LlmgwError, fix="do not install it: checksums.txt was not signed by agent.signingKey; "
+                                            "re-sign the release (`ssh-keygen -Y sign -n llmgw-release -f KEY "
+                                            "checksums.txt`), or fix agent.signingKey"):
+    """The release's checksums.txt has no valid signature by the configured key; no node was touched."""
+
+
+class ReleaseVersionError(LlmgwError, fix="do not install it: the release server serves another build under this "
+                                          "tag; republish the release, or fix agent.version"):
+    """A release binary with the approved sha256 reports another version than the tag requested."""
+
+
+class UnsafeDirectoryError(LlmgwError, fix="make the directory named above root's and writable by root only "
+                                          "(`chown root:root DIR && chmod go-w DIR` on the node), check what is in "
+                                          "it, then run `pulumi up` again"):
+    """A directory the agent's files go into (or one of its parents) is writable by a user other than root."""
 
 
 class AgentStartError(LlmgwError, fix="read the agent's journal on the node ('journalctl -u llmgw-agent'); "

@@ -30,6 +30,7 @@ chosen by a hash of the node id (see ``llmgw_pulumi.shards``); give
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pulumi
@@ -56,6 +57,15 @@ class NodeArgs:
     release_url: pulumi.Input[str] | None = None
     binary_path: pulumi.Input[str] | None = None
     binary_sha256: pulumi.Input[str] | None = None
+    release_sha256: pulumi.Input[Mapping[str, str]] | None = None
+    """A release's approved sha256 by architecture (llmgw_pulumi.release.approve); None: approved by the provider
+    when it installs (from checksums.txt over https, signed by ``signing_key`` when given)."""
+    signing_key: pulumi.Input[str] | None = None
+    """The OpenSSH public key a release's checksums.txt must be signed with (``ssh-ed25519 AAAA...``)."""
+    release_ca: pulumi.Input[str] | None = None
+    """The release server's CA bundle (PEM) on the operator's machine; None: the system's trust store."""
+    fetch: pulumi.Input[str] | None = None
+    """``node`` (None: each node downloads the release) or ``operator`` (downloaded here, pushed over SSH)."""
     validity_hours: pulumi.Input[float] | None = None
     renew_before_hours: pulumi.Input[float] | None = None
     fail_on_engine_problems: pulumi.Input[bool] | None = None
@@ -103,7 +113,9 @@ class Node(pulumi.ComponentResource):
 
         # The spec types are typed for known values; in Args any of them may be a pulumi Output.
         binary = BinarySource(version=args.version, release_url=args.release_url,  # type: ignore[arg-type]
-                              binary_path=args.binary_path, binary_sha256=args.binary_sha256)  # type: ignore[arg-type]
+                              binary_path=args.binary_path, binary_sha256=args.binary_sha256,  # type: ignore[arg-type]
+                              release_sha256=args.release_sha256, signing_key=args.signing_key,  # type: ignore[arg-type]
+                              release_ca=args.release_ca, fetch=args.fetch)  # type: ignore[arg-type]
         self.agent = AgentInstall(name, AgentInstallArgs(
             node_id=args.node_id, connection=conn, known_host_key=known_host_key,
             known_jump_host_keys=self.identity.jump_host_keys, hostname=self.identity.hostname,

@@ -18,8 +18,8 @@ from typing import Any
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from . import fleet, rollout, stack_config, validate
-from .errors import ConfigError
+from . import fleet, release, rollout, stack_config, validate
+from .errors import ConfigError, LlmgwError
 from .node import Node, NodeArgs, engine_problems
 from .specs import Rollout
 
@@ -104,17 +104,39 @@ def ssh_credentials(spec: stack_config.StackSpec, secrets: dict[str, pulumi.Outp
     return {**credentials, "private_key_path": str(path)}
 
 
-def agent_inputs(source: stack_config.AgentSource) -> dict[str, Any]:
-    """version/release_url/binary_path/binary_sha256 for AgentInstall from a configured source."""
+def agent_inputs(source: stack_config.AgentSource, dry_run: bool | None = None) -> dict[str, Any]:
+    """AgentInstall's binary inputs (version, release_url, binary_path, binary_sha256, and for a release how it is
+    verified: release_sha256, signing_key, release_ca, fetch) from a configured source.
+
+    A release's digests are approved here (llmgw_pulumi.release.approve): from the pins, without any network;
+    otherwise from its checksums.txt, fetched over https (and its signature checked) once per release and run
+    of the program, i.e. once per `pulumi up`, before any resource is registered; never in a preview, which
+    leaves them out (the diff does not compare them, so an unchanged version shows no change).
+    """
     version, release_url, binary_path, binary_sha = source.version, source.release_url, None, None
     if source.binary:
         binary_path, version, binary_sha = local_binary(source.binary)
         if validate.RELEASE_TAG.match(version):
-            binary_path = binary_sha = None  # a release build: the node fetches and verifies it itself
+            binary_path = binary_sha = None  # a release build: downloaded and verified like any release
             if not release_url:
                 raise ConfigError("llmgw", "agent.releaseUrl", f"the local binary is release {version}, which nodes download",
                                   "give agent.releaseUrl")
-    return {"version": version, "release_url": release_url, "binary_path": binary_path, "binary_sha256": binary_sha}
+    inputs: dict[str, Any] = {"version": version, "release_url": release_url, "binary_path": binary_path,
+                              "binary_sha256": binary_sha}
+    if binary_path is not None or version is None or release_url is None:
+        return inputs
+    pins = tuple(sorted((arch, digest.lower()) for arch, digest in (source.sha256 or {}).items()))
+    ca_file = os.path.abspath(os.path.expanduser(source.release_ca)) if source.release_ca else None
+    signing_key = validate.normalise_host_key(source.signing_key) if source.signing_key else None
+    approved = release.Release(release_url.rstrip("/"), version, signing_key, pins, ca_file)
+    if dry_run is None:
+        dry_run = pulumi.runtime.is_dry_run()
+    digests = None
+    if pins or not dry_run:
+        digests = release.approve(approved)
+        if not dry_run:
+            pulumi.log.info(f"llmgw {version}: the sha256 of {', '.join(sorted(digests))} approved {approved.how}")
+    return {**inputs, "release_sha256": digests, "signing_key": signing_key, "release_ca": ca_file, "fetch": source.fetch}
 
 
 def rollout_plan(spec: stack_config.StackSpec) -> Rollout | None:
@@ -157,12 +179,14 @@ error (``pythonProcessExitedAfterShowingUserActionableMessage``), so the host ad
 def run() -> None:
     """`__main__.py`'s entry point: the stack config read, then the nodes registered from a shallow call stack.
 
-    A configuration error is the only error `pulumi up` shows: raised, a
+    A configuration error (or a release refused before any node is reached) is the only error `pulumi up`
+    shows: raised, a
     ConfigError (a pulumi.RunError) is printed without a traceback, but the
     language host then adds "an unhandled error occurred: program exited with
     non-zero exit code: 1". Logged, then exiting with
     LANGUAGE_HOST_SHOWN_EXIT, the list of problems stands alone. Every
-    ConfigError is raised by ``plan()``, before any resource exists.
+    ConfigError, and every release error of the operator's side, is raised by ``plan()``, before any
+    resource exists.
 
     The Python SDK records, in the state of every resource, the program's
     call stack at the resource's construction: every frame below the resource
@@ -178,7 +202,7 @@ def run() -> None:
     """
     try:
         stack_plan = plan()
-    except ConfigError as exc:
+    except LlmgwError as exc:  # bad config, or a release that is not the operator's (llmgw_pulumi.release)
         pulumi.log.error(str(exc))
         raise SystemExit(LANGUAGE_HOST_SHOWN_EXIT) from None
 
@@ -195,7 +219,7 @@ class Plan:
 
     spec: stack_config.StackSpec
     agents: dict[str, dict[str, Any]]
-    """Per node id: AgentInstall's version/release_url/binary_path/binary_sha256 (see agent_inputs)."""
+    """Per node id: AgentInstall's binary inputs (see agent_inputs)."""
     credentials: dict[str, Any]
     """The connection's key fields (see ssh_credentials)."""
     pki_dir: str
@@ -209,7 +233,7 @@ def plan() -> Plan:
     raw, secret_names, secrets = _read_config()
     spec = stack_config.parse(raw, has_secret_key=stack_config.SECRET_KEY in secrets, secret_keys=secret_names,
                               has_agent=bool(os.environ.get("SSH_AUTH_SOCK")))
-    stack_agent = agent_inputs(spec.agent)
+    stack_agent = agent_inputs(spec.agent) if any(n.agent is None for n in spec.nodes) else {}
     agents = {n.node_id: agent_inputs(n.agent) if n.agent else stack_agent for n in spec.nodes}
     return Plan(spec, agents, ssh_credentials(spec, secrets), os.path.abspath(os.path.expanduser(spec.pki_dir)),
                 rollout_plan(spec))

@@ -75,6 +75,10 @@ class Exit(IntEnum):
     """Another change to the node held its lock for too long."""
     NO_KEYGEN = _CODES["NO_KEYGEN"]
     KEY_MISSING = _CODES["KEY_MISSING"]
+    VERSION = _CODES["VERSION"]
+    """A release binary reports another version than the tag asked for."""
+    UNSAFE_DIR = _CODES["UNSAFE_DIR"]
+    """A directory to install into is writable by a user other than root."""
     NO_LOCK = _CODES["NO_LOCK"]
     """The node cannot take its lock (no flock, or a /run others can write): nothing was changed."""
 
@@ -169,26 +173,34 @@ def install_agent(
     release_url: str = "",
     binary: bytes = b"",
     binary_sha256: str = "",
+    release_sha256: Mapping[str, str] | None = None,
     restart: bool = True,
     settle_seconds: float = 1.5,
     keep: Sequence[Content] = (),
 ) -> Script:
     """SPEC steps 5, 6 and 8 as one transaction (see install-agent.sh).
 
-    ``mode`` is ``release`` (the node downloads ``<url>/<tag>/llmgw-<tag>-linux-<arch>``
-    and checks it against the release's checksums.txt before anything is
-    installed), ``copy`` (the local build arrives on stdin and is checked
-    against ``binary_sha256``) or ``keep`` (the binary is already right). The
+    ``mode`` is ``release`` (the node downloads ``<url>/<tag>/llmgw-<tag>-linux-<arch>``,
+    which must have the sha256 ``release_sha256`` gives for its arch: what the
+    operator's side approved), ``push`` (a release downloaded and verified on
+    the operator's side arrives on stdin, checked against ``binary_sha256``),
+    ``copy`` (the local build arrives on stdin, checked against
+    ``binary_sha256``) or ``keep`` (the binary is already right: only its
+    mode and owner are made right). A release (``release``, ``push``) must
+    report ``version`` as its ``--version`` before anything is installed. The
     restarted agent must stay up for ``settle_seconds``, or the previous
     binary, config and unit are put back. ``keep``: the config and/or unit the
     node has already say the same in other words (``desired.equivalent``) and
     stay as they are. When nothing is replaced, a running agent is not restarted.
     """
-    assert mode in ("release", "copy", "keep")
+    assert mode in ("release", "push", "copy", "keep")
+    want = binary_sha256
+    if mode == "release":
+        want = ",".join(f"{arch}={digest}" for arch, digest in sorted((release_sha256 or {}).items()))
     bin_file = desired.file_with(Content.BINARY, desired.AGENT)
     cfg, unit_file = desired.agent_files(config, unit)
     ticks = max(1, round(settle_seconds / 0.1))
-    args = [_WRITE_DIRS, UNIT_NAME, mode, version, release_url.rstrip("/"), binary_sha256, str(len(binary)), str(ticks),
+    args = [_WRITE_DIRS, UNIT_NAME, mode, version, release_url.rstrip("/"), want, str(len(binary)), str(ticks),
             "restart" if restart else "start",
             bin_file.path, _mode(bin_file.mode), bin_file.owner]
     sent = b""

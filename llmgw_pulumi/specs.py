@@ -578,15 +578,51 @@ class AgentSettings(FromProps):
 # --------------------------------------------------------------------------- the binary
 
 
+FETCH_NODE, FETCH_OPERATOR = "node", "operator"
+
+
+def _signing_key(value: object) -> validate.Problem:
+    try:
+        validate.normalise_host_key(value)  # type: ignore[arg-type]  # a non-str is refused like a bad key
+    except (ValueError, TypeError):
+        return ("is not an OpenSSH public key",
+                "paste the public half of the release signing key, one line: 'ssh-ed25519 AAAAC3...' "
+                "(`ssh-keygen -y -f KEY` prints it)")
+    return None
+
+
+def _fetch(value: object) -> validate.Problem:
+    if value in (FETCH_NODE, FETCH_OPERATOR):
+        return None
+    return (f"{value!r} is not node or operator",
+            "write node (each node downloads the release itself; the default) or operator (downloaded and "
+            "verified here, pushed to the nodes over SSH: for nodes that cannot reach the release server)")
+
+
+def _digests(value: object) -> validate.Problem:
+    from .release import digests_problem  # the release module imports urllib and ssl: only when a digest is given
+
+    return digests_problem(value)
+
+
 @dataclass(frozen=True)
 class BinarySource(FromProps):
     """Where /usr/local/bin/llmgw comes from (SPEC step 5).
 
-    A release tag is fetched by the node itself from ``release_url`` and verified
-    against the release's checksums.txt; any other version is the local binary
-    at ``binary_path``, copied as is (its sha256 is an input, so a rebuilt binary
-    shows up in the preview). In stack config, ``binary`` is the local build
-    whose ``--version`` gives the version.
+    A release tag is downloaded from ``release_url`` (by the node, or with
+    ``fetch: operator`` by the operator's side, which pushes it) and must have
+    the sha256 the operator's side approved for the node's architecture
+    (``release_sha256``: pinned in stack config as ``sha256``, or read from the
+    release's checksums.txt, signed by ``signing_key`` when given; see
+    llmgw_pulumi.release), and report the tag as its ``--version``. Any other
+    version is the local binary at ``binary_path``, copied as is (its sha256 is
+    an input, so a rebuilt binary shows up in the preview). In stack config,
+    ``binary`` is the local build whose ``--version`` gives the version.
+
+    ``release_sha256``, ``signing_key``, ``release_ca`` and ``fetch`` say how a
+    release is verified and carried: never a change to a node by themselves,
+    and not compared by the diff (a preview, which fetches nothing, does not
+    know the digests).
     """
 
     version: str = setting("version", validate.version)
@@ -594,10 +630,27 @@ class BinarySource(FromProps):
     binary_path: str | None = setting("binary", lambda p: validate.abs_path(p, "local binary path"), default=None)
     binary_sha256: str | None = setting(None, lambda s: None if isinstance(s, str) and len(s) == 64 else (
         "is missing", "compute it from the local binary (the node component does)"), default=None)
+    release_sha256: Mapping[str, str] | None = setting("sha256", _digests, default=None,
+                                                       convert=lambda d: {a: h.lower() for a, h in d.items()})
+    """arch -> the sha256 the release's binary must have: agent.sha256 (a pin), or as the operator's side read it."""
+    signing_key: str | None = setting("signingKey", _signing_key, convert=validate.normalise_host_key, default=None)
+    """The OpenSSH public key whose signature checksums.txt must carry (namespace llmgw-release)."""
+    release_ca: str | None = setting("releaseCa", lambda p: validate.abs_path(p, "CA bundle of the release server"),
+                                     default=None)
+    """A PEM bundle on the operator's machine: the only CA trusted for the release server (None: the system's)."""
+    fetch: str | None = setting("fetch", _fetch, default=None)
+    """Who downloads a release: ``node`` (None: the default) or ``operator`` (pushed to the node over SSH)."""
+
+    RELEASE_FIELDS = ("release_sha256", "signing_key", "release_ca", "fetch")
+    """How a release is verified and carried (see above)."""
 
     @property
     def is_release(self) -> bool:
         return bool(validate.RELEASE_TAG.match(self.version))
+
+    @property
+    def fetched_here(self) -> bool:
+        return self.fetch == FETCH_OPERATOR
 
     @staticmethod
     def collect(props: Mapping[str, Any], problems: Problems, config: bool = False, prefix: str = "") -> None:
@@ -606,7 +659,16 @@ class BinarySource(FromProps):
         In stack config the binary is the local build, read later: there, it needs no version.
         """
         key = names(BinarySource, config)
+        for name in ("release_sha256", "signing_key", "fetch") + (() if config else ("release_ca",)):
+            if props.get(key[name]) is not None:
+                collect_one(BinarySource, name, props, problems, config, prefix)
+        if config and props.get(key["release_ca"]) is not None:
+            problems.check(prefix + key["release_ca"], props.get(key["release_ca"]), lambda v: None if isinstance(
+                v, str) and v else ("is empty", "give the path of the release server's CA bundle (PEM) on this machine"))
         version, binary = props.get(key["version"]), props.get(key["binary_path"])
+        if config and binary is not None and props.get(key["release_sha256"]) is not None:
+            problems.add(prefix + key["release_sha256"], "pins a release, but a local build is given",
+                         "remove sha256 (a local build is copied as it is), or give a release version instead of binary")
         if config and version is None and binary is not None:
             return
         problems.check(prefix + key["version"], version, validate.version)

@@ -7,7 +7,8 @@ file in one pass. Reading secrets and local files happens in program.py.
     config:
       llmgw:pkiDir: /srv/llmgw/pki                 # holds ca.pem + ca-key.pem
       llmgw:servers: ["cp1.example.net:7443"]      # one, or several in failover order
-      llmgw:agent: {version: v1.4.2, releaseUrl: https://releases.example.net/llmgw}
+      llmgw:agent: {version: v1.4.2, releaseUrl: https://releases.example.net/llmgw,
+                    signingKey: "ssh-ed25519 AAAAC3..."}   # or sha256: {amd64: ..., arm64: ...}; fetch: operator
       #            or {binary: /home/me/llmgw/bin/llmgw}  (a dev build is copied)
       llmgw:ssh: {user: deploy, privateKeyPath: ~/.ssh/id_ed25519, wait: 120}
       llmgw:certificate: {validityHours: 8760, renewBeforeHours: 720}   # keyOrigin: node (default) | operator
@@ -101,6 +102,14 @@ class AgentSource:
     version: str | None
     release_url: str | None
     binary: str | None
+    sha256: Mapping[str, str] | None = None
+    """agent.sha256: arch -> the pinned sha256 of this version's binaries."""
+    signing_key: str | None = None
+    """agent.signingKey: the OpenSSH public key checksums.txt must be signed with."""
+    release_ca: str | None = None
+    """agent.releaseCa: the release server's CA bundle on this machine (as given: ~ is expanded by the program)."""
+    fetch: str | None = None
+    """agent.fetch: node (None) or operator."""
 
 
 @dataclass(frozen=True)
@@ -160,17 +169,32 @@ def _mapping(value: Any, name: str, p: Problems) -> Mapping[str, Any]:
 
 
 def _agent_source(value: Any, name: str, p: Problems, fallback: AgentSource | None = None) -> AgentSource:
-    """{version, releaseUrl} for a release, or {binary} for a local build (whose --version decides)."""
+    """{version, releaseUrl, ...} for a release, or {binary} for a local build (whose --version decides).
+
+    A node's own agent settings fall back to the stack's: releaseUrl, signingKey, releaseCa and fetch always;
+    the version (and its sha256 pins) when the node gives neither a version nor a binary; the pins also when
+    it gives the stack's version.
+    """
     agent = _mapping(value, name, p)
     _unknown_keys(agent, AGENT_SCHEMA, name, "an agent setting", p)
-    release_url = agent.get("releaseUrl", fallback.release_url if fallback else None)
-    BinarySource.collect({**agent, "releaseUrl": release_url}, p, config=True, prefix=f"{name}.")
-    binary = agent.get("binary")
+    inherited: dict[str, Any] = {}
+    if fallback is not None:
+        inherited = {"releaseUrl": fallback.release_url, "signingKey": fallback.signing_key,
+                     "releaseCa": fallback.release_ca, "fetch": fallback.fetch}
+        if "version" not in agent and "binary" not in agent:
+            inherited.update(version=fallback.version, binary=fallback.binary)
+        if agent.get("version", fallback.version) == fallback.version and "binary" not in agent:
+            inherited["sha256"] = fallback.sha256
+    given = {**{k: v for k, v in inherited.items() if v is not None}, **agent}
+    BinarySource.collect(given, p, config=True, prefix=f"{name}.")
+    binary = given.get("binary")
     if binary is not None:
         # A path on this machine, made absolute by the program: `~/src/llmgw/llmgw` is fine.
         p.check(f"{name}.binary", binary,
                 lambda v: None if isinstance(v, str) and v else ("is empty", "give the path of the local llmgw build"))
-    return AgentSource(version=agent.get("version"), release_url=release_url, binary=binary)
+    return AgentSource(version=given.get("version"), release_url=given.get("releaseUrl"), binary=binary,
+                       sha256=given.get("sha256"), signing_key=given.get("signingKey"),
+                       release_ca=given.get("releaseCa"), fetch=given.get("fetch"))
 
 
 def _check_node(raw: Mapping[str, Any], p: Problems, stack_agent: AgentSource) -> AgentSource | None:

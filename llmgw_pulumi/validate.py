@@ -112,15 +112,30 @@ def version(value: object) -> Problem:
 
 
 def url(value: object) -> Problem:
+    """The release archive's base URL: https only (the digests are fetched from it on the operator's side, and
+    the nodes download over it), with no credentials in it (a URL is shown in logs, state and process lists)."""
+    example = "e.g. https://releases.example.net/llmgw"
     if not isinstance(value, str) or not value:
-        return "is missing", "give the release archive's base URL, e.g. https://releases.example.net/llmgw"
+        return "is missing", f"give the release archive's base URL, {example}"
     if _CONTROL.search(value) or " " in value:
-        return "contains spaces or control characters", "give a plain http(s) URL"
+        return "contains spaces or control characters", f"give a plain https URL, {example}"
     parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        return f"{value!r} is not an http(s) URL", "give the release archive's base URL, e.g. https://releases.example.net/llmgw"
+    if parts.scheme == "http":
+        return (f"{value!r} is plain http: anyone on the path could serve another checksums.txt or binary",
+                f"serve the releases over https (agent.releaseCa for a private CA), {example}")
+    if parts.scheme != "https" or not parts.hostname:
+        return f"{value!r} is not an https URL", f"give the release archive's base URL, {example}"
+    if "@" in parts.netloc:
+        # Never echo it: the part before the @ is a credential.
+        return ("has credentials in it (user:password@): they would be shown in logs, state and the nodes' "
+                "process lists", "remove them: serve the releases to the machines that need them without a login "
+                "in the URL (or use agent.fetch: operator)")
     if parts.query or parts.fragment:
         return f"{value!r} has a query or fragment", "give the base URL only; <tag>/<file> is appended to it"
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port only when asked
+    except ValueError:
+        return f"{value!r} has a port that is not a number from 0 to 65535", f"fix the port, {example}"
     return None
 
 

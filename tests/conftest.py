@@ -107,6 +107,10 @@ class Cluster:
     dev_binary: Path
     engine_bin: Path
     ssh_key_path: Path
+    release_signing_key: str = ""
+    """The public line of the key every release the cluster publishes is signed with (``agent.signingKey``)."""
+    release_signing_key_path: Path | None = None
+    """Its private key, made at run time, for tests that publish releases of their own."""
 
 
 @pytest.fixture(scope="session")
@@ -114,10 +118,11 @@ def cluster(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clus
     from lab import pki as labpki
     from lab.control_plane import ControlPlane
     from lab.doubles.llmgw import build_llmgw
-    from lab.release_server import publish_release
+    from lab.release_server import make_signing_key, publish_release
     from lab.stack import engine_bin
 
     work = tmp_path_factory.mktemp("cluster")
+    signing_key, signing_public = make_signing_key(work / "release-signing")
     pki_dir = work / "pki"
     labpki.init_ca(pki_dir)
 
@@ -125,10 +130,10 @@ def cluster(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clus
     standby = ControlPlane(pki_dir, lab.gateway, standby=True).start()
 
     root = work / "releases"
-    publish_release(root, RELEASE, {"amd64": build_llmgw(RELEASE), "arm64": b"not for this node"})
-    publish_release(root, NEXT_RELEASE, {"amd64": build_llmgw(NEXT_RELEASE)})
+    publish_release(root, RELEASE, {"amd64": build_llmgw(RELEASE), "arm64": b"not for this node"}, sign_with=signing_key)
+    publish_release(root, NEXT_RELEASE, {"amd64": build_llmgw(NEXT_RELEASE)}, sign_with=signing_key)
     publish_release(root, TAMPERED_RELEASE, {"amd64": build_llmgw(TAMPERED_RELEASE)},
-                    tamper={"amd64": build_llmgw(TAMPERED_RELEASE) + b"\n# tampered\n"})
+                    tamper={"amd64": build_llmgw(TAMPERED_RELEASE) + b"\n# tampered\n"}, sign_with=signing_key)
     release_addr = f"{lab.subnet}.2"
     cert, key = labpki.issue_server_cert(pki_dir, work / "release-tls", "releases", ips=[release_addr], dns=[])
     proc = lab.run_in_netns(
@@ -144,7 +149,8 @@ def cluster(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clus
     dev.write_bytes(build_llmgw(DEV_VERSION))
     dev.chmod(0o755)
 
-    yield Cluster(pki_dir, primary, standby, f"https://{release_addr}:8443", root, dev, engine_bin(), lab.ssh_key_path)
+    yield Cluster(pki_dir, primary, standby, f"https://{release_addr}:8443", root, dev, engine_bin(), lab.ssh_key_path,
+                  signing_public, signing_key)
     primary.stop()
     standby.stop()
 
@@ -159,6 +165,9 @@ def new_stack(cluster: Cluster, tmp_path: Path) -> Callable[..., Any]:
 
     def make(config: dict[str, Any], name: str = "test", project: Path = REPO) -> Any:
         env = engine_env(cluster.engine_bin, tmp_path / "pulumi-home", tmp_path / "state")
+        # The operator's side fetches each release's checksums.txt over https: it trusts the lab's release server
+        # (its certificate is the cluster CA's) the way an operator's shell would, through OpenSSL's SSL_CERT_FILE.
+        env["SSL_CERT_FILE"] = str(cluster.pki_dir / "ca.pem")
         stack = LabStack(tmp_path / f"project-{len(made)}", name, env, project)
         stack.set_config(config)
         made.append(stack)

@@ -256,6 +256,8 @@ _EXIT_ERRORS: dict[int, type[LlmgwError]] = {
     Exit.BUSY: errors.NodeBusyError,
     Exit.NO_KEYGEN: errors.NoKeygenError,
     Exit.KEY_MISSING: errors.NodeKeyMissingError,
+    Exit.VERSION: errors.ReleaseVersionError,
+    Exit.UNSAFE_DIR: errors.UnsafeDirectoryError,
     Exit.NO_LOCK: errors.NodeLockUnavailableError,
 }
 

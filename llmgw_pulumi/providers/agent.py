@@ -4,7 +4,8 @@ SPEC steps 5, 6 and 8. The rendered agent.yaml and unit are inputs (derived in
 check, without touching the network), so `pulumi preview --diff` shows the
 config text that will change. Changing settings rewrites the config atomically
 and restarts the agent; changing the version installs the new binary (a
-release is verified against its checksums.txt again); nothing is re-issued.
+release must have the sha256 approved on the operator's side, see
+llmgw_pulumi.release, and report its tag); nothing is re-issued.
 """
 
 from __future__ import annotations
@@ -19,14 +20,17 @@ import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 from pulumi.output import Unknown
 
-from .. import desired, facts, remote, rollout
-from ..errors import ConfigError
+from .. import desired, facts, release, remote, rollout
+from ..errors import ChecksumMismatchError, ConfigError
 from ..specs import AgentSettings, AgentSpec, BinarySource, Rollout, build, is_unknown, names, to_inputs
 from . import _glue
 
 SETTINGS_KEYS = ("node_id", *names(AgentSettings, config=False))
 """The inputs agent.yaml is rendered from: the node id and AgentSettings' fields, each an input of its own."""
 BINARY_KEYS = ("version", "release_url", "binary_path", "binary_sha256")
+RELEASE_KEYS = BinarySource.RELEASE_FIELDS
+"""How a release is verified and carried: inputs only (used by create and update), never compared by the diff (a
+preview fetches nothing, so it cannot know the digests) and not repeated in the outputs."""
 INPUT_KEYS = ("connection", "known_host_key", "known_jump_host_keys", "hostname", *SETTINGS_KEYS, *BINARY_KEYS,
               "agent_yaml", "unit")
 REPLACE_KEYS = ("node_id", "connection.host", "connection.port")
@@ -110,8 +114,10 @@ def _install(spec: AgentSpec, props: dict[str, Any], mode: str, known: tuple[str
              adopt: bool = False, keep: tuple[desired.Content, ...] = ()) -> dict[str, Any]:
     """Install the agent over one session. ``adopt`` (create): first read what the node has, and keep what
     already says what is wanted (a node onboarded by the script): the binary when its sha256 is the one wanted,
-    agent.yaml and the unit when equivalent. A release's binary is compared by the node (install-agent.sh)."""
-    binary = b""
+    agent.yaml and the unit when equivalent. A release's binary must have the sha256 approved on the operator's
+    side for the node's architecture; the node compares it (install-agent.sh), and with ``fetch: operator`` the
+    binary is downloaded here, once per architecture, and pushed."""
+    binary, digests, source = b"", {}, None
     if mode == "copy":
         path = Path(spec.binary.binary_path or "")
         try:
@@ -120,16 +126,23 @@ def _install(spec: AgentSpec, props: dict[str, Any], mode: str, known: tuple[str
             raise ConfigError(spec.node_id, "binary_path", f"cannot read the local binary {path}: {exc.strerror}",
                               "build llmgw there, or point agent.binary at the build") from None
     if mode == "release":
-        log.info("%s: the node fetches llmgw %s from %s and verifies it against checksums.txt",
-                 spec.node_id, spec.binary.version, spec.binary.release_url)
+        source = release_of(spec.binary)
+        digests = dict(spec.binary.release_sha256 or release.approve(source))  # approved once per process otherwise
+        log.info("%s: %s llmgw %s from %s and verifies it against the sha256 approved on this machine", spec.node_id,
+                 "this machine downloads (and pushes)" if spec.binary.fetched_here else "the node fetches",
+                 spec.binary.version, spec.binary.release_url)
+    push = mode == "release" and spec.binary.fetched_here
     with _glue.session(spec.connection, spec.node_id, *known) as s:
-        if adopt:
+        if adopt or push:
             res = s.run(remote.survey(desired.files_of(desired.AGENT), TEXT_FILES))
             _glue.raise_for(res, spec.node_id, f"reading the agent's files on {spec.connection.host}")
             before = facts.parse_survey(res.stdout)
-            keep = equivalent_texts(before, props)
+            if adopt:
+                keep = equivalent_texts(before, props)
             if mode == "copy" and before.sha256(desired.BINARY_PATH) == (spec.binary.binary_sha256 or _sha256(binary)):
                 mode, binary = "keep", b""
+            if push and source is not None:
+                mode, binary = _pushed(spec, source, digests, before)
         script = remote.install_agent(
             mode=mode,
             config=props["agent_yaml"],
@@ -137,7 +150,8 @@ def _install(spec: AgentSpec, props: dict[str, Any], mode: str, known: tuple[str
             version=spec.binary.version,
             release_url=spec.binary.release_url or "",
             binary=binary,
-            binary_sha256=spec.binary.binary_sha256 or "",
+            binary_sha256=spec.binary.binary_sha256 or (_sha256(binary) if mode == "push" else ""),
+            release_sha256=digests,
             keep=keep,
         )
         res = s.run(script)
@@ -148,6 +162,25 @@ def _install(spec: AgentSpec, props: dict[str, Any], mode: str, known: tuple[str
         "arch": node.arch,
         "node_state": node_state(node, props),
     }
+
+
+def release_of(binary: BinarySource) -> release.Release:
+    """The release a binary source names, as llmgw_pulumi.release approves it."""
+    return release.Release(binary.release_url or "", binary.version, binary.signing_key, ca_file=binary.release_ca)
+
+
+def _pushed(spec: AgentSpec, source: release.Release, digests: dict[str, str], node: facts.NodeFacts) -> tuple[str, bytes]:
+    """fetch: operator: (mode, bytes) for a node whose files are ``node``: ``keep`` when it has the approved
+    binary for its architecture already, else ``push`` with the binary downloaded and verified here."""
+    want = digests.get(node.arch)
+    if want is None:
+        raise ChecksumMismatchError(spec.node_id, f"checksums.txt of {spec.binary.version} has no line for "
+                                    f"{release.binary_name(spec.binary.version, node.arch)} (or agent.sha256 no "
+                                    f"{node.arch} digest); nothing was installed",
+                                    "publish the release for this node's architecture, or pin its sha256")
+    if node.sha256(desired.BINARY_PATH) == want:
+        return "keep", b""
+    return "push", release.fetch_binary(source, node.arch, want)
 
 
 def _sha256(data: bytes) -> str:
@@ -161,6 +194,11 @@ def rollout_plan(props: dict[str, Any]) -> Rollout | None:
         return None
     built: Rollout = build(Rollout, plan)
     return built
+
+
+def _outputs(props: dict[str, Any], computed: dict[str, Any]) -> dict[str, Any]:
+    """The inputs but RELEASE_KEYS, and what the operation found."""
+    return _glue.outputs({k: v for k, v in props.items() if k not in RELEASE_KEYS}, **computed)
 
 
 def _mode(spec: AgentSpec) -> str:
@@ -189,13 +227,13 @@ class AgentInstallProvider(ResourceProvider):
         spec = AgentSpec.from_props(props)
         with rollout.onboarding(spec.rollout, spec.node_id):  # first-time onboarding never waits
             computed = _install(spec, props, _mode(spec), _glue.known_keys(props), adopt=True)
-        return CreateResult(spec.node_id, _glue.outputs(props, **computed))
+        return CreateResult(spec.node_id, _outputs(props, computed))
 
     @_glue.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         if _glue.operator_side_only(_glue.changed_keys(olds, news, INPUT_KEYS) + drift(olds, news)):
             rollout.unchanged(rollout_plan(news), str(news.get("node_id")))
-            return UpdateResult(_glue.carried(olds, news, OUTPUT_KEYS))
+            return UpdateResult(_outputs(news, {k: olds.get(k) for k in OUTPUT_KEYS}))
         spec = AgentSpec.from_props(news)
         binary_changed = any(_glue.normalise(olds.get(k)) != _glue.normalise(news.get(k)) for k in ("version", "binary_sha256"))
         binary_drifted = "node_state.binary" in drift(olds, news)
@@ -203,7 +241,7 @@ class AgentInstallProvider(ResourceProvider):
         # A running agent is restarted: canaries first, at most maxParallel at once, none after a failure.
         with rollout.update(spec.rollout, spec.node_id):
             computed = _install(spec, news, mode, _glue.known_keys(news, olds), keep=unchanged_texts(olds, news))
-        return UpdateResult(_glue.outputs(news, **computed))
+        return UpdateResult(_outputs(news, computed))
 
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:

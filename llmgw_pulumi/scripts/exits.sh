@@ -9,7 +9,9 @@ EXIT_WRITE=74           # a file could not be written (disk full, read-only); no
 EXIT_BUSY=75            # another change to the node held its lock for too long
 EXIT_NO_KEYGEN=76       # the node has no openssl to make its own key pair
 EXIT_KEY_MISSING=77     # the key pair made on the node for this certificate is not there
-EXIT_NO_LOCK=78         # the node cannot lock (no flock, or /run writable by others); nothing was changed
+EXIT_VERSION=78         # a release binary reports another version than the tag asked for; nothing was installed
+EXIT_UNSAFE_DIR=79      # a directory to install into is writable by a user other than root; nothing was changed
+EXIT_NO_LOCK=80         # the node cannot lock (no flock, or /run writable by others); nothing was changed
 # shellcheck disable=SC2034 # each script uses the codes it needs; Python reads them all
 readonly EXIT_RELEASE_FETCH EXIT_CHECKSUM EXIT_AGENT_START EXIT_WRITE EXIT_BUSY EXIT_NO_KEYGEN EXIT_KEY_MISSING \
-  EXIT_NO_LOCK
+  EXIT_VERSION EXIT_UNSAFE_DIR EXIT_NO_LOCK

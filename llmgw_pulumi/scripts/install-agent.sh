@@ -4,12 +4,17 @@
 #
 # install-agent.sh DIRS UNIT MODE TAG URL WANT SIZE TICKS START \
 #                  BINARY MODE OWNER  CONFIG MODE OWNER SIZE  UNIT_FILE MODE OWNER SIZE
-#   MODE   release: the node downloads URL/TAG/llmgw-TAG-linux-<arch> and checks
-#                   it against the release's checksums.txt;
+#   MODE   release: the node downloads URL/TAG/llmgw-TAG-linux-<arch>, which
+#                   must have the sha256 WANT lists for its arch (WANT:
+#                   arch=sha256,arch=sha256: what the operator's side approved);
+#          push:    a release the operator's side downloaded and verified arrives
+#                   on stdin (SIZE bytes, sha256 WANT);
 #          copy:    the local build arrives on stdin (SIZE bytes, sha256 WANT);
-#          keep:    the binary is already right.
-#          (release: when the installed binary has the release's checksum
-#          already, nothing is downloaded and it stays.)
+#          keep:    the binary is already right (its mode and owner are made right).
+#          (release: when the installed binary has the approved sha256
+#          already, nothing is downloaded and it stays.) A release (release,
+#          push) must report TAG as the last word of its `--version`, run
+#          from the staged file, before anything is installed.
 #   TICKS  tenths of a second the restarted agent must stay up
 #   START  restart|start: how the agent is (re)started
 #   then each file, its mode and owner (user:group); the config's and the
@@ -63,6 +68,28 @@ restore() {
     systemctl disable --now "$UNIT" >/dev/null 2>&1 || true
   fi
 }
+# Nothing is installed into a directory a user other than root could write to
+# (or whose parents they could): they could swap the file, or plant the copy a
+# rollback restores (*.llmgw-prev), and have it run as root. Checked first:
+# even the leftovers of a killed run are put back only in a safe directory.
+# safe_dir DIR: DIR and each parent up to / are root's and not group- or world-writable.
+safe_dir() {
+  d=$1
+  while :; do
+    if [ -e "$R$d" ]; then
+      st=$(stat -c '%U %a' "$R$d/")
+      owner=${st% *} perms=${st#* }
+      if [ "$owner" != root ] || [ $((0$perms & 022)) -ne 0 ]; then
+        echo "$d is owned by $owner with mode $perms: a user other than root could replace what is installed in it; nothing was changed" >&2
+        echo "on the node: chown root:root $d && chmod go-w $d" >&2
+        exit "$EXIT_UNSAFE_DIR"
+      fi
+    fi
+    [ "$d" != / ] || break
+    d=$(dirname "$d")
+  done
+}
+for f in "$B" "$C" "$U"; do safe_dir "$(dirname "$f")"; done
 # An earlier run killed outright in the middle of its change left what it
 # replaced: put that back first, so this run starts from the last state known to work.
 for f in "$R$B" "$R$C" "$R$U"; do
@@ -76,26 +103,27 @@ rollback() {
   esac
 }
 arch=$(node_arch)
+
 # Staged in /run (a root-only tmpfs): a reboot in the middle leaves nothing behind.
 stage=$(mktemp -d "$R/run/llmgw-stage.XXXXXX")
 # A release server that sends nothing for 20s is given up on (and retried
 # while 30s have not passed); a slow but moving download may take 10 minutes.
-fetch() { curl -fsS --connect-timeout 10 --speed-limit 1 --speed-time 20 --max-time "$3" --retry 2 --retry-max-time 30 -o "$1" "$2" 2>&1; }
+fetch() { curl -fsS --proto =https --connect-timeout 10 --speed-limit 1 --speed-time 20 --max-time "$3" --retry 2 --retry-max-time 30 -o "$1" "$2" 2>&1; }
 case $MODE in
 release)
   name="llmgw-$TAG-linux-$arch"
-  if ! err=$(fetch "$stage/sums" "$URL/$TAG/checksums.txt" 60); then
-    echo "cannot download $URL/$TAG/checksums.txt: $err; the installed agent was left as it was" >&2; exit "$EXIT_RELEASE_FETCH"
+  WANT=$(printf '%s\n' "$WANT" | tr ',' '\n' | sed -n "s/^$arch=//p")
+  if [ -z "$WANT" ]; then
+    echo "checksums.txt of $TAG has no line for $name (or agent.sha256 no $arch digest); nothing was installed" >&2
+    exit "$EXIT_CHECKSUM"
   fi
-  WANT=$(awk -v n="$name" '$2 == n || $2 == "*" n { print $1; exit }' "$stage/sums")
-  if [ -z "$WANT" ]; then echo "checksums.txt of $TAG has no line for $name; nothing was installed" >&2; exit "$EXIT_CHECKSUM"; fi
   if [ "$(sha256_of "$R$B")" = "$WANT" ]; then
     MODE=keep  # the node runs this release already: nothing to download
   elif ! err=$(fetch "$stage/bin" "$URL/$TAG/$name" 600); then
     echo "cannot download $URL/$TAG/$name: $err; the installed agent was left as it was" >&2; exit "$EXIT_RELEASE_FETCH"
   fi
   ;;
-copy)
+copy|push)
   if ! dd iflag=fullblock,count_bytes bs=65536 count="$SIZE" status=none of="$stage/bin" 2>/dev/null; then
     echo "cannot stage the binary in /run (out of memory?); nothing was changed" >&2; exit "$EXIT_WRITE"
   fi
@@ -109,6 +137,16 @@ if [ "$MODE" != keep ]; then
   new_temp "$B"
   cp "$stage/bin" "$t" 2>/dev/null || cannot_write "$B"
   stage_temp "$B" "$B_MODE" "$B_OWNER"
+  if [ "$MODE" != copy ]; then
+    # The approved bytes must also be the tag asked for (not an older build published under it).
+    said=$(timeout 30 "$t" --version 2>/dev/null | awk 'NF { v = $NF } END { print v }' | tr -cd 'A-Za-z0-9.+_-' | cut -c1-64) || true
+    if [ "$said" != "$TAG" ]; then
+      echo "llmgw binary for $arch reports version '${said:-nothing}', not $TAG; nothing was installed" >&2
+      exit "$EXIT_VERSION"
+    fi
+  fi
+elif [ -f "$R$B" ]; then
+  keep "$B" "$B_MODE" "$B_OWNER"  # the right bytes: only its mode and owner are made right, in place
 fi
 # SIZE `-`: the node's file says the same in other words (desired.equivalent), and stays.
 if [ "$C_SIZE" = - ]; then keep "$C" "$C_MODE" "$C_OWNER"; else put "$C" "$C_MODE" "$C_OWNER" "$C_SIZE"; fi

@@ -311,9 +311,9 @@ def test_release_server_fault_during_an_upgrade_keeps_the_running_agent(fault, l
         stack.set_config({**config, "agent": {"version": NEXT_RELEASE, "releaseUrl": url}})
         up = stack.up()
     assert not up.ok
-    expected = {
-        "down": [f"cannot download {url}/{NEXT_RELEASE}/checksums.txt", "the installed agent was left as it was"],
-        "stalled": ["Operation too slow", "the installed agent was left as it was"],
+    expected = {  # checksums.txt is fetched on the operator's side (once per up), before any node is reached
+        "down": [f"cannot download {url}/{NEXT_RELEASE}/checksums.txt", "no node was changed"],
+        "stalled": [f"cannot download {url}/{NEXT_RELEASE}/checksums.txt", "timed out", "no node was changed"],
         "corrupt": ["llmgw binary for amd64 has sha256", "was expected; nothing was installed"],
     }[fault]
     for words in expected:
@@ -393,7 +393,9 @@ def test_disk_full_while_writing_the_config_keeps_the_previous_one(cluster, host
 def broken_start_release(cluster: Any) -> str:
     """A release whose amd64 agent exits 1 at once, after one line on stderr."""
     if not (cluster.release_root / BROKEN_START).exists():
-        script = f"#!/bin/sh\necho '{FATAL_LINE}' >&2\nexit 1\n".encode()
+        # It reports its tag (a release must, before it is installed), then fails as an agent.
+        script = (f"#!/bin/sh\n[ \"$1\" != --version ] || {{ echo 'llmgw version {BROKEN_START}'; exit 0; }}\n"
+                  f"echo '{FATAL_LINE}' >&2\nexit 1\n").encode()
         publish_release(cluster.release_root, BROKEN_START, {"amd64": script})
     return BROKEN_START
 

@@ -133,7 +133,10 @@ def test_onboarding_is_not_gated_and_a_version_bump_restarts_two_at_a_time_canar
 def broken_release(cluster: Any) -> str:
     """A release whose amd64 agent exits 1 at once."""
     if not (cluster.release_root / BROKEN).exists():
-        publish_release(cluster.release_root, BROKEN, {"amd64": b"#!/bin/sh\necho 'llmgw: fatal: broken release' >&2\nexit 1\n"})
+        # It reports its tag (a release must, before it is installed), then fails as an agent.
+        script = f"#!/bin/sh\n[ \"$1\" != --version ] || {{ echo 'llmgw version {BROKEN}'; exit 0; }}\n" \
+                 "echo 'llmgw: fatal: broken release' >&2\nexit 1\n"
+        publish_release(cluster.release_root, BROKEN, {"amd64": script.encode()})
     return BROKEN
 
 

@@ -115,6 +115,9 @@ def test_up_exports_the_next_steps(stack_config: None, monkeypatch: pytest.Monke
     pulumi.runtime.set_mocks(Mocks(), preview=False)
     pulumi.runtime.set_all_config({
         **STACK,
+        # Pinned: the release's digests are known without fetching its checksums.txt (no network here).
+        "llmgw:agent": json.dumps({"version": "v1.4.2", "releaseUrl": "https://releases.example.net/llmgw",
+                                   "sha256": {"amd64": "ab" * 32}}),
         "llmgw:ssh": json.dumps({"user": "deploy", "privateKeyPath": str(key)}),
         "llmgw:nodes": json.dumps([{"id": "gpu-01", "address": "10.0.0.11"}, {"id": "gpu-02", "address": "10.0.0.12"}]),
     }, [])

@@ -320,12 +320,11 @@ def test_agent_create_downloads_a_verified_release(agent_node: FakeNode) -> None
     node = agent_node
     binary = agent_binary("v1.2.3")
     publish(node, "v1.2.3", binary)
-    inputs = agent_inputs(version="v1.2.3", release_url=RELEASE_URL + "/")
+    inputs = agent_inputs(version="v1.2.3", release_url=RELEASE_URL + "/", release_sha256={"amd64": sha(binary)})
     outs = AgentInstallProvider().create(inputs).outs
     assert_agent_installed(node, inputs, binary, outs)
-    # checksums.txt first: a node that has this release's binary already downloads nothing more.
-    assert [c.split()[-1] for c in node.calls("curl")] == [f"{RELEASE_URL}/v1.2.3/checksums.txt",
-                                                           f"{RELEASE_URL}/v1.2.3/llmgw-v1.2.3-linux-amd64"]
+    # Only the binary: the digest it must have was approved on the operator's side (llmgw_pulumi.release).
+    assert [c.split()[-1] for c in node.calls("curl")] == [f"{RELEASE_URL}/v1.2.3/llmgw-v1.2.3-linux-amd64"]
 
 
 @pytest.mark.parametrize("fault,error,words", [
@@ -336,17 +335,17 @@ def test_agent_create_downloads_a_verified_release(agent_node: FakeNode) -> None
 def test_agent_refuses_a_bad_release_and_installs_nothing(agent_node: FakeNode, fault: str, error: type, words: str) -> None:
     node = agent_node
     good = agent_binary("v1.2.3")
+    approved = {"amd64": sha(good)}
     if fault == "tampered":
         publish(node, "v1.2.3", good, tamper=good + b"# evil\n")
-    elif fault == "no line":
+    elif fault == "no line":  # approved for another architecture only
         publish(node, "v1.2.3", good)
-        sums = node.releases / "v1.2.3" / "checksums.txt"
-        sums.write_text(sums.read_text().replace("llmgw-v1.2.3-linux-amd64", "llmgw-v1.2.3-linux-amd64.sig"))
-    else:  # checksums.txt is there, the binary is not
+        approved = {"arm64": sha(good)}
+    else:  # the binary is not there
         publish(node, "v1.2.3", good)
         (node.releases / "v1.2.3" / "llmgw-v1.2.3-linux-amd64").unlink()
     with pytest.raises(error, match=words):
-        AgentInstallProvider().create(agent_inputs(version="v1.2.3", release_url=RELEASE_URL))
+        AgentInstallProvider().create(agent_inputs(version="v1.2.3", release_url=RELEASE_URL, release_sha256=approved))
     for path in (BINARY, CONFIG, UNIT):
         assert node.read(path) is None, f"{path} installed from a bad release"
     assert node.leftovers() == [] and changes_to_systemd(node) == []

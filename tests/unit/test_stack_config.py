@@ -70,7 +70,7 @@ BAD = [
      "must be {python: PATH}"),
     ("malformed version tag", ("agent", "version"), "v1.2", "llmgw", "agent.version", "malformed release tag"),
     ("version with spaces", ("agent", "version"), "v1 2 3", "llmgw", "agent.version", "not a version"),
-    ("release url not http", ("agent", "releaseUrl"), "ftp://releases.example.net", "llmgw", "agent.releaseUrl", "not an http(s) URL"),
+    ("release url not http", ("agent", "releaseUrl"), "ftp://releases.example.net", "llmgw", "agent.releaseUrl", "not an https URL"),
     ("release url missing for a tag", ("agent", "releaseUrl"), DELETE, "llmgw", "agent.releaseUrl", "missing"),
     ("dev version without a binary", ("agent", "version"), "v1.2.3-4-gabc", "llmgw", "agent.binary", "not a release tag"),
     ("negative ssh wait", ("ssh", "wait"), -5, "llmgw", "ssh.wait", "out of range"),

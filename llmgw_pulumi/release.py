@@ -1,0 +1,319 @@
+"""Releases as the operator approves them: the sha256 each node's binary must have, decided on this machine.
+
+A node never decides for itself what a release is. The operator's side (the
+Pulumi program, once per `pulumi up`, never in a preview) learns the sha256 of
+``llmgw-<tag>-linux-<arch>`` for every architecture, in one of three ways:
+
+- ``agent.sha256`` pins them (``{amd64: ..., arm64: ...}``): nothing is fetched;
+- ``agent.signingKey`` is an OpenSSH public key: ``<url>/<tag>/checksums.txt``
+  and its detached signature ``checksums.txt.sig`` are fetched over https, and
+  ``ssh-keygen -Y verify`` must accept the signature for that key in the
+  namespace ``llmgw-release`` before a line of the file is read;
+- neither: ``checksums.txt`` is fetched over https and trusted as the server
+  sends it (what an existing stack did, minus the node's own say; only a
+  signature or a pin makes the release the operator's).
+
+The digests reach each node as an input of its AgentInstall; the node downloads
+only the binary, checks its sha256 and that its ``--version`` reports the tag,
+before anything is installed. With ``agent.fetch: operator`` the binary is
+downloaded here instead (``fetch_binary``: once per architecture, into a cache
+named by digest) and pushed to the node over SSH.
+
+Why OpenSSH signatures: ``ssh-keygen`` is already on every machine that runs
+this package (openssh-client), the key is a one-line ``ssh-ed25519 AAAA...``
+that operators already handle, a signature is made with ``ssh-keygen -Y sign``
+(or a hardware key through ssh-agent), and no library is added.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import os
+import re
+import shutil
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from .errors import ChecksumMismatchError, ReleaseFetchError, ReleaseSignatureError
+
+NAMESPACE = "llmgw-release"
+"""The OpenSSH signature namespace (``ssh-keygen -Y sign -n``) a release's checksums.txt is signed in."""
+CHECKSUMS = "checksums.txt"
+SIGNATURE_SUFFIX = ".sig"
+"""The detached signature sits beside checksums.txt, as ``ssh-keygen -Y sign`` names it."""
+STALL_SECONDS = 20.0
+"""A release server that sends nothing for this long is given up on."""
+MAX_CHECKSUMS_BYTES = 1 << 20
+MAX_BINARY_BYTES = 2 << 30
+CHECKSUMS_DEADLINE = 60.0
+BINARY_DEADLINE = 600.0
+WHO = "llmgw"
+"""Errors here are about a release, before any node is reached: they name the stack's agent settings."""
+
+_LINE = re.compile(r"\A([0-9A-Fa-f]{64}) [ *](\S+)\Z")
+_ARCH = re.compile(r"\A[a-z0-9_]{1,32}\Z")
+DIGEST = re.compile(r"\A[0-9a-f]{64}\Z")
+
+
+def binary_name(tag: str, arch: str) -> str:
+    """The release file of ``arch`` (``llmgw-v1.4.2-linux-amd64``)."""
+    return f"llmgw-{tag}-linux-{arch}"
+
+
+@dataclass(frozen=True)
+class Release:
+    """A release as the operator configured it (agent.version, releaseUrl, signingKey, sha256, releaseCa)."""
+
+    url: str
+    tag: str
+    signing_key: str | None = None
+    pins: tuple[tuple[str, str], ...] = ()
+    """(arch, sha256) pairs given in agent.sha256; when given, nothing is fetched to learn the digests."""
+    ca_file: str | None = None
+    """A PEM bundle trusted (alone) for the release server's certificate; None: the system's (and SSL_CERT_FILE)."""
+
+    @property
+    def base(self) -> str:
+        return f"{self.url.rstrip('/')}/{self.tag}"
+
+    @property
+    def how(self) -> str:
+        """How the digests were approved, for the operator's log."""
+        if self.pins:
+            return "pinned in agent.sha256"
+        if self.signing_key:
+            return f"from checksums.txt signed by {key_fingerprint(self.signing_key)}"
+        return "from checksums.txt as the server sent it over https (no signingKey or sha256 pin)"
+
+
+def key_fingerprint(public_key: str) -> str:
+    """``SHA256:...`` of an OpenSSH public key line, as ssh-keygen prints it."""
+    import base64
+
+    blob = base64.b64decode(public_key.split()[1])
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+def _shown(text: str, limit: int = 120) -> str:
+    """Text that came from a server, safe to print: quoted, control characters escaped, cut short."""
+    return repr(text[:limit] + ("..." if len(text) > limit else ""))
+
+
+# --------------------------------------------------------------------------- checksums.txt
+
+
+def parse_checksums(text: str, tag: str, source: str = "") -> dict[str, str]:
+    """arch -> sha256 of every ``llmgw-<tag>-linux-<arch>`` that ``checksums.txt`` lists (sha256sum format).
+
+    Strict: every line is ``<64 hex digits>  <name>`` (or `` *<name>``), each
+    binary once; lines for other files are allowed (and not used). Anything else raises
+    ChecksumMismatchError naming the line, since a file we cannot read exactly
+    is not one to install from.
+    """
+    fix = (f"republish {CHECKSUMS} in sha256sum format (`sha256sum llmgw-{tag}-linux-* > {CHECKSUMS}`): "
+           "one line per file, 64 hex digits, two spaces, the file name")
+    prefix = f"llmgw-{tag}-linux-"
+    where = f"{CHECKSUMS} of {tag}" + (f" ({source})" if source else "")
+    found: dict[str, str] = {}
+    for number, line in enumerate(text.split("\n"), 1):
+        line = line.removesuffix("\r")
+        if not line.strip():
+            continue
+        m = _LINE.match(line)
+        if not m:
+            raise ChecksumMismatchError(WHO, f"{where}, line {number}: {_shown(line)} is not "
+                                        "'<sha256> <file name>'", fix)
+        digest, name = m[1].lower(), m[2]
+        arch = name[len(prefix):]
+        if not name.startswith(prefix) or not _ARCH.match(arch):
+            continue  # another file of the release (a tarball, llmgw-<tag>-linux-amd64.sig, ...)
+        if arch in found:
+            raise ChecksumMismatchError(WHO, f"{where} lists {name} more than once (line {number})", fix)
+        found[arch] = digest
+    if not found:
+        raise ChecksumMismatchError(WHO, f"{where} lists no {prefix}<arch> binary", fix)
+    return found
+
+
+# --------------------------------------------------------------------------- signatures
+
+
+def allowed_signers_line(signing_key: str) -> str:
+    """The ``ssh-keygen -Y verify`` allowed-signers line that lets ``signing_key`` sign releases, and only them."""
+    return f'{NAMESPACE} namespaces="{NAMESPACE}" {signing_key}\n'
+
+
+def verify_signature(data: bytes, signature: bytes, signing_key: str, what: str) -> None:
+    """Raise ReleaseSignatureError unless ``signature`` is ``signing_key``'s OpenSSH signature of ``data``
+    in the release namespace (``ssh-keygen -Y verify``)."""
+    keygen = shutil.which("ssh-keygen")
+    if keygen is None:
+        raise ReleaseSignatureError(WHO, f"cannot verify the signature of {what}: ssh-keygen is not installed here",
+                                    "install openssh-client on the machine running Pulumi")
+    with tempfile.TemporaryDirectory(prefix="llmgw-verify-") as tmp:
+        signers, sig = Path(tmp, "allowed_signers"), Path(tmp, "signature")
+        signers.write_text(allowed_signers_line(signing_key))
+        sig.write_bytes(signature)
+        try:
+            done = subprocess.run([keygen, "-Y", "verify", "-f", str(signers), "-I", NAMESPACE, "-n", NAMESPACE,
+                                   "-s", str(sig)], input=data, capture_output=True, timeout=60, check=False)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise ReleaseSignatureError(WHO, f"cannot run ssh-keygen to verify {what}: {exc}",
+                                        "check that `ssh-keygen -Y verify` works on this machine") from None
+    if done.returncode != 0:
+        said = " ".join((done.stderr + done.stdout).decode(errors="replace").split()) or f"exit {done.returncode}"
+        raise ReleaseSignatureError(WHO, f"the signature of {what} does not verify with agent.signingKey "
+                                    f"{key_fingerprint(signing_key)} (ssh-keygen: {_shown(said, 200)})")
+
+
+# --------------------------------------------------------------------------- https
+
+
+class _HttpsOnly(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to another https URL."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+        if not newurl.lower().startswith("https://"):
+            raise urllib.error.URLError(f"redirected to {_shown(newurl)}, which is not https")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _opener(ca_file: str | None) -> urllib.request.OpenerDirector:
+    try:
+        context = ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ReleaseFetchError(WHO, f"agent.releaseCa: cannot read {ca_file}: {exc}",
+                                "point agent.releaseCa at the PEM bundle of the release server's CA") from None
+    return urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), _HttpsOnly())
+
+
+def _download(url: str, ca_file: str | None, out: IO[bytes], limit: int, deadline: float) -> None:
+    """Stream ``url`` (https only) into ``out``; ReleaseFetchError when it fails, stalls or is too big."""
+    if not url.lower().startswith("https://"):
+        raise ReleaseFetchError(WHO, f"refusing to download {url}: not https", "serve releases over https")
+    fix = ("check agent.releaseUrl and that this machine reaches it and trusts its certificate "
+           "(agent.releaseCa for a private CA); no node was changed")
+    end = time.monotonic() + deadline
+    size = 0
+    try:
+        with _opener(ca_file).open(url, timeout=STALL_SECONDS) as response:
+            while chunk := response.read(1 << 16):
+                size += len(chunk)
+                if size > limit:
+                    raise ReleaseFetchError(WHO, f"{url} is larger than {limit} bytes", fix)
+                if time.monotonic() > end:
+                    raise ReleaseFetchError(WHO, f"cannot download {url}: not done after {deadline:g}s", fix)
+                out.write(chunk)
+    except urllib.error.HTTPError as exc:
+        raise ReleaseFetchError(WHO, f"cannot download {url}: HTTP {exc.code}", fix) from None
+    except urllib.error.URLError as exc:
+        raise ReleaseFetchError(WHO, f"cannot download {url}: {_shown(str(exc.reason), 200)}", fix) from None
+    except (OSError, ssl.SSLError) as exc:
+        raise ReleaseFetchError(WHO, f"cannot download {url}: {_shown(str(exc), 200)}", fix) from None
+
+
+def https_get(url: str, ca_file: str | None, limit: int = MAX_CHECKSUMS_BYTES,
+              deadline: float = CHECKSUMS_DEADLINE) -> bytes:
+    """The body of ``url``, fetched over https (redirects too), at most ``limit`` bytes."""
+    import io
+
+    buffer = io.BytesIO()
+    _download(url, ca_file, buffer, limit, deadline)
+    return buffer.getvalue()
+
+
+# --------------------------------------------------------------------------- approval
+
+
+@functools.cache
+def approve(release: Release) -> dict[str, str]:
+    """arch -> the sha256 the operator approves for ``release`` (see the module's docstring); at most one fetch
+    per release and process: the program runs once per `pulumi up`."""
+    if release.pins:
+        return dict(release.pins)
+    sums_url = f"{release.base}/{CHECKSUMS}"
+    data = https_get(sums_url, release.ca_file)
+    if release.signing_key:
+        signature = https_get(sums_url + SIGNATURE_SUFFIX, release.ca_file)
+        verify_signature(data, signature, release.signing_key, sums_url)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ChecksumMismatchError(WHO, f"{sums_url} is not text", "republish checksums.txt") from None
+    return parse_checksums(text, release.tag, sums_url)
+
+
+# --------------------------------------------------------------------------- fetch: operator
+
+
+def cache_dir() -> Path:
+    """Where binaries downloaded here are kept, by sha256: ``$XDG_CACHE_HOME/llmgw-pulumi/releases``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "llmgw-pulumi" / "releases"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def fetch_binary(release: Release, arch: str, digest: str, directory: Path | None = None) -> bytes:
+    """The bytes of ``release``'s binary for ``arch``, whose sha256 must be ``digest``.
+
+    Downloaded here once per architecture (the provider processes share the
+    cache, one download at a time per digest, under a lock), kept under its
+    digest. What the cache holds is hashed again each time it is read, so a file
+    put there by anything else is never pushed.
+    """
+    where = directory or cache_dir()
+    where.mkdir(parents=True, exist_ok=True, mode=0o700)
+    cached = where / digest
+    with _locked(where / f"{digest}.lock"):
+        with contextlib.suppress(OSError):
+            data = cached.read_bytes()
+            if hashlib.sha256(data).hexdigest() == digest:
+                return data
+        url = f"{release.base}/{binary_name(release.tag, arch)}"
+        with tempfile.NamedTemporaryFile(dir=where, prefix=f".{digest}.", delete=False) as out:
+            try:
+                _download(url, release.ca_file, out, MAX_BINARY_BYTES, BINARY_DEADLINE)
+            except BaseException:
+                os.unlink(out.name)
+                raise
+        data = Path(out.name).read_bytes()
+        got = hashlib.sha256(data).hexdigest()
+        if got != digest:
+            os.unlink(out.name)
+            raise ChecksumMismatchError(WHO, f"{url} has sha256 {got}, but {digest} was approved ({release.how}); "
+                                        "nothing was pushed to any node")
+        os.replace(out.name, cached)
+        return data
+
+
+def digests_problem(value: object) -> tuple[str, str] | None:
+    """Is ``value`` a mapping of architecture -> sha256 (64 lowercase hex digits)? (problem, fix) if not."""
+    fix = "give each architecture's sha256 as `sha256sum` prints it, e.g. {amd64: 3f9c...(64 hex digits)}"
+    if not isinstance(value, Mapping) or not value:
+        return "is not a mapping of architecture to sha256", fix
+    for arch, digest in value.items():
+        if not isinstance(arch, str) or not _ARCH.match(arch):
+            return f"{arch!r} is not an architecture (amd64, arm64, ...)", fix
+        if not isinstance(digest, str) or not DIGEST.match(digest.lower()):
+            return f"the {arch} digest is not 64 hex digits", fix
+    return None
