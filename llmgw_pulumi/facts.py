@@ -7,6 +7,13 @@ and the install scripts (what they just installed) both print it.
 Each parser takes the text a script printed and returns a small frozen value.
 They are tested on recorded output (and, for GPU discovery, on the real
 nvidia-smi output from an H200 node in the fixtures).
+
+This is where what a node prints enters the operator's side, so every parser
+first makes it printable (``text.printable``): no value parsed here holds a
+control character, an escape sequence or a bidirectional override, whatever
+the node printed; only the tabs and newlines that separate its fields are
+read as such. The fix hints that are shell commands quote what they
+interpolate (``shlex.quote``), for the operator's shell and the node's.
 """
 
 from __future__ import annotations
@@ -15,18 +22,34 @@ import base64
 import csv
 import io
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .desired import NodeFile
+from .text import printable
 
 ABSENT = "absent"
+
+
+def from_node(text: str) -> str:
+    """What a script printed, with every character that is not printable escaped but the tabs and
+    newlines that structure it: split into fields, it holds no control character."""
+    return printable(text, keep="\t\n")
+
+
+def ssh_command(target: str, *argv: str) -> str:
+    """``ssh TARGET ARGV...`` as an operator can paste it: each word quoted for the local shell, and each of
+    ``argv`` quoted once more for the node's shell, which reads the command ssh sends (its words joined by
+    spaces). A plain path stays as it is; a hostile one stays one argument on the node."""
+    return shlex.join(["ssh", target, *(shlex.quote(word) for word in argv)])
+
 
 def key_values(text: str) -> dict[str, str]:
     """``key<TAB>value`` lines; later keys win; other lines are ignored."""
     out: dict[str, str] = {}
-    for line in text.splitlines():
+    for line in from_node(text).splitlines():
         key, sep, value = line.partition("\t")
         if sep:
             out[key] = value
@@ -86,10 +109,10 @@ def parse_survey(text: str) -> NodeFacts:
     head: dict[str, str] = {}
     files: dict[str, FileFact | None] = {}
     texts: dict[str, str] = {}
-    for line in text.splitlines():
+    for line in from_node(text).splitlines():
         parts = line.split("\t")
         if parts[0] == "text" and len(parts) == 3:
-            texts[parts[1]] = base64.b64decode(parts[2]).decode(errors="replace")
+            texts[parts[1]] = from_node(base64.b64decode(parts[2]).decode(errors="replace"))
         elif parts[0] == "file" and len(parts) >= 3:
             path = parts[1]
             if parts[2] == "-":
@@ -125,7 +148,7 @@ class EngineProbe:
 def parse_engine_probes(text: str, engines: tuple[tuple[str, str], ...]) -> list[EngineProbe]:
     paths = dict(engines)
     out = []
-    for line in text.splitlines():
+    for line in from_node(text).splitlines():
         parts = line.split("\t")
         if parts[0] == "engine" and len(parts) >= 3 and parts[1] in paths:
             out.append(EngineProbe(parts[1], paths[parts[1]], parts[2], parts[3].strip() if len(parts) > 3 else ""))
@@ -141,10 +164,10 @@ def engine_problem(probe: EngineProbe, node: str, target: str) -> dict[str, str]
         hint = f"install {probe.engine} there, or fix engines.{probe.engine} in the stack config"
     elif probe.status == "not-executable":
         problem = f"{probe.engine} at {probe.path} is not an executable file on {node} ({probe.detail})"
-        hint = f"ssh {target} sudo chmod 0755 {probe.path}"
+        hint = ssh_command(target, "sudo", "chmod", "0755", probe.path)
     else:
         problem = f"{probe.engine} at {probe.path} exists but will not run on {node} ({probe.detail})"
-        hint = f"usually a missing shared library: ssh {target} ldd {probe.path} | grep 'not found'"
+        hint = f"usually a missing shared library: {ssh_command(target, 'ldd', probe.path)} | grep 'not found'"
     return {"engine": probe.engine, "path": probe.path, "status": probe.status, "problem": problem, "hint": hint}
 
 
@@ -175,7 +198,9 @@ def parse_gpu_query(text: str, fields: tuple[str, ...] = GPU_QUERY_FIELDS) -> li
     print an error instead of CSV; it is raised as ValueError in nvidia-smi's
     own words.
     """
-    rows = [[c.strip() for c in r] for r in csv.reader(io.StringIO(text), skipinitialspace=True) if r]
+    text = from_node(text)
+    # A quoted CSV field may span lines: each field is made printable again, newlines and all.
+    rows = [[printable(c.strip()) for c in r] for r in csv.reader(io.StringIO(text), skipinitialspace=True) if r]
     if rows and rows[0][0].startswith("Field "):
         raise ValueError(text.strip().splitlines()[0])
     if rows and rows[0][0] == "index":
@@ -194,7 +219,7 @@ def parse_gpu_query(text: str, fields: tuple[str, ...] = GPU_QUERY_FIELDS) -> li
 def parse_gpu_list(text: str) -> list[tuple[int, str, str]]:
     """``nvidia-smi -L``: (index, name, uuid) per GPU."""
     out = []
-    for line in text.splitlines():
+    for line in from_node(text).splitlines():
         if not line.startswith("GPU "):
             continue
         head, _, rest = line.partition(": ")
@@ -248,7 +273,7 @@ def parse_inventory(text: str) -> Inventory:
     status, path, detail, header = "none", "", "", ""
     rows: list[str] = []
     hcas: list[str] = []
-    for line in text.splitlines():
+    for line in from_node(text).splitlines():
         kind, _, rest = line.partition("\t")
         if kind == "smi":
             status, _, more = rest.partition("\t")
@@ -283,8 +308,8 @@ def inventory_problems(inv: Inventory, fabrics: Sequence[tuple[str, Sequence[str
         out.append({"gpu": "nvidia-smi", "path": inv.smi_path, "status": "fails",
                     "problem": f"nvidia-smi at {inv.smi_path} fails on {node} ({inv.smi_detail}): "
                                "its GPUs are not usable",
-                    "hint": f"ssh {target} {inv.smi_path}; usually the NVIDIA kernel module is not loaded or does not "
-                            "match the driver (check dmesg, reinstall the driver for the running kernel)"})
+                    "hint": f"{ssh_command(target, inv.smi_path)}; usually the NVIDIA kernel module is not loaded or does "
+                            "not match the driver (check dmesg, reinstall the driver for the running kernel)"})
     for fabric, hcas in fabrics:
         for hca in hcas:
             if hca not in inv.hcas:
@@ -292,6 +317,6 @@ def inventory_problems(inv: Inventory, fabrics: Sequence[tuple[str, Sequence[str
                 out.append({"fabric": fabric, "hca": hca, "status": "missing",
                             "problem": f"fabric {fabric} declares HCA {hca}, which {node} does not have "
                                        f"(under {ib_root}: {found})",
-                            "hint": f"ssh {target} ls {ib_root}; list the node's HCAs in fabric.hcas, "
+                            "hint": f"{ssh_command(target, 'ls', ib_root)}; list the node's HCAs in fabric.hcas, "
                                     "or check the HCA's driver (mlx5_core) is loaded"})
     return out

@@ -12,6 +12,7 @@ import ipaddress
 import math
 import re
 from collections.abc import Callable, Iterable
+from typing import TypeGuard
 from urllib.parse import urlsplit
 
 Problem = tuple[str, str] | None
@@ -45,7 +46,7 @@ def _unprintable(value: str) -> bool:
     return not value.isprintable()
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     """A finite int or float, not a bool (YAML gives .nan and .inf as floats)."""
     return not isinstance(value, bool) and (isinstance(value, int) or isinstance(value, float) and math.isfinite(value))
 
