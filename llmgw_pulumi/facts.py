@@ -47,12 +47,12 @@ def ssh_command(target: str, *argv: str) -> str:
 
 
 def key_values(text: str) -> dict[str, str]:
-    """``key<TAB>value`` lines; later keys win; other lines are ignored."""
+    """``key<TAB>value`` lines; later keys win; other lines are ignored. A tab in a value is shown as ``\\t``."""
     out: dict[str, str] = {}
     for line in from_node(text).splitlines():
         key, sep, value = line.partition("\t")
         if sep:
-            out[key] = value
+            out[key] = printable(value)
     return out
 
 
@@ -105,21 +105,25 @@ def file_state(want: NodeFile, seen: FileFact | None) -> str:
 
 
 def parse_survey(text: str) -> NodeFacts:
-    """What survey.sh prints; the install scripts end with the same lines for what they installed."""
+    """What survey.sh prints; the install scripts end with the same lines for what they installed.
+
+    A line that does not parse is left out (a file it names counts as absent), as any other line is."""
     head: dict[str, str] = {}
     files: dict[str, FileFact | None] = {}
     texts: dict[str, str] = {}
     for line in from_node(text).splitlines():
         parts = line.split("\t")
         if parts[0] == "text" and len(parts) == 3:
-            texts[parts[1]] = from_node(base64.b64decode(parts[2]).decode(errors="replace"))
+            try:
+                texts[parts[1]] = from_node(base64.b64decode(parts[2]).decode(errors="replace"))
+            except ValueError:  # not base64 (binascii.Error), or not ASCII
+                continue
         elif parts[0] == "file" and len(parts) >= 3:
             path = parts[1]
             if parts[2] == "-":
                 files[path] = None
-            elif len(parts) == 4:
-                mode, owner, group = parts[2].split(" ")
-                files[path] = FileFact(path, int(mode, 8), owner, group, parts[3])
+            elif len(parts) == 4 and (seen := _file_fact(path, parts[2], parts[3])):
+                files[path] = seen
         elif len(parts) == 2:
             head[parts[0]] = parts[1]
     return NodeFacts(
@@ -130,6 +134,14 @@ def parse_survey(text: str) -> NodeFacts:
         files=files,
         texts=texts,
     )
+
+
+def _file_fact(path: str, mode_owner_group: str, sha256: str) -> FileFact | None:
+    """A ``file`` line's fields ('600 root root', the sha256), or None where they do not parse."""
+    words = mode_owner_group.split(" ")
+    if len(words) != 3 or not re.fullmatch(r"[0-7]{1,6}", words[0]):
+        return None
+    return FileFact(path, int(words[0], 8), words[1], words[2], sha256)
 
 
 @dataclass(frozen=True)
@@ -211,8 +223,11 @@ def parse_gpu_query(text: str, fields: tuple[str, ...] = GPU_QUERY_FIELDS) -> li
         if len(row) != len(fields):
             raise ValueError(f"nvidia-smi gave {len(row)} columns for {len(fields)} fields: {','.join(row)!r}")
         v = dict(zip(fields, row, strict=True))
-        gpus.append(Gpu(int(v["index"]), v["uuid"], v["name"], int(v["memory.total"].split()[0]),
-                        v["driver_version"], v["pci.bus_id"], v["compute_cap"]))
+        try:
+            gpus.append(Gpu(int(v["index"]), v["uuid"], v["name"], int(v["memory.total"].split()[0]),
+                            v["driver_version"], v["pci.bus_id"], v["compute_cap"]))
+        except (KeyError, IndexError, ValueError):
+            raise ValueError(f"nvidia-smi gave a row that does not parse: {','.join(row)!r}") from None
     return gpus
 
 
@@ -224,7 +239,9 @@ def parse_gpu_list(text: str) -> list[tuple[int, str, str]]:
             continue
         head, _, rest = line.partition(": ")
         name, _, uuid = rest.rpartition(" (UUID: ")
-        out.append((int(head.split()[1]), name, uuid.rstrip(")")))
+        index = head.split()[1:2]
+        if index and index[0].isascii() and index[0].isdigit():
+            out.append((int(index[0]), name, uuid.rstrip(")")))
     return out
 
 
@@ -283,7 +300,7 @@ def parse_inventory(text: str) -> Inventory:
         elif kind == "smi-header":
             header = rest
         elif kind == "hca" and rest:
-            hcas.append(rest)
+            hcas.append(printable(rest))
     gpus: list[Gpu] = []
     if status == "ok":
         try:
@@ -292,7 +309,8 @@ def parse_inventory(text: str) -> Inventory:
             status, detail = "fails", f"unreadable output: {exc}"
     m = _SMI_HEADER.search(header)
     driver = m["driver"] if m else next((g.driver_version for g in gpus), "")
-    return Inventory(tuple(gpus), driver, m["cuda"] if m else "", tuple(sorted(hcas)), status, path, detail.strip())
+    return Inventory(tuple(gpus), driver, m["cuda"] if m else "", tuple(sorted(hcas)), status, path,
+                     printable(detail.strip()))
 
 
 def inventory_problems(inv: Inventory, fabrics: Sequence[tuple[str, Sequence[str]]], ib_root: str, node: str,

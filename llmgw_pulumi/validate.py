@@ -132,6 +132,15 @@ def abs_path(value: object, what: str = "path", on_node: bool = False) -> Proble
     return None
 
 
+def local_path(value: object, what: str = "path") -> Problem:
+    """A path on the machine running Pulumi, as the operator writes it (relative, or with ~, is fine)."""
+    if not isinstance(value, str) or not value:
+        return "is empty", f"give the {what}"
+    if _unprintable(value):
+        return "contains a newline or control character", f"give the {what} on one line, in printable characters"
+    return None
+
+
 def version(value: object) -> Problem:
     if not isinstance(value, str) or not value:
         return "is missing", "give a release tag such as v1.4.2, or a local binary"
@@ -194,6 +203,10 @@ def _host_key_words(value: object) -> tuple[str, str] | None:
 
 
 def host_key(value: object) -> Problem:
+    # Whitespace (a .pub file's tab or newline) only separates words, which are normalised; anything else is refused.
+    if isinstance(value, str) and _unprintable(" ".join(value.split())):
+        return ("contains a control character",
+                "paste the node's host key as its .pub file has it: 'ssh-ed25519 AAAAC3...'")
     if _host_key_words(value) is None:
         return ("is not an SSH public key",
                 "paste the node's /etc/ssh/ssh_host_ed25519_key.pub (a trailing comment is dropped), "
