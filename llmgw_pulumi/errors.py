@@ -41,7 +41,7 @@ class LlmgwError(Exception):
         self.node = printable(node)
         self.message = printable(message, keep="\n")
         self.fix = printable(fix if fix is not None else type(self).fix, keep="\n")
-        text = f"{node}: {message}" if node else message
+        text = f"{self.node}: {self.message}" if self.node else self.message
         if self.fix:
             text = f"{text}\n  fix: {self.fix}"
         super().__init__(text)

@@ -13,7 +13,13 @@ error message (``errors.LlmgwError``) and log record (``providers._diagnostics``
 from __future__ import annotations
 
 
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
 def _escape(char: str) -> str:
+    """How Python writes ``char`` in a string literal: ``\\n``, ``\\x1b``, ``\\u202e``."""
+    if char in _NAMED:
+        return _NAMED[char]
     code = ord(char)
     if code <= 0xFF:
         return f"\\x{code:02x}"
