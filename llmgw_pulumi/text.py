@@ -12,7 +12,6 @@ error message (``errors.LlmgwError``) and log record (``providers._diagnostics``
 
 from __future__ import annotations
 
-
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 

@@ -33,7 +33,8 @@ _IFNAME = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.:-]{0,14}\Z")
 _HCA = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
 _SSH_USER = re.compile(r"\A[a-z_][a-z0-9_.-]{0,31}\Z")
 _PORT = re.compile(r"\A[0-9]{1,5}\Z")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+"""Control characters (C0, DEL, C1), line and paragraph separators, zero-width and bidirectional marks."""
 HOST_KEY_TYPES = ("ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521")
 """Host-key types a pin may have, and how many strings their public key blob holds (RFC 4253, 5656, 8709)."""
 

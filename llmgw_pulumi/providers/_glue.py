@@ -82,7 +82,9 @@ def check(news: Mapping[str, Any], collect: Callable[[Mapping[str, Any], Problem
             if is_unknown(inputs.get(key)) and olds.get(key) is not None:
                 inputs[key] = olds[key]
     collect(inputs, problems)
-    failures = [CheckFailure("", f"{problems.node}: {name}: {problem}. Fix: {fix}") for name, problem, fix in problems]
+    # The engine prints a reason as it is: a bad node id (or key) given with a newline or an escape is shown escaped.
+    failures = [CheckFailure("", printable(f"{problems.node}: {name}: {problem}. Fix: {fix}"))
+                for name, problem, fix in problems]
     if not failures and derive is not None:
         derive(inputs)
     return CheckResult(inputs, failures)
