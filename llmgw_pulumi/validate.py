@@ -244,7 +244,7 @@ def split_hop(value: str) -> tuple[str, str, int]:
 def hop(value: object) -> Problem:
     """A jump host as `ssh -J` takes it: user@host or user@host:port."""
     fix = "write a jump host as user@host or user@host:port, e.g. deploy@bastion.example.net"
-    if not isinstance(value, str) or "@" not in value or _unprintable(value):
+    if not isinstance(value, str) or "@" not in value:
         return f"{value!r} is not user@host[:port]", fix
     rest = value.partition("@")[2]
     if rest.count(":") == 1 and not _PORT.fullmatch(rest.rpartition(":")[2]):  # int() takes " 22\n", "2_2", "٢٢"

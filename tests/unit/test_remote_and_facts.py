@@ -295,3 +295,17 @@ def test_a_log_record_quoting_a_node_is_printed_printable(capsys):
     record = logging.LogRecord("llmgw_pulumi.x", logging.WARNING, __file__, 1, "%s: hostname %s", ("gpu-01", HOSTILE), None)
     _diagnostics._EngineHandler(None).emit(record)
     assert capsys.readouterr().err == f"warning: gpu-01: hostname {SHOWN}\n"
+
+
+def test_a_line_a_node_prints_that_does_not_parse_is_left_out_not_raised():
+    node = facts.parse_survey("hostname\tgpu-01\nfile\t/a\tnot a mode\tx\nfile\t/b\t9 root root\tx\nfile\t/c\t600 root\tx\n"
+                              "text\t/d\t\u00a1\ntext\t/e\ta\nfile\t/f\t644 root root\t" + "b" * 64 + "\n")
+    assert set(node.files) == {"/f"} and node.texts == {} and node.hostname == "gpu-01"
+    assert facts.parse_gpu_list("GPU x: NVIDIA H200 (UUID: GPU-1)\nGPU 1: NVIDIA H200 (UUID: GPU-2)\n") == [(1, "NVIDIA H200", "GPU-2")]
+    inv = facts.parse_inventory("smi\tok\t/usr/bin/nvidia-smi\t\ngpu\t0, GPU-1, NVIDIA H200, , 0, 580, 00:01, 9.0\n")
+    assert inv.smi_status == "fails" and "does not parse" in inv.smi_detail and inv.gpus == ()
+
+
+def test_a_gpu_name_quoted_across_lines_is_one_printable_name():
+    inv = facts.parse_inventory('smi\tok\t/usr/bin/nvidia-smi\t\ngpu\t0, GPU-1, "NVIDIA\ngpu\tH200", 143771, 0, 580.1, 00:01, 9.0\n')
+    assert [g.name for g in inv.gpus] == ["NVIDIA\\nH200"]

@@ -254,6 +254,8 @@ node_output = st.lists(node_line_parts, max_size=8).map("\n".join) | st.text()
 @given(node_output)
 @example("hostname\tgpu\x1b[31m-01\u202e\narch\tamd64\x07\nsmi\tfails\t/usr/bin/nvidia-smi\x1b[2J\t\x1b]0;x\x07\n"
          "hca\tmlx5_0\x9b\ngpu\t0, GPU-1, \"NVIDIA\x1b[5m H200\", 143771, 0, 580, 00:01, 9.0\n")
+@example("file\t/p\thostname\tx\nfile\t/q\t9 root root\tx\nfile\t/r\t600 root\tx\ntext\t/p\t\u00a1\ntext\t/q\ta\n")
+@example("GPU x: NVIDIA H200 (UUID: GPU-1)\nGPU : y\nsmi\tok\t/x\t\ngpu\t0, u, n, , 0, 580, 00:01, 9.0\ngpu\tx, u, n, 1, 0, 5, 0, 9\n")
 def test_whatever_a_node_prints_every_value_parsed_from_it_is_printable(text):
     values = [facts.parse_survey(text), facts.parse_engine_probes(text, (("vllm", "/opt/vllm"),)),
               facts.key_values(text), facts.parse_gpu_list(text), facts.parse_inventory(text)]
