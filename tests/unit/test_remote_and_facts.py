@@ -237,26 +237,35 @@ def test_a_hint_keeps_a_plain_command_as_it_was():
     assert facts.engine_problem(probe, "gpu-01", "deploy@10.0.0.1")["hint"] == "ssh deploy@10.0.0.1 sudo chmod 0755 /opt/vllm/bin/vllm"
 
 
-def test_a_hostile_nvidia_smi_path_in_a_hint_runs_nothing_but_nvidia_smi(tmp_path):
+def _paste(command, tmp_path):
+    """Run ``command`` in a shell as the operator would paste it, with an ssh that does as ssh does (joins its
+    arguments after the destination with spaces, for the node's shell to read), where the node's shell prints
+    the arguments it was given instead of running them. Returns them."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "ssh").write_text('#!/bin/sh\nshift\nexec sh -c "args() { printf \'%s\\\\0\' \\"\\$@\\"; }; args $*"\n')
+    (bindir / "ssh").chmod(0o755)
+    done = subprocess.run(["sh", "-c", command], capture_output=True, env={"PATH": f"{bindir}:/usr/bin:/bin"}, cwd=tmp_path)
+    return [a.decode() for a in done.stdout.split(b"\0")[:-1]]
+
+
+@pytest.mark.parametrize("evil", ["/usr/bin/nvidia-smi; touch pwned #", "/usr/bin/nvidia-smi$(touch pwned)",
+                                  "/usr/bin/nvidia-smi`touch pwned`", "/x'; touch pwned; '", '/x"; touch pwned; "',
+                                  "/x\\\"; touch pwned; #", "/opt/nvidia smi/nvidia-smi"])
+def test_a_hostile_nvidia_smi_path_in_a_hint_runs_nothing_but_nvidia_smi(tmp_path, evil):
     """Review M3: a node names its nvidia-smi (found on its PATH) as '<path>; <command> #'. Pasted, the hint runs
     ssh with that path as one argument on the node: the command runs neither here nor there."""
-    pwned = tmp_path / "pwned"
-    evil = f"/usr/bin/nvidia-smi; touch {pwned} #"
     inv = facts.parse_inventory(f"smi\tfails\t{evil}\tNo devices were found\n")
     (problem,) = facts.inventory_problems(inv, [], "/sys/class/infiniband", "gpu-01", "deploy@10.0.0.1")
     command = problem["hint"].partition("; usually")[0]
-    # An ssh that does as ssh does (joins its arguments with spaces, for the node's shell to read), where the
-    # node's shell prints the arguments it was given instead of running them.
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "ssh").write_text('#!/bin/sh\nshift\nexec sh -c "args() { printf \'%s\\\\0\' \\"\\$@\\"; }; args $*"\n')
-    (bindir / "ssh").chmod(0o755)
-    done = subprocess.run(["sh", "-c", command], capture_output=True, env={"PATH": f"{bindir}:/usr/bin:/bin"}, check=True)
-    assert done.stdout.split(b"\0")[:-1] == [evil.encode()]
-    assert not pwned.exists()
-    # Positive control: the hint as it was built before (formatted, unquoted) runs the node's command here.
-    subprocess.run(["sh", "-c", f"ssh deploy@10.0.0.1 {evil}"], capture_output=True, env={"PATH": f"{bindir}:/usr/bin:/bin"})
-    assert pwned.exists()
+    assert _paste(command, tmp_path) == [evil]
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_the_hint_as_it_was_built_before_runs_the_nodes_command(tmp_path):
+    """Positive control of the test above: formatted, unquoted, the hint runs the node's command here."""
+    _paste("ssh deploy@10.0.0.1 /usr/bin/nvidia-smi; touch pwned #", tmp_path)
+    assert (tmp_path / "pwned").exists()
 
 
 def _stderr_error(rc, stderr):
