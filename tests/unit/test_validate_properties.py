@@ -45,7 +45,7 @@ def accepted(validator, strategy):
 node_ids = near(validate._LABEL)
 paths = st.builds(lambda parts: "/" + "/".join(parts), st.lists(st.text(min_size=1, max_size=12) | junk, min_size=1, max_size=4))
 any_text = st.text() | junk | paths
-hostnames = st.from_regex(validate._HOSTNAME, fullmatch=True)
+hostnames = st.lists(st.from_regex(r"\A[A-Za-z0-9]([A-Za-z0-9-]{0,8}[A-Za-z0-9])?\Z"), min_size=1, max_size=4).map(".".join)
 ips = st.ip_addresses().map(str)
 servers = st.builds(lambda h, p: f"{h}:{p}", hostnames | ips.filter(lambda a: ":" not in a), st.integers(1, 65535)) | \
     st.builds(lambda h, p: f"[{h}]:{p}", st.ip_addresses(v=6).map(str), st.integers(1, 65535)) | junk
@@ -109,7 +109,7 @@ def expected_document(node_id, props, hostname):
     return doc
 
 
-@settings(max_examples=120)
+@settings(max_examples=80)
 @given(node_id=accepted(validate.node_id, node_ids), props=settings_inputs, hostname=st.text(min_size=1) | node_ids)
 @example(node_id="gpu-01", props={"servers": ["cp1.example.net:7443"], "engines": {"vllm": {"bin": "/opt/a: b #c"}}},
          hostname="h")
