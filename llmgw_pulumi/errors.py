@@ -8,6 +8,10 @@ boundary where they happen, and chained with ``raise ... from``.
 Messages never contain key material: callers pass names, paths and
 fingerprints, never PEM bodies.
 
+A message may quote what a node printed (a script's stderr, an SSH server's
+banner): every message and fix is made printable here (``text.printable``,
+newlines kept), so no error can carry a control character to the terminal.
+
 Fix texts name settings as the stack config spells them (``llmgw:ssh.wait``,
 ``hostKey``) and, where a program builds nodes itself, as the Args field
 (``ConnectionArgs.wait``); tests/unit/test_fix_texts.py checks that each
@@ -17,6 +21,8 @@ exists.
 from __future__ import annotations
 
 from pulumi import RunError
+
+from .text import printable
 
 
 class LlmgwError(Exception):
@@ -32,10 +38,10 @@ class LlmgwError(Exception):
             cls.fix = fix
 
     def __init__(self, node: str, message: str, fix: str | None = None) -> None:
-        self.node = node
-        self.message = message
-        self.fix = fix if fix is not None else type(self).fix
-        text = f"{node}: {message}" if node else message
+        self.node = printable(node)
+        self.message = printable(message, keep="\n")
+        self.fix = printable(fix if fix is not None else type(self).fix, keep="\n")
+        text = f"{self.node}: {self.message}" if self.node else self.message
         if self.fix:
             text = f"{text}\n  fix: {self.fix}"
         super().__init__(text)

@@ -7,6 +7,13 @@ and the install scripts (what they just installed) both print it.
 Each parser takes the text a script printed and returns a small frozen value.
 They are tested on recorded output (and, for GPU discovery, on the real
 nvidia-smi output from an H200 node in the fixtures).
+
+This is where what a node prints enters the operator's side, so every parser
+first makes it printable (``text.printable``): no value parsed here holds a
+control character, an escape sequence or a bidirectional override, whatever
+the node printed; only the tabs and newlines that separate its fields are
+read as such. The fix hints that are shell commands quote what they
+interpolate (``shlex.quote``), for the operator's shell and the node's.
 """
 
 from __future__ import annotations
@@ -21,16 +28,44 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .desired import NodeFile
+from .text import printable
 
 ABSENT = "absent"
 
+
+def from_node(text: str) -> str:
+    """What a script printed, with every character that is not printable escaped but the tabs and
+    newlines that structure it: split into fields, it holds no control character."""
+    return printable(text, keep="\t\n")
+
+
+def ssh_command(target: str, *argv: str) -> str:
+    """``ssh TARGET ARGV...`` as an operator can paste it.
+
+    ssh joins the words it is given with spaces, and the node's shell reads the
+    result: each of ``argv`` is quoted for the node's shell, and that quoted word
+    again for the operator's. A plain path stays as it is; one with a space
+    reads ``"'/opt/my dir/x'"``; a hostile one stays one argument on the node.
+    """
+    return " ".join(["ssh", shlex.quote(target), *(_for_both_shells(word) for word in argv)])
+
+
+def _for_both_shells(word: str) -> str:
+    on_node = shlex.quote(word)
+    if on_node == word:
+        return word
+    if not set(on_node) & set('$`\\"!'):  # nothing the operator's shell expands inside double quotes
+        return f'"{on_node}"'
+    return shlex.quote(on_node)
+
+
 def key_values(text: str) -> dict[str, str]:
-    """``key<TAB>value`` lines; later keys win; other lines are ignored."""
+    """``key<TAB>value`` lines; later keys win; other lines are ignored. A tab in a value is shown as ``\\t``."""
     out: dict[str, str] = {}
-    for line in text.splitlines():
+    for line in from_node(text).splitlines():
         key, sep, value = line.partition("\t")
         if sep:
-            out[key] = value
+            out[key] = printable(value)
     return out
 
 
@@ -83,21 +118,25 @@ def file_state(want: NodeFile, seen: FileFact | None) -> str:
 
 
 def parse_survey(text: str) -> NodeFacts:
-    """What survey.sh prints; the install scripts end with the same lines for what they installed."""
+    """What survey.sh prints; the install scripts end with the same lines for what they installed.
+
+    A line that does not parse is left out (a file it names counts as absent), as any other line is."""
     head: dict[str, str] = {}
     files: dict[str, FileFact | None] = {}
     texts: dict[str, str] = {}
-    for line in text.splitlines():
+    for line in from_node(text).splitlines():
         parts = line.split("\t")
         if parts[0] == "text" and len(parts) == 3:
-            texts[parts[1]] = base64.b64decode(parts[2]).decode(errors="replace")
+            try:
+                texts[parts[1]] = from_node(base64.b64decode(parts[2]).decode(errors="replace"))
+            except ValueError:  # not base64 (binascii.Error), or not ASCII
+                continue
         elif parts[0] == "file" and len(parts) >= 3:
             path = parts[1]
             if parts[2] == "-":
                 files[path] = None
-            elif len(parts) == 4:
-                mode, owner, group = parts[2].split(" ")
-                files[path] = FileFact(path, int(mode, 8), owner, group, parts[3])
+            elif len(parts) == 4 and (seen := _file_fact(path, parts[2], parts[3])):
+                files[path] = seen
         elif len(parts) == 2:
             head[parts[0]] = parts[1]
     return NodeFacts(
@@ -108,6 +147,14 @@ def parse_survey(text: str) -> NodeFacts:
         files=files,
         texts=texts,
     )
+
+
+def _file_fact(path: str, mode_owner_group: str, sha256: str) -> FileFact | None:
+    """A ``file`` line's fields ('600 root root', the sha256), or None where they do not parse."""
+    words = mode_owner_group.split(" ")
+    if len(words) != 3 or not re.fullmatch(r"[0-7]{1,6}", words[0]):
+        return None
+    return FileFact(path, int(words[0], 8), words[1], words[2], sha256)
 
 
 @dataclass(frozen=True)
@@ -126,7 +173,7 @@ class EngineProbe:
 def parse_engine_probes(text: str, engines: tuple[tuple[str, str], ...]) -> list[EngineProbe]:
     paths = dict(engines)
     out = []
-    for line in text.splitlines():
+    for line in from_node(text).splitlines():
         parts = line.split("\t")
         if parts[0] == "engine" and len(parts) >= 3 and parts[1] in paths:
             out.append(EngineProbe(parts[1], paths[parts[1]], parts[2], parts[3].strip() if len(parts) > 3 else ""))
@@ -145,10 +192,10 @@ def engine_problem(probe: EngineProbe, node: str, target: str) -> dict[str, str]
         hint = f"install {probe.engine} there, or fix engines.{probe.engine} in the stack config"
     elif probe.status == "not-executable":
         problem = f"{probe.engine} at {probe.path} is not an executable file on {node} ({probe.detail})"
-        hint = f"ssh {target} sudo chmod 0755 {probe.path}"
+        hint = ssh_command(target, "sudo", "chmod", "0755", probe.path)
     else:
         problem = f"{probe.engine} at {probe.path} exists but will not run on {node} ({probe.detail})"
-        hint = f"usually a missing shared library: ssh {target} ldd {probe.path} | grep 'not found'"
+        hint = f"usually a missing shared library: {ssh_command(target, 'ldd', probe.path)} | grep 'not found'"
     return {"engine": probe.engine, "path": probe.path, "status": probe.status, "problem": problem, "hint": hint}
 
 
@@ -179,7 +226,9 @@ def parse_gpu_query(text: str, fields: tuple[str, ...] = GPU_QUERY_FIELDS) -> li
     print an error instead of CSV; it is raised as ValueError in nvidia-smi's
     own words.
     """
-    rows = [[c.strip() for c in r] for r in csv.reader(io.StringIO(text), skipinitialspace=True) if r]
+    text = from_node(text)
+    # A quoted CSV field may span lines: each field is made printable again, newlines and all.
+    rows = [[printable(c.strip()) for c in r] for r in csv.reader(io.StringIO(text), skipinitialspace=True) if r]
     if rows and rows[0][0].startswith("Field "):
         raise ValueError(text.strip().splitlines()[0])
     if rows and rows[0][0] == "index":
@@ -190,20 +239,25 @@ def parse_gpu_query(text: str, fields: tuple[str, ...] = GPU_QUERY_FIELDS) -> li
         if len(row) != len(fields):
             raise ValueError(f"nvidia-smi gave {len(row)} columns for {len(fields)} fields: {','.join(row)!r}")
         v = dict(zip(fields, row, strict=True))
-        gpus.append(Gpu(int(v["index"]), v["uuid"], v["name"], int(v["memory.total"].split()[0]),
-                        v["driver_version"], v["pci.bus_id"], v["compute_cap"]))
+        try:
+            gpus.append(Gpu(int(v["index"]), v["uuid"], v["name"], int(v["memory.total"].split()[0]),
+                            v["driver_version"], v["pci.bus_id"], v["compute_cap"]))
+        except (KeyError, IndexError, ValueError):
+            raise ValueError(f"nvidia-smi gave a row that does not parse: {','.join(row)!r}") from None
     return gpus
 
 
 def parse_gpu_list(text: str) -> list[tuple[int, str, str]]:
     """``nvidia-smi -L``: (index, name, uuid) per GPU."""
     out = []
-    for line in text.splitlines():
+    for line in from_node(text).splitlines():
         if not line.startswith("GPU "):
             continue
         head, _, rest = line.partition(": ")
         name, _, uuid = rest.rpartition(" (UUID: ")
-        out.append((int(head.split()[1]), name, uuid.rstrip(")")))
+        index = head.split()[1:2]
+        if index and index[0].isascii() and index[0].isdigit():
+            out.append((int(index[0]), name, uuid.rstrip(")")))
     return out
 
 
@@ -253,7 +307,7 @@ def parse_inventory(text: str) -> Inventory:
     status, path, detail, header = "none", "", "", ""
     rows: list[str] = []
     hcas: list[str] = []
-    for line in text.splitlines():
+    for line in from_node(text).splitlines():
         kind, _, rest = line.partition("\t")
         if kind == "smi":
             status, _, more = rest.partition("\t")
@@ -263,7 +317,7 @@ def parse_inventory(text: str) -> Inventory:
         elif kind == "smi-header":
             header = rest
         elif kind == "hca" and rest:
-            hcas.append(rest)
+            hcas.append(printable(rest))
     gpus: list[Gpu] = []
     if status == "ok":
         try:
@@ -272,7 +326,8 @@ def parse_inventory(text: str) -> Inventory:
             status, detail = "fails", f"unreadable output: {exc}"
     m = _SMI_HEADER.search(header)
     driver = m["driver"] if m else next((g.driver_version for g in gpus), "")
-    return Inventory(tuple(gpus), driver, m["cuda"] if m else "", tuple(sorted(hcas)), status, path, detail.strip())
+    return Inventory(tuple(gpus), driver, m["cuda"] if m else "", tuple(sorted(hcas)), status, path,
+                     printable(detail.strip()))
 
 
 def inventory_problems(inv: Inventory, fabrics: Sequence[tuple[str, Sequence[str]]], ib_root: str, node: str,
@@ -291,8 +346,8 @@ def inventory_problems(inv: Inventory, fabrics: Sequence[tuple[str, Sequence[str
         out.append({"gpu": "nvidia-smi", "path": inv.smi_path, "status": "fails",
                     "problem": f"nvidia-smi at {inv.smi_path} fails on {node} ({inv.smi_detail}): "
                                "its GPUs are not usable",
-                    "hint": f"ssh {target} {inv.smi_path}; usually the NVIDIA kernel module is not loaded or does not "
-                            "match the driver (check dmesg, reinstall the driver for the running kernel)"})
+                    "hint": f"{ssh_command(target, inv.smi_path)}; usually the NVIDIA kernel module is not loaded or does "
+                            "not match the driver (check dmesg, reinstall the driver for the running kernel)"})
     for fabric, hcas in fabrics:
         for hca in hcas:
             if hca not in inv.hcas:
@@ -300,7 +355,7 @@ def inventory_problems(inv: Inventory, fabrics: Sequence[tuple[str, Sequence[str
                 out.append({"fabric": fabric, "hca": hca, "status": "missing",
                             "problem": f"fabric {fabric} declares HCA {hca}, which {node} does not have "
                                        f"(under {ib_root}: {found})",
-                            "hint": f"ssh {target} ls {ib_root}; list the node's HCAs in fabric.hcas, "
+                            "hint": f"{ssh_command(target, 'ls', ib_root)}; list the node's HCAs in fabric.hcas, "
                                     "or check the HCA's driver (mlx5_core) is loaded"})
     return out
 

@@ -672,7 +672,7 @@ class BinarySource(FromProps):
         if config and version is None and binary is not None:
             return
         problems.check(prefix + key["version"], version, validate.version)
-        if is_unknown(version) or not isinstance(version, str):
+        if is_unknown(version) or not isinstance(version, str) or validate.version(version):
             return
         if validate.RELEASE_TAG.match(version):
             collect_one(BinarySource, "release_url", props, problems, config, prefix)

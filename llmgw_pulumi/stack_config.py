@@ -190,8 +190,7 @@ def _agent_source(value: Any, name: str, p: Problems, fallback: AgentSource | No
     binary = given.get("binary")
     if binary is not None:
         # A path on this machine, made absolute by the program: `~/src/llmgw/llmgw` is fine.
-        p.check(f"{name}.binary", binary,
-                lambda v: None if isinstance(v, str) and v else ("is empty", "give the path of the local llmgw build"))
+        p.check(f"{name}.binary", binary, lambda v: validate.local_path(v, "path of the local llmgw build"))
     return AgentSource(version=given.get("version"), release_url=given.get("releaseUrl"), binary=binary,
                        sha256=given.get("sha256"), signing_key=given.get("signingKey"),
                        release_ca=given.get("releaseCa"), fetch=given.get("fetch"))
@@ -268,6 +267,8 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
     ssh = _mapping(config.get("ssh"), "ssh", top)
     _unknown_keys(ssh, SSH_SCHEMA, "ssh", "an ssh setting", top)
     collect_fields(Connection, ssh, top, config=True, prefix="ssh.", only=SSH_FIELDS)
+    if ssh.get("privateKeyPath"):  # made absolute by the program: `~/.ssh/id_ed25519` is fine
+        top.check("ssh.privateKeyPath", ssh["privateKeyPath"], lambda v: validate.local_path(v, "path of the SSH private key"))
     if not has_secret_key and not has_agent and not ssh.get("privateKeyPath"):
         top.add("ssh.privateKeyPath", "is missing, no llmgw:sshPrivateKey secret is set and there is no ssh-agent",
                 "set ssh.privateKeyPath, or `pulumi config set --secret llmgw:sshPrivateKey < key`, "

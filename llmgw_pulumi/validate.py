@@ -9,31 +9,59 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import math
 import re
 from collections.abc import Callable, Iterable
+from typing import TypeGuard
 from urllib.parse import urlsplit
 
 Problem = tuple[str, str] | None
 
+# Every pattern is anchored with \A and \Z, and used with fullmatch: `$` would match before a final
+# newline, so "gpu-01\n" would pass for gpu-01 (and RELEASE_TAG.match() is used as a whole-value test
+# outside this module too).
 # RFC 1123 label: what a hostname component, a systemd-friendly id and a
 # certificate CN can all safely be.
-_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
-RELEASE_TAG = re.compile(r"^v[0-9]+\.[0-9]+\.[0-9]+$")
-_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_-]{0,127}$")
-_IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
-_HCA = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_LABEL = re.compile(r"\A[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
+_HOSTNAME = re.compile(r"\A(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\Z")
+RELEASE_TAG = re.compile(r"\Av[0-9]+\.[0-9]+\.[0-9]+\Z")
+_VERSION = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9.+_-]{0,127}\Z")
+_SHORT_TAG = re.compile(r"\Av[0-9]+(\.[0-9]+)?\Z")
+# An interface or HCA name is a file name (under /sys/class/net, /sys/class/infiniband) and may become a
+# command's argument: it never starts with '-' or '.' (so it is never '.' or '..'), and holds no '/'.
+_IFNAME = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.:-]{0,14}\Z")
+_HCA = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
+_SSH_USER = re.compile(r"\A[a-z_][a-z0-9_.-]{0,31}\Z")
+_PORT = re.compile(r"\A[0-9]{1,5}\Z")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+"""Control characters (C0, DEL, C1), line and paragraph separators, zero-width and bidirectional marks."""
 HOST_KEY_TYPES = ("ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521")
 """Host-key types a pin may have, and how many strings their public key blob holds (RFC 4253, 5656, 8709)."""
 
 MAX_SSH_WAIT = 3600.0
 
 
+def _unprintable(value: str) -> bool:
+    """Holds a newline, a control character or another character a terminal does not show as itself
+    (``str.isprintable``: a tab, an escape, a bidirectional override, a non-breaking space...)."""
+    return not value.isprintable()
+
+
+def _number(value: object) -> TypeGuard[int | float]:
+    """A finite int or float, not a bool (YAML gives .nan and .inf as floats)."""
+    return not isinstance(value, bool) and (isinstance(value, int) or isinstance(value, float) and math.isfinite(value))
+
+
+def _scope_ok(value: str) -> bool:
+    """An IPv6 zone ('fe80::1%eth0') is an interface name or number: ipaddress takes any text after the '%'."""
+    _, sep, zone = value.partition("%")
+    return not sep or bool(_IFNAME.fullmatch(zone))
+
+
 def node_id(value: object) -> Problem:
     if not isinstance(value, str) or not value:
         return "is missing", "give every node an id, e.g. id: gpu-node-01"
-    if not _LABEL.match(value):
+    if not _LABEL.fullmatch(value):
         return (
             f"{value!r} is not a valid DNS label",
             "use 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit",
@@ -45,18 +73,20 @@ def address(value: object) -> Problem:
     """An IP address or DNS name that SSH (or the agent) can connect to."""
     if not isinstance(value, str) or not value:
         return "is missing", "give the node's IP address or DNS name"
+    if _unprintable(value) or not _scope_ok(value):
+        return f"{value!r} is not an IP address or a DNS name", "write e.g. 10.0.0.12 or gpu01.example.net, on one line"
     try:
         ipaddress.ip_address(value)
         return None
     except ValueError:
         pass
-    if _HOSTNAME.match(value) and not re.fullmatch(r"[0-9.]+", value):
+    if _HOSTNAME.fullmatch(value) and not re.fullmatch(r"[0-9.]+", value):
         return None
     return f"{value!r} is not an IP address or a DNS name", "write e.g. 10.0.0.12 or gpu01.example.net"
 
 
 def port(value: object) -> Problem:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or not 1 <= value <= 65535:
+    if not _number(value) or value != int(value) or not 1 <= value <= 65535:
         return f"{value!r} is not a TCP port", "use a whole number from 1 to 65535"
     return None
 
@@ -65,8 +95,8 @@ def server(value: object) -> Problem:
     """A control-plane address: host:port, [v6]:port."""
     if not isinstance(value, str) or not value.strip():
         return "is empty", "write each control plane as host:port, e.g. cp1.example.net:7443"
-    if _CONTROL.search(value) or " " in value or '"' in value or "'" in value:
-        return f"{value!r} contains spaces, quotes or control characters", "write it as host:port"
+    if _unprintable(value) or " " in value or '"' in value or "'" in value:
+        return f"{value!r} contains spaces, quotes or control characters", "write it as host:port, on one line"
     if value.startswith("["):
         host, sep, rest = value[1:].partition("]")
         if not sep or not rest.startswith(":"):
@@ -74,6 +104,8 @@ def server(value: object) -> Problem:
         portpart = rest[1:]
         try:
             ipaddress.IPv6Address(host)
+            if not _scope_ok(host):
+                raise ValueError(host)
         except ValueError:
             return f"{host!r} is not an IPv6 address", "write an IPv6 server as [addr]:port"
     else:
@@ -83,7 +115,7 @@ def server(value: object) -> Problem:
         bad = address(host)
         if bad:
             return f"{value!r}: host {bad[0]}", "write it as host:port"
-    if not portpart.isdigit() or not 1 <= int(portpart) <= 65535:
+    if not _PORT.fullmatch(portpart) or not 1 <= int(portpart) <= 65535:
         return f"{value!r} has no valid port", "the port must be a number from 1 to 65535"
     return None
 
@@ -92,21 +124,30 @@ def abs_path(value: object, what: str = "path", on_node: bool = False) -> Proble
     """An absolute path; ``on_node``: it is a path on the node, not on the machine running Pulumi."""
     if not isinstance(value, str) or not value:
         return "is empty", f"give the absolute {what}"
-    if _CONTROL.search(value):
-        return "contains a newline or control character", f"give the {what} on one line"
+    if _unprintable(value):
+        return "contains a newline or control character", f"give the {what} on one line, in printable characters"
     if not value.startswith("/"):
         return f"{value!r} is relative", f"give the absolute {what}" + (" on the node" if on_node else "") + ", starting with /"
-    if "/../" in value + "/" or value.endswith("/.."):
+    if ".." in value.split("/"):
         return f"{value!r} contains '..'", f"give the {what} without '..'"
+    return None
+
+
+def local_path(value: object, what: str = "path") -> Problem:
+    """A path on the machine running Pulumi, as the operator writes it (relative, or with ~, is fine)."""
+    if not isinstance(value, str) or not value:
+        return "is empty", f"give the {what}"
+    if _unprintable(value):
+        return "contains a newline or control character", f"give the {what} on one line, in printable characters"
     return None
 
 
 def version(value: object) -> Problem:
     if not isinstance(value, str) or not value:
         return "is missing", "give a release tag such as v1.4.2, or a local binary"
-    if not _VERSION.match(value):
+    if not _VERSION.fullmatch(value):
         return f"{value!r} is not a version", "use a release tag vX.Y.Z, or a dev version such as v1.4.2-3-gabc1234"
-    if value[0] == "v" and re.match(r"^v[0-9]", value) and not RELEASE_TAG.match(value) and re.match(r"^v[0-9]+(\.[0-9]+){0,2}$", value):
+    if _SHORT_TAG.fullmatch(value):
         return f"{value!r} is a malformed release tag", "release tags have exactly three numbers: vX.Y.Z"
     return None
 
@@ -140,7 +181,7 @@ def url(value: object) -> Problem:
 
 
 def ssh_wait(value: object) -> Problem:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not _number(value):
         return f"{value!r} is not a number of seconds", "give the SSH wait in seconds, e.g. 120"
     if value < 0 or value > MAX_SSH_WAIT:
         return f"{value!r} is out of range", f"give 0 to {int(MAX_SSH_WAIT)} seconds"
@@ -148,7 +189,7 @@ def ssh_wait(value: object) -> Problem:
 
 
 def ssh_user(value: object) -> Problem:
-    if not isinstance(value, str) or not re.fullmatch(r"[a-z_][a-z0-9_.-]{0,31}", value):
+    if not isinstance(value, str) or not _SSH_USER.fullmatch(value):
         return f"{value!r} is not a user name", "give the login user on the node, e.g. deploy or root"
     return None
 
@@ -178,6 +219,10 @@ def _host_key_words(value: object) -> tuple[str, str] | None:
 
 
 def host_key(value: object) -> Problem:
+    # Whitespace (a .pub file's tab or newline) only separates words, which are normalised; anything else is refused.
+    if isinstance(value, str) and _unprintable(" ".join(value.split())):
+        return ("contains a control character",
+                "paste the node's host key as its .pub file has it: 'ssh-ed25519 AAAAC3...'")
     if _host_key_words(value) is None:
         return ("is not an SSH public key",
                 "paste the node's /etc/ssh/ssh_host_ed25519_key.pub (a trailing comment is dropped), "
@@ -216,10 +261,10 @@ def hop(value: object) -> Problem:
     fix = "write a jump host as user@host or user@host:port, e.g. deploy@bastion.example.net"
     if not isinstance(value, str) or "@" not in value:
         return f"{value!r} is not user@host[:port]", fix
-    try:
-        user, host, port_number = split_hop(value)
-    except ValueError:
+    rest = value.partition("@")[2]
+    if rest.count(":") == 1 and not _PORT.fullmatch(rest.rpartition(":")[2]):  # int() takes " 22\n", "2_2", "٢٢"
         return f"{value!r} has a port that is not a number", fix
+    user, host, port_number = split_hop(value)
     for bad in (ssh_user(user), address(host), port(port_number)):
         if bad:
             return f"{value!r}: {bad[0]}", fix
@@ -236,15 +281,19 @@ def _matching(pattern: re.Pattern[str], what: str, fix: str) -> Callable[[object
     """A validator of strings that ``pattern`` matches: otherwise '<value> is not <what>', and ``fix``."""
 
     def check(value: object) -> Problem:
-        if isinstance(value, str) and pattern.match(value):
+        if isinstance(value, str) and pattern.fullmatch(value):
             return None
         return f"{value!r} is not {what}", fix
 
     return check
 
 
-interface = _matching(_IFNAME, "a network interface name", "give an interface name such as eth0 or bond0")
-hca = _matching(_HCA, "an HCA name", "give InfiniBand HCA names as listed in /sys/class/infiniband, e.g. mlx5_0")
+interface = _matching(_IFNAME, "a network interface name",
+                      "give an interface name such as eth0 or bond0: up to 15 letters, digits, '_', '.', ':' or '-', "
+                      "not starting with '-' or '.'")
+hca = _matching(_HCA, "an HCA name",
+                "give InfiniBand HCA names as listed in /sys/class/infiniband, e.g. mlx5_0: letters, digits, '_', '.' "
+                "or '-', not starting with '-' or '.'")
 fabric_name = _matching(_LABEL, "a fabric name", "name the fabric with lowercase letters, digits and '-', e.g. ib-east")
 key_origin = _matching(re.compile(r"\A(node|operator)\Z"), "node or operator",
                        "write node (the node makes its key pair and it never leaves it; the default) "
@@ -252,12 +301,12 @@ key_origin = _matching(re.compile(r"\A(node|operator)\Z"), "node or operator",
 
 
 def positive_int(value: object) -> Problem:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+    if not _number(value) or value != int(value) or value < 1:
         return f"{value!r} is not a whole number above 0", "give how many agents may restart at once, e.g. 2"
     return None
 
 
 def hours(value: object, upper: float = 24 * 3650) -> Problem:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= upper:
+    if not _number(value) or not 0 < value <= upper:
         return f"{value!r} is not a number of hours above 0 and at most {upper:g}", "give a duration in hours, e.g. 8760 for a year"
     return None

@@ -30,6 +30,8 @@ from typing import Any, cast
 
 import pulumi
 
+from ..text import printable
+
 URN_KEY = "__urn"
 """The hidden input naming the resource itself; the CLI does not display inputs starting with '__'."""
 
@@ -81,7 +83,8 @@ class _EngineHandler(logging.Handler):
             return self._stub
 
     def emit(self, record: logging.LogRecord) -> None:
-        message = self.format(record)
+        # A record may quote a node's text (a hostname, a reason): nothing unprintable reaches the terminal.
+        message = printable(self.format(record), keep="\n")
         urn = _urn.get()
         engine = self._engine() if urn else None
         if urn and engine is not None:

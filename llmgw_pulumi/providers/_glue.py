@@ -32,6 +32,7 @@ from ..errors import LlmgwError
 from ..remote import Exit
 from ..runner import Runner
 from ..specs import Connection, Problems, is_unknown
+from ..text import printable
 from . import _diagnostics
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -81,7 +82,9 @@ def check(news: Mapping[str, Any], collect: Callable[[Mapping[str, Any], Problem
             if is_unknown(inputs.get(key)) and olds.get(key) is not None:
                 inputs[key] = olds[key]
     collect(inputs, problems)
-    failures = [CheckFailure("", f"{problems.node}: {name}: {problem}. Fix: {fix}") for name, problem, fix in problems]
+    # The engine prints a reason as it is: a bad node id (or key) given with a newline or an escape is shown escaped.
+    failures = [CheckFailure("", printable(f"{problems.node}: {name}: {problem}. Fix: {fix}"))
+                for name, problem, fix in problems]
     if not failures and derive is not None:
         derive(inputs)
     return CheckResult(inputs, failures)
@@ -263,10 +266,13 @@ _EXIT_ERRORS: dict[int, type[LlmgwError]] = {
 
 
 def raise_for(res: Any, node: str, doing: str) -> None:
-    """Turn a failed remote script into the package error its exit code names."""
+    """Turn a failed remote script into the package error its exit code names.
+
+    Its stderr is the node's text: made printable, newlines too (shown as ``\\n``), so it can neither drive
+    the operator's terminal nor forge a line of the message such as its ``fix:``."""
     if res.rc == 0:
         return
-    reason = res.stderr.strip()[-2000:]
+    reason = printable(res.stderr.strip()[-2000:])
     if res.rc in _EXIT_ERRORS:
         raise _EXIT_ERRORS[res.rc](node, reason)
     raise errors.RemoteCommandError(node, f"{doing} failed (exit {res.rc}): {reason}")

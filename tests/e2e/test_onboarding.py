@@ -197,7 +197,7 @@ def test_engine_problems_are_reported_and_the_node_stays_onboarded(cluster, host
     problems = {p["engine"]: p for p in stack.outputs()[h.hostname]["engine_problems"]}
     assert {e: p["status"] for e, p in problems.items()} == {"llamacpp": "fails", "vllm": "not-executable", "sglang": "missing"}
     assert "libllmgwtestdep.so" in problems["llamacpp"]["problem"]
-    assert "ldd /opt/llama cpp/llama-server | grep 'not found'" in problems["llamacpp"]["hint"]
+    assert "ldd \"'/opt/llama cpp/llama-server'\" | grep 'not found'" in problems["llamacpp"]["hint"]
     # Shown in `pulumi up` as warnings on the node's EngineCheck, with the hint.
     assert "warning: llamacpp at /opt/llama cpp/llama-server exists but will not run" in up.output
     assert "hint: usually a missing shared library" in up.output

