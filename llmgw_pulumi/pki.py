@@ -253,6 +253,13 @@ OTHER_KEY_USAGES = ("content_commitment", "key_encipherment", "data_encipherment
 KNOWN_CRITICAL = (ExtensionOID.BASIC_CONSTRAINTS, ExtensionOID.KEY_USAGE, ExtensionOID.EXTENDED_KEY_USAGE)
 """Extensions a node certificate may mark critical: a verifier must refuse a critical extension it does not know."""
 WEAK_HASHES = (hashes.SHA1, hashes.MD5)
+PURPOSE_NAMES = {
+    ExtendedKeyUsageOID.CLIENT_AUTH: "clientAuth", ExtendedKeyUsageOID.SERVER_AUTH: "serverAuth",
+    ExtendedKeyUsageOID.CODE_SIGNING: "codeSigning", ExtendedKeyUsageOID.EMAIL_PROTECTION: "emailProtection",
+    ExtendedKeyUsageOID.TIME_STAMPING: "timeStamping", ExtendedKeyUsageOID.OCSP_SIGNING: "OCSPSigning",
+    ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE: "anyExtendedKeyUsage",
+}
+"""How OpenSSL names the extended key usages a problem may mention; any other is shown by its OID."""
 
 
 def _extension(extensions: x509.Extensions, kind: type[x509.ExtensionType]) -> x509.Extension[x509.ExtensionType] | None:
@@ -289,7 +296,7 @@ def _extension_problems(extensions: x509.Extensions) -> list[str]:
     if purposes is None:
         problems.append("it has no ExtendedKeyUsage extension (clientAuth)")
     elif list(purposes.value) != [ExtendedKeyUsageOID.CLIENT_AUTH]:  # type: ignore[call-overload]
-        names = ", ".join(getattr(oid, "_name", oid.dotted_string) for oid in purposes.value)  # type: ignore[attr-defined]
+        names = ", ".join(PURPOSE_NAMES.get(oid, oid.dotted_string) for oid in purposes.value)  # type: ignore[attr-defined]
         problems.append(f"its ExtendedKeyUsage is {names or 'empty'}, not clientAuth only")
     unknown = [ext.oid.dotted_string for ext in extensions if ext.critical and ext.oid not in KNOWN_CRITICAL]
     if unknown:
@@ -301,7 +308,7 @@ def _validity_problems(cert: x509.Certificate, ca: x509.Certificate, now: dt.dat
                        validity: dt.timedelta | None) -> list[str]:
     problems = []
     begins, ends = cert.not_valid_before_utc, cert.not_valid_after_utc
-    if begins > now:
+    if begins > now + CLOCK_SKEW:
         problems.append(f"it is not valid before {begins:%Y-%m-%d %H:%M:%S} UTC (now {now:%Y-%m-%d %H:%M:%S})")
     if ends <= now:
         problems.append(f"it expired on {ends:%Y-%m-%d %H:%M:%S} UTC")
@@ -324,21 +331,25 @@ def check_node_certificate(cert: x509.Certificate, ca: x509.Certificate, node_id
     policy allows (``key_problem``), carry BasicConstraints CA:FALSE
     (critical), KeyUsage digitalSignature only (critical) and
     ExtendedKeyUsage clientAuth only, mark no other extension critical, use
-    no SHA-1/MD5 signature, be valid at ``now`` and end no later than its CA
-    (and, with ``validity``, than ``now + validity``, give or take CLOCK_SKEW).
+    no SHA-1/MD5 signature, be valid at ``now`` (it may begin up to
+    CLOCK_SKEW later: its signer's clock may be that far ahead) and end no
+    later than its CA (and, with ``validity``, than ``now + validity +
+    CLOCK_SKEW``).
     """
     problems = []
     try:
-        cert.verify_directly_issued_by(ca)
-    except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):
-        problems.append(f"it is not signed by the cluster CA ({ca.subject.rfc4514_string()})")
+        digest = cert.signature_hash_algorithm
+    except UnsupportedAlgorithm:
+        digest = None
+    if isinstance(digest, WEAK_HASHES):
+        problems.append(f"it is signed with {digest.name}, which is broken")  # and cannot be verified here at all
+    else:
+        try:
+            cert.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):
+            problems.append(f"it is not signed by the cluster CA ({ca.subject.rfc4514_string()})")
     if cert.version != x509.Version.v3:
         problems.append(f"it is an X.509 {cert.version.name} certificate, not v3")
-    try:
-        if isinstance(cert.signature_hash_algorithm, WEAK_HASHES):
-            problems.append(f"it is signed with {cert.signature_hash_algorithm.name}")
-    except UnsupportedAlgorithm:
-        problems.append("it is signed with an algorithm this policy does not know")
     names = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
     if names != [node_id]:
         problems.append(f"its common name is {', '.join(map(repr, names)) or 'missing'}, not {node_id!r}")
