@@ -12,6 +12,8 @@ this is a report, not a gate (it is not part of scripts/test).
 
 from __future__ import annotations
 
+import ast
+import difflib
 import fnmatch
 import json
 import os
@@ -76,30 +78,32 @@ class Replayed:
     tests: tuple[str, ...]
 
 
+PKI_TESTS = ("tests/unit/test_pki.py", "tests/unit/test_providers_fake.py")
+SPECS_TESTS = ("tests/unit/test_specs.py", "tests/unit/test_stack_config.py", "tests/unit/test_providers.py")
 REVIEW_MUTANTS = (
     Replayed("pki.py:118 node certificate CA:TRUE", "llmgw_pulumi/pki.py",
              "x509.BasicConstraints(ca=False, path_length=None)", "x509.BasicConstraints(ca=True, path_length=None)",
-             ("tests/unit",)),
+             PKI_TESTS),
     Replayed("pki.py:163 EC keys of any size (now: of any curve)", "llmgw_pulumi/pki.py",
-             "if key.curve.name in CURVES:", "if key.curve.key_size >= 0:", ("tests/unit",)),
+             "if key.curve.name in CURVES:", "if key.curve.key_size >= 0:", PKI_TESTS),
     Replayed("pki.py:163 EC keys of any size (ca1dd75's line)", "llmgw_pulumi/pki.py",
-             "key.curve.key_size >= 256", "key.curve.key_size >= 0", ("tests/unit",)),
+             "key.curve.key_size >= 256", "key.curve.key_size >= 0", PKI_TESTS),
     Replayed("pki.py:147 MIN_RSA_BITS 512", "llmgw_pulumi/pki.py", "MIN_RSA_BITS = 2048", "MIN_RSA_BITS = 512",
-             ("tests/unit",)),
+             PKI_TESTS),
     Replayed("pki.py:213 adoption without clientAuth", "llmgw_pulumi/pki.py",
-             "elif list(purposes.value) != [ExtendedKeyUsageOID.CLIENT_AUTH]:", "elif False:", ("tests/unit",)),
+             "elif list(purposes.value) != [ExtendedKeyUsageOID.CLIENT_AUTH]:", "elif False:", PKI_TESTS),
     Replayed("pki.py:213 adoption without clientAuth (ca1dd75's line)", "llmgw_pulumi/pki.py",
-             "or ExtendedKeyUsageOID.CLIENT_AUTH not in usage", "or False", ("tests/unit",)),
+             "or ExtendedKeyUsageOID.CLIENT_AUTH not in usage", "or False", PKI_TESTS),
     Replayed("pki.py:214 adoption without not-before", "llmgw_pulumi/pki.py",
-             "if begins > now + CLOCK_SKEW:", "if False:", ("tests/unit",)),
+             "if begins > now + CLOCK_SKEW:", "if False:", PKI_TESTS),
     Replayed("pki.py:214 adoption without not-before (ca1dd75's line)", "llmgw_pulumi/pki.py",
-             "or not cert.not_valid_before_utc <= now", "or False", ("tests/unit",)),
+             "or not cert.not_valid_before_utc <= now", "or False", PKI_TESTS),
     Replayed("specs.py:245 private-key marker check removed", "llmgw_pulumi/specs.py",
              '(not isinstance(value, str) or "PRIVATE KEY" not in value)', "(not isinstance(value, str))",
-             ("tests/unit",)),
+             SPECS_TESTS),
     Replayed("install-identity.sh:29 a pending key not the certificate's", "llmgw_pulumi/scripts/install-identity.sh",
              'elif [ -f "$R$4" ] && [ "$(spki_of_key "$R$4")" = "$5" ]; then', 'elif [ -f "$R$4" ]; then',
-             ("tests/unit",)),
+             PKI_TESTS),
 )
 
 
@@ -149,10 +153,21 @@ def results() -> dict[str, str]:
     return found
 
 
-def changed_lines(name: str) -> str:
-    shown = subprocess.run([str(VENV_BIN / "mutmut"), "show", name], cwd=WORK, capture_output=True, text=True).stdout
-    lines = [line for line in shown.splitlines() if re.match(r"^[-+](?![-+])", line)]
-    return "\n".join(f"      {line.strip()[:1]} {line[1:].strip()}" for line in lines)
+def changed_lines(name: str, sources: dict[str, dict[str, str]]) -> str:
+    """The lines mutant ``name`` changes: its function against mutmut's copy of the original (``__mutmut_orig``)."""
+    module, _, function = name.partition(".x")
+    path = WORK / "mutants" / (module.replace(".", "/") + ".py")
+    if str(path) not in sources:
+        text = path.read_text()
+        lines = text.splitlines()
+        sources[str(path)] = {node.name: "\n".join(lines[node.lineno - 1:node.end_lineno]) for node in ast.walk(ast.parse(text))
+                              if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
+    functions = sources[str(path)]
+    mutant = "x" + function
+    original = mutant.split("__mutmut_")[0] + "__mutmut_orig"
+    old, new = (functions.get(n, "").replace(n, "") for n in (original, mutant))
+    diff = difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0)
+    return "\n".join(f"      {line[:1]} {line[1:].strip()}" for line in diff if line[:1] in "+-" and line[:3] not in ("+++", "---"))
 
 
 def run_mutmut(tests: list[str], children: int) -> None:
@@ -181,12 +196,13 @@ def report() -> None:
         print(f"{t.label:28} {killed:7} {len(survived):9} {other:6} {len(mine):6}  {score}")
         survivors.append((t.label, survived + sorted((f"{n} ({s})" for n, s in mine.items()
                                                       if s not in ("killed", "survived")), key=_natural)))
+    sources: dict[str, dict[str, str]] = {}
     for label, names in survivors:
         if names:
             print(f"\nnot killed in {label}:")
         for name in names:
             print(f"  {name}")
-            print(changed_lines(name.split(" ")[0]))
+            print(changed_lines(name.split(" ")[0], sources))
 
 
 def _natural(name: str) -> tuple[str, int]:
@@ -215,7 +231,8 @@ def replay_review_mutants() -> None:
 def main() -> None:
     tests = tests_to_run()
     print("tests:", " ".join(tests))
-    run_mutmut(tests, int(os.environ.get("MUTATION_PROCESSES", os.cpu_count() or 2)))
+    if os.environ.get("MUTATION_RUN", "1") != "0":  # MUTATION_RUN=0: report the last run's results again
+        run_mutmut(tests, int(os.environ.get("MUTATION_PROCESSES", os.cpu_count() or 2)))
     report()
     if os.environ.get("MUTATION_REPLAY", "1") != "0":
         replay_review_mutants()
