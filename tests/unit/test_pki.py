@@ -467,3 +467,59 @@ def test_a_passphrase_for_a_key_that_is_not_encrypted_is_refused(ca) -> None:
         f"(`pulumi config rm llmgw:caKeyPassphrase`), or encrypt the key: `openssl pkey -in {key_path} -aes256 "
         "-out ca-key.enc.pem`, then move it over ca-key.pem")
     assert "horse" not in str(err.value)
+
+
+def test_what_issue_records_for_a_requested_key(ca) -> None:
+    auth = pki.load_authority(str(ca), NODE)
+    key = ec.generate_private_key(ec.SECP256R1())
+    issued = pki.issue(auth, NODE, dt.timedelta(hours=24), NOW, key.public_key())
+    cert = x509.load_pem_x509_certificate(issued.cert_pem.encode())
+    assert issued.key_pem == "", "a key pair was made here for a key the node holds"
+    assert issued.serial == format(cert.serial_number, "x") and issued.serial == issued.serial.lower()
+    assert issued.not_after == cert.not_valid_after_utc.isoformat()
+    assert cert.not_valid_before_utc == (NOW - dt.timedelta(minutes=5)).replace(microsecond=0)
+    assert cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).critical is False
+    assert issued.fingerprint_sha256 == cert.fingerprint(hashes.SHA256()).hex()
+
+
+def test_an_ed25519_ca_signs_without_a_digest(tmp_path) -> None:
+    key = ed25519.Ed25519PrivateKey.generate()
+    builder = (x509.CertificateBuilder().subject_name(CA_NAME).issuer_name(CA_NAME).public_key(key.public_key())
+               .serial_number(1).not_valid_before(NOW - dt.timedelta(hours=1)).not_valid_after(NOW + dt.timedelta(days=30))
+               .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True))
+    _write_ca(tmp_path, builder.sign(key, None), key)
+    auth = pki.load_authority(str(tmp_path), NODE)
+    cert = x509.load_pem_x509_certificate(pki.issue(auth, NODE, dt.timedelta(hours=1), NOW).cert_pem.encode())
+    cert.verify_directly_issued_by(auth.cert)
+    assert cert.signature_hash_algorithm is None
+
+
+def test_an_adopted_record_holds_no_key(ca, tmp_path) -> None:
+    cert_path, key_path = labpki.issue_client_cert(ca, tmp_path / "out", NODE)
+    key = serialization.load_pem_private_key(key_path.read_bytes(), None)
+    kept = pki.adoptable(pki.load_authority(str(ca), NODE), NODE, cert_path.read_text(), _spki(key), dt.timedelta(hours=1), NOW)
+    assert kept is not None and kept.key_pem == ""
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    assert kept.serial == format(cert.serial_number, "x") and kept.not_after == cert.not_valid_after_utc.isoformat()
+
+
+@pytest.mark.parametrize("missing", [["ca.pem"], ["ca-key.pem"], ["ca.pem", "ca-key.pem"]])
+def test_a_missing_half_of_the_ca_is_named(ca, missing) -> None:
+    for name in missing:
+        (ca / name).unlink()
+    with pytest.raises(AuthorityError) as err:
+        pki.load_authority(str(ca), NODE)
+    assert str(err.value).startswith(f"gpu-01: no authority in {ca} ({', '.join(missing)} missing); create one first\n")
+
+
+def test_a_ca_key_this_user_cannot_read_and_a_ca_certificate_that_is_not_pem(ca, monkeypatch) -> None:
+    (ca / "ca.pem").write_text("not a certificate\n")
+    with pytest.raises(AuthorityError) as err:
+        pki.load_authority(str(ca), NODE)
+    assert str(err.value).startswith(f"gpu-01: {ca / 'ca.pem'} is not a PEM certificate\n  fix: ")
+    # As root every file is readable: the refusal of os.access is what another user meets.
+    monkeypatch.setattr(pki.os, "access", lambda path, mode: False)
+    with pytest.raises(AuthorityError) as err:
+        pki.load_authority(str(ca), NODE)
+    assert str(err.value) == (f"gpu-01: cannot read {ca / 'ca-key.pem'}\n  fix: run Pulumi as a user that may read the "
+                              "CA key (only the CA host can issue identities)")
