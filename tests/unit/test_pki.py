@@ -367,6 +367,7 @@ def test_a_certificate_that_breaks_the_policy_is_not_adopted(ca, caplog, change,
     strong = ec.generate_private_key(ec.SECP256R1())
     good = node_cert((auth.cert, ca_key), strong).public_bytes(serialization.Encoding.PEM).decode()
     assert pki.adoptable(auth, NODE, good, _spki(strong), dt.timedelta(hours=1), NOW) is not None  # the positive control
+    change = dict(change)  # the parameter's own dict is shared by every run of the test
     key = change.pop("key", lambda: strong)()
     bad = node_cert((auth.cert, ca_key), key, **change).public_bytes(serialization.Encoding.PEM).decode()
     with caplog.at_level("WARNING", logger="llmgw_pulumi.pki"):
