@@ -136,6 +136,8 @@ def mutmut_config(tests: list[str]) -> str:
         'pytest_add_cli_args = ["-p", "no:xdist", "-p", "no:cacheprovider", "-q", "-x", "-o", "timeout=60"]',
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
         "use_git_change_detection = false",
+        # A mutant that makes a test loop is stopped after 3 x 2 x (its tests' time + 1 s) of CPU, not mutmut's 15 x.
+        "timeout_multiplier = 3.0",
         "",
     ])
 

@@ -280,9 +280,14 @@ KEY_FIX = ("give the node a P-256, P-384 or P-521 (ECDSA), Ed25519, or RSA key o
            "`pulumi up --replace` on its ClientCertificate has node-key.sh make a P-256 pair")
 
 
+# Made once, at import: RSA and DSA keys take a while, and a mutation run forks every test run from this process.
+STRONG_KEYS = {kind: make() for kind, make in STRONG.items()}
+WEAK_KEYS = {kind: (make(), what) for kind, (make, what) in WEAK.items()}
+
+
 @pytest.mark.parametrize("kind", STRONG)
 def test_the_strong_keys_are_signed_for(ca, kind) -> None:
-    key = STRONG[kind]()
+    key = STRONG_KEYS[kind]
     assert pki.requested_key(_csr(key), NODE) == key.public_key()
     auth = pki.load_authority(str(ca), NODE)
     issued = x509.load_pem_x509_certificate(pki.issue(auth, NODE, dt.timedelta(hours=1), NOW, key.public_key()).cert_pem.encode())
@@ -291,8 +296,7 @@ def test_the_strong_keys_are_signed_for(ca, kind) -> None:
 
 @pytest.mark.parametrize("kind", WEAK)
 def test_any_other_key_is_refused_naming_the_node_the_key_and_the_fix(ca, kind) -> None:
-    make, what = WEAK[kind]
-    key = make()
+    key, what = WEAK_KEYS[kind]
     with pytest.raises(CertificateRequestError) as err:
         pki.requested_key(_csr(key), NODE)
     assert str(err.value) == f"gpu-01: the node's key is {what}: it is not signed for\n  fix: {KEY_FIX}"
