@@ -107,6 +107,12 @@ REVIEW_MUTANTS = (
 )
 
 
+def targets() -> tuple[Target, ...]:
+    """TARGETS, or those whose label starts with one of MUTATION_ONLY's words (e.g. MUTATION_ONLY=pki.py)."""
+    only = os.environ.get("MUTATION_ONLY", "").split()
+    return tuple(t for t in TARGETS if not only or any(t.label.startswith(o) for o in only))
+
+
 def tests_to_run() -> list[str]:
     given = os.environ.get("MUTATION_TESTS")
     if given:
@@ -176,7 +182,7 @@ def run_mutmut(tests: list[str], children: int) -> None:
     copy_tree(WORK)
     with (WORK / "pyproject.toml").open("a") as f:
         f.write(mutmut_config(tests))
-    patterns = [p for t in TARGETS for p in t.patterns]
+    patterns = [p for t in targets() for p in t.patterns]
     log = WORK / "mutmut.log"
     t0 = time.monotonic()
     with log.open("w") as out:
@@ -189,7 +195,7 @@ def report() -> None:
     found = results()
     print(f"\n{'target':28} {'killed':>7} {'survived':>9} {'other':>6} {'total':>6}  score")
     survivors: list[tuple[str, list[str]]] = []
-    for t in TARGETS:
+    for t in targets():
         mine = {n: s for n, s in found.items() if any(fnmatch.fnmatchcase(n, p) for p in t.patterns)}
         killed = sum(s == "killed" for s in mine.values())
         survived = sorted((n for n, s in mine.items() if s == "survived"), key=_natural)

@@ -528,3 +528,70 @@ def test_a_ca_key_this_user_cannot_read_and_a_ca_certificate_that_is_not_pem(ca,
         pki.load_authority(str(ca), NODE)
     assert str(err.value) == (f"gpu-01: cannot read {ca / 'ca-key.pem'}\n  fix: run Pulumi as a user that may read the "
                               "CA key (only the CA host can issue identities)")
+
+
+# --------------------------------------------------------------------------- boundaries (the mutation run's survivors)
+
+NOW0 = NOW.replace(microsecond=0)
+"""Now, to the second: a certificate's times have no fractions, so a bound can be met exactly."""
+
+
+def test_each_validity_bound_is_inclusive_where_it_should_be(test_ca, node_key) -> None:
+    ca, asked = test_ca[0], dt.timedelta(hours=24)
+    check = pki.check_node_certificate
+    starts_at_the_bound = node_cert(test_ca, node_key, not_before=NOW0 + pki.CLOCK_SKEW)
+    assert check(starts_at_the_bound, ca, NODE, None, NOW0) == []
+    ends_now = node_cert(test_ca, node_key, not_before=NOW0 - dt.timedelta(days=1), not_after=NOW0)
+    assert check(ends_now, ca, NODE, None, NOW0) == [f"it expired on {when(NOW0)} UTC"]
+    ends_at_the_bound = node_cert(test_ca, node_key, not_after=NOW0 + asked + pki.CLOCK_SKEW)
+    assert check(ends_at_the_bound, ca, NODE, None, NOW0, asked) == []
+
+
+@pytest.mark.parametrize("purposes, problem", [
+    ([x509.ObjectIdentifier("1.3.6.1.4.1.55555.2")], "its ExtendedKeyUsage is 1.3.6.1.4.1.55555.2, not clientAuth only"),
+    # An empty ExtendedKeyUsage is malformed (RFC 5280: at least one purpose): the extensions do not parse.
+    ([], "its extensions cannot be parsed (one is given twice, or malformed)"),
+], ids=["unknown purpose", "no purpose"])
+def test_an_extended_key_usage_without_a_name_is_shown_by_its_oid(test_ca, node_key, purposes, problem) -> None:
+    cert = node_cert(test_ca, node_key, purposes=purposes)
+    assert pki.check_node_certificate(cert, test_ca[0], NODE, None, NOW) == [problem]
+
+
+def test_adoption_needs_the_certificate_the_nodes_key_and_time_before_renewal(ca, tmp_path) -> None:
+    auth = pki.load_authority(str(ca), NODE)
+    ca_key = serialization.load_pem_private_key((ca / "ca-key.pem").read_bytes(), None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    pem = node_cert((auth.cert, ca_key), key, not_after=NOW0 + dt.timedelta(hours=10)).public_bytes(
+        serialization.Encoding.PEM).decode()
+    hours = dt.timedelta(hours=1)
+    assert pki.adoptable(auth, NODE, pem, _spki(key), hours, NOW0) is not None  # the positive control
+    assert pki.adoptable(auth, NODE, None, _spki(key), hours, NOW0) is None
+    assert pki.adoptable(auth, NODE, pem, "", hours, NOW0) is None
+    assert pki.adoptable(auth, NODE, pem, _spki(ec.generate_private_key(ec.SECP256R1())), hours, NOW0) is None
+    # Ten hours left: kept with a renewal window of 9 h 59 min, not with one of exactly 10 h.
+    assert pki.adoptable(auth, NODE, pem, _spki(key), dt.timedelta(hours=10) - dt.timedelta(minutes=1), NOW0) is not None
+    assert pki.adoptable(auth, NODE, pem, _spki(key), dt.timedelta(hours=10), NOW0) is None
+
+
+def test_the_ca_errors_name_the_node(ca) -> None:
+    auth = pki.load_authority(str(ca), NODE)
+    end = auth.cert.not_valid_after_utc
+    with pytest.raises(AuthorityError) as err:
+        pki.load_authority(str(ca), NODE, now=end)
+    assert str(err.value) == (f"gpu-01: the CA in {ca} expired on {end:%Y-%m-%d}\n  fix: rotate the cluster CA "
+                              "('llmgw ctl cert init-ca' in a new dir) and re-onboard the nodes")
+    start = auth.cert.not_valid_before_utc
+    with pytest.raises(AuthorityError) as err:
+        pki.load_authority(str(ca), NODE, now=start - dt.timedelta(seconds=1))
+    assert str(err.value) == f"gpu-01: the CA in {ca} is not valid before {start:%Y-%m-%d %H:%M}\n  fix: check this machine's clock"
+    assert pki.load_authority(str(ca), NODE, now=start).cert == auth.cert
+    (ca / "ca-key.pem").write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    with pytest.raises(AuthorityError) as err:
+        pki.load_authority(str(ca), NODE)
+    assert str(err.value) == (f"gpu-01: ca-key.pem does not belong to ca.pem in {ca}\n  fix: restore the matching pair "
+                              "from backup; a CA key that does not match its certificate cannot issue identities")
+    (ca / "ca-key.pem").write_text("not a key\n")
+    with pytest.raises(AuthorityError) as err:
+        pki.load_authority(str(ca), NODE)
+    assert str(err.value).startswith(f"gpu-01: {ca / 'ca-key.pem'} is not a PEM private key\n  fix: ")
