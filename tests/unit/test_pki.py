@@ -595,3 +595,43 @@ def test_the_ca_errors_name_the_node(ca) -> None:
     with pytest.raises(AuthorityError) as err:
         pki.load_authority(str(ca), NODE)
     assert str(err.value).startswith(f"gpu-01: {ca / 'ca-key.pem'} is not a PEM private key\n  fix: ")
+
+
+def test_a_request_that_is_not_one_or_not_signed_by_its_key(test_ca) -> None:
+    with pytest.raises(CertificateRequestError) as err:
+        pki.requested_key("not a request\n", NODE)
+    assert str(err.value) == ("gpu-01: the node returned something that is not a PEM certificate signing request\n"
+                              "  fix: check that the node's openssl works (`openssl req -help`); or give the node "
+                              "`keyOrigin: operator`")
+    der = bytearray(x509.load_pem_x509_csr(_csr(ec.generate_private_key(ec.SECP256R1())).encode()).public_bytes(
+        serialization.Encoding.DER))
+    der[-5] ^= 0xFF  # a flipped bit in the signature
+    forged = "-----BEGIN CERTIFICATE REQUEST-----\n" + base64.encodebytes(bytes(der)).decode() + "-----END CERTIFICATE REQUEST-----\n"
+    with pytest.raises(CertificateRequestError) as err:
+        pki.requested_key(forged, NODE)
+    assert str(err.value).startswith("gpu-01: the node's certificate signing request is not signed by its own key\n  fix: ")
+
+
+def test_spki_and_verify_issued_read_the_certificate(test_ca, node_key) -> None:
+    pem = node_cert(test_ca, node_key).public_bytes(serialization.Encoding.PEM).decode()
+    assert pki.spki_b64(pem) == _spki(node_key)
+    ca_pem = test_ca[0].public_bytes(serialization.Encoding.PEM).decode()
+    assert pki.verify_issued(ca_pem, pem) is True
+    other = node_cert((test_ca[0], ec.generate_private_key(ec.SECP256R1())), node_key).public_bytes(serialization.Encoding.PEM)
+    assert pki.verify_issued(ca_pem, other.decode()) is False
+
+
+def test_several_problems_are_all_named_in_order(ca, test_ca, node_key, caplog) -> None:
+    unknown = [(x509.UnrecognizedExtension(x509.ObjectIdentifier(f"1.3.6.1.4.1.55555.{n}"), b"\x05\x00"), True) for n in (7, 8)]
+    cert = node_cert(test_ca, node_key, extra=unknown)
+    assert pki.check_node_certificate(cert, test_ca[0], NODE, None, NOW) == [
+        "it has critical extensions this policy does not know: 1.3.6.1.4.1.55555.7, 1.3.6.1.4.1.55555.8"]
+    auth = pki.load_authority(str(ca), NODE)
+    ca_key = serialization.load_pem_private_key((ca / "ca-key.pem").read_bytes(), None)
+    bad = node_cert((auth.cert, ca_key), node_key, constraints=(x509.BasicConstraints(ca=True, path_length=None), True),
+                    purposes=[ExtendedKeyUsageOID.SERVER_AUTH]).public_bytes(serialization.Encoding.PEM).decode()
+    with caplog.at_level("WARNING", logger="llmgw_pulumi.pki"):
+        assert pki.adoptable(auth, NODE, bad, _spki(node_key), dt.timedelta(hours=1), NOW) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "gpu-01: the certificate on the node is not kept (its BasicConstraints say CA:TRUE: it could sign certificates; "
+        "its ExtendedKeyUsage is serverAuth, not clientAuth only); a new key pair is made there and signed"]
