@@ -41,11 +41,16 @@ def config_keys(namespace: str = CONFIG_NAMESPACE) -> list[str]:
 
 
 def _read_config() -> tuple[dict[str, Any], list[str], dict[str, pulumi.Output[str]]]:
-    """(the llmgw:* values but secrets, the names of other secret keys, the secrets read: the SSH key, its passphrase)."""
+    """(the llmgw:* values but secrets, the names of other secret keys, the secrets read: the SSH key, its passphrase,
+    the CA key's passphrase). The CA key's passphrase must be held as a secret: in plain text it would sit in the
+    stack's config file."""
     cfg = pulumi.Config(CONFIG_NAMESPACE)
     raw: dict[str, Any] = {}
     secret_names: list[str] = []
     for key in config_keys():
+        if key == stack_config.CA_PASSPHRASE_KEY and not pulumi.runtime.is_config_secret(cfg.full_key(key)):
+            raise ConfigError("llmgw", key, "is set in plain text, in the stack's config file",
+                              f"set it again as a secret: `pulumi config set --secret llmgw:{key}`")
         if key in stack_config.SECRET_KEYS:
             continue
         if pulumi.runtime.is_config_secret(cfg.full_key(key)):
@@ -225,6 +230,8 @@ class Plan:
     pki_dir: str
     rollout: Rollout | None
     """llmgw:rollout with this stack's coordination directory (see rollout_plan), or None."""
+    ca_key_passphrase: pulumi.Output[str] | None = None
+    """The llmgw:caKeyPassphrase secret (an encrypted ca-key.pem), or None."""
 
 
 def plan() -> Plan:
@@ -236,7 +243,7 @@ def plan() -> Plan:
     stack_agent = agent_inputs(spec.agent) if any(n.agent is None for n in spec.nodes) else {}
     agents = {n.node_id: agent_inputs(n.agent) if n.agent else stack_agent for n in spec.nodes}
     return Plan(spec, agents, ssh_credentials(spec, secrets), os.path.abspath(os.path.expanduser(spec.pki_dir)),
-                rollout_plan(spec))
+                rollout_plan(spec), secrets.get(stack_config.CA_PASSPHRASE_KEY))
 
 
 def main() -> dict[str, Node]:
@@ -263,6 +270,7 @@ def register(stack_plan: Plan) -> dict[str, Node]:
             fail_on_engine_problems=n.fail_on_engine_problems,
             key_origin=n.key_origin,
             rollout=stack_plan.rollout,
+            ca_key_passphrase=stack_plan.ca_key_passphrase,
         ))  # each node runs in its shard's provider process (llmgw_pulumi.shards)
     for n in spec.nodes:
         pulumi.export(n.node_id, node_output(nodes[n.node_id]))

@@ -375,6 +375,9 @@ class CertificateSpec(FromProps):
     connection: Connection | None = setting(None, collect=_certificate_connection, default=None,
                                             convert=lambda c: None if c is None else build(Connection, c))
     """How to reach the node, for a key made on it (keyOrigin node); None with keyOrigin operator."""
+    ca_key_passphrase: str | None = setting(None, collect=_any_secret, secret=True, default=None, repr=False)
+    """The passphrase of an encrypted ca-key.pem (a secret: stack config ``llmgw:caKeyPassphrase``); None: the
+    key is not encrypted."""
 
     @staticmethod
     def collect(props: Mapping[str, Any], problems: Problems) -> None:

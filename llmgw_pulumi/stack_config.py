@@ -12,6 +12,7 @@ file in one pass. Reading secrets and local files happens in program.py.
       #            or {binary: /home/me/llmgw/bin/llmgw}  (a dev build is copied)
       llmgw:ssh: {user: deploy, privateKeyPath: ~/.ssh/id_ed25519, wait: 120}
       llmgw:certificate: {validityHours: 8760, renewBeforeHours: 720}   # keyOrigin: node (default) | operator
+      # an encrypted ca-key.pem: `pulumi config set --secret llmgw:caKeyPassphrase`
       llmgw:failOnEngineProblems: false
       llmgw:rollout: {maxParallel: 2, canary: [gpu-01]}   # how running agents are upgraded
       llmgw:nodes:
@@ -70,7 +71,8 @@ NODE_SCHEMA: Schema = {
 }
 SCHEMA: Schema = {
     "pkiDir": None, "servers": None, "agent": AGENT_SCHEMA,
-    "ssh": SSH_SCHEMA, "sshPrivateKey": None, "sshKeyPassphrase": None, "certificate": CERTIFICATE_SCHEMA,
+    "ssh": SSH_SCHEMA, "sshPrivateKey": None, "sshKeyPassphrase": None, "caKeyPassphrase": None,
+    "certificate": CERTIFICATE_SCHEMA,
     **config_schema(EngineCheckSpec), "rollout": ROLLOUT_SCHEMA, "nodes": [NODE_SCHEMA],
 }
 """Every setting of the llmgw namespace; anything else in a stack's config is refused by name."""
@@ -78,7 +80,9 @@ SECRET_KEY = "sshPrivateKey"
 """The SSH key, read as a secret (`pulumi config set --secret llmgw:sshPrivateKey < key`)."""
 PASSPHRASE_KEY = "sshKeyPassphrase"
 """The passphrase of a protected SSH key, read as a secret (`pulumi config set --secret llmgw:sshKeyPassphrase`)."""
-SECRET_KEYS = (SECRET_KEY, PASSPHRASE_KEY)
+CA_PASSPHRASE_KEY = "caKeyPassphrase"
+"""The passphrase of an encrypted ca-key.pem, read as a secret (`pulumi config set --secret llmgw:caKeyPassphrase`)."""
+SECRET_KEYS = (SECRET_KEY, PASSPHRASE_KEY, CA_PASSPHRASE_KEY)
 """The settings read as secrets; any other setting held as a secret is refused, unread."""
 TOP_KEYS = set(SCHEMA)
 NODE_KEYS = set(NODE_SCHEMA)
@@ -278,7 +282,7 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
     collect_fields(CertificateSpec, cert, top, config=True, prefix="certificate.", only=CERTIFICATE_FIELDS)
     check_renewal(cert, top, config=True, prefix="certificate.")
     everyone += [("llmgw", *item) for item in top if re.split(r"[.\[]", item[0])[0] not in unread]
-    everyone += [("llmgw", key, f"is set as a secret, but only {' and '.join(SECRET_KEYS)} are read as secrets",
+    everyone += [("llmgw", key, f"is set as a secret, but only {', '.join(SECRET_KEYS[:-1])} and {SECRET_KEYS[-1]} are read as secrets",
                   f"set it again without --secret: `pulumi config set llmgw:{key} ...`") for key in unread]
 
     raw_nodes = config.get("nodes")

@@ -43,7 +43,7 @@ import datetime as dt
 import hashlib
 import logging
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,8 @@ from . import _glue
 
 log = logging.getLogger(__name__)
 
-INPUT_KEYS = ("node_id", "pki_dir", "validity_hours", "renew_before_hours", "key_origin", "connection")
+INPUT_KEYS = ("node_id", "pki_dir", "validity_hours", "renew_before_hours", "key_origin", "connection",
+              "ca_key_passphrase")
 REPLACE_KEYS = ("node_id", "connection.host", "connection.port")
 """A new node id, or (with the key made on the node) another machine: a new certificate, from a new resource, for a
 machine trusted on first use unless its host key is pinned. A PKI dir that moved, or another user or key to log in
@@ -239,7 +240,7 @@ def _issue(props: dict[str, Any], recorded: Recorded | None) -> dict[str, Any]:
 
     spec = CertificateSpec.from_props(props)
     now = _now()
-    authority = pki.load_authority(spec.pki_dir, spec.node_id, now)
+    authority = pki.load_authority(spec.pki_dir, spec.node_id, now, spec.ca_key_passphrase)
     if spec.key_on_node:
         issued, reached = _issue_for_node_key(spec, authority, now, recorded)
     else:
@@ -305,6 +306,9 @@ class ClientCertificateArgs:
     """``node`` (the default): the node makes its key pair, which never leaves it; ``operator``: made here."""
     connection: Connection | None = None
     """How to reach the node: needed when the key is made on the node."""
+    ca_key_passphrase: pulumi.Input[str] | None = field(default=None, repr=False, metadata={"secret": True})
+    """The passphrase of an encrypted ca-key.pem: a secret input (and output), read only when a certificate is
+    issued; None (absent) for a CA key that is not encrypted."""
 
 
 class ClientCertificate(Resource, module="llmgw", name="ClientCertificate"):
@@ -325,5 +329,5 @@ class ClientCertificate(Resource, module="llmgw", name="ClientCertificate"):
 
     def __init__(self, name: str, args: ClientCertificateArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         props = {**to_inputs(args), **{k: None for k in OUTPUT_KEYS}}
-        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key_pem"]))
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key_pem", "ca_key_passphrase"]))
         super().__init__(ClientCertificateProvider(), name, _glue.with_urn(type(self), name, props, opts), opts)
