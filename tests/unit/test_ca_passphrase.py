@@ -23,7 +23,8 @@ SECRET_SIG = "4dabf18193072939515e22adb298388d"
 STACK = {
     "llmgw:pkiDir": "/srv/llmgw/pki",
     "llmgw:servers": json.dumps(["cp1.example.net:7443"]),
-    "llmgw:agent": json.dumps({"version": "v1.4.2", "releaseUrl": "https://releases.example.net/llmgw"}),
+    "llmgw:agent": json.dumps({"version": "v1.4.2", "releaseUrl": "https://releases.example.net/llmgw",
+                                "sha256": {"amd64": "ab" * 32}}),
     "llmgw:sshPrivateKey": "-----BEGIN OPENSSH " + "PRIVATE KEY-----\nK\n",
     "llmgw:nodes": json.dumps([{"id": "gpu-01", "address": "10.0.0.11"}]),
 }

@@ -675,7 +675,7 @@ def test_a_pending_key_that_is_not_the_certificates_is_never_installed(node: Fak
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     node.path(PENDING).write_bytes(other)  # another key in its place (the file keeps its 0600)
     assert public_of(other) != cert_public(cert["cert_pem"])
-    with pytest.raises(errors.NodeKeyMissingError, match="--replace"):
+    with pytest.raises(errors.NodeKeyMissingError, match="pulumi up --refresh"):
         NodeIdentityProvider().create(identity_inputs(cert))
     assert node.read(CERT) is None and node.read(KEY) is None, "a certificate was installed with a key not its own"
     assert node.path(PENDING).read_bytes() == other
