@@ -32,7 +32,8 @@ COPIED = ("llmgw_pulumi", "tests", "lab", "pyproject.toml")
 
 FAST_TESTS = ("tests/unit/test_pki.py", "tests/unit/test_specs.py", "tests/unit/test_stack_config.py",
               "tests/unit/test_host_key.py", "tests/unit/test_providers.py", "tests/unit/test_ca_passphrase.py",
-              "tests/unit/test_validate*.py")
+              "tests/unit/test_validate*.py", "tests/unit/test_host_key_ssh.py", "tests/unit/test_trust.py",
+              "tests/unit/test_release.py")
 """The unit tests mutants are run against (those of them that exist): pure, a few seconds in all. MUTATION_TESTS
 (space-separated paths) replaces them."""
 
@@ -59,6 +60,9 @@ TARGETS = (
     Target("transport.py (host keys)", "llmgw_pulumi/transport.py",
            _in("llmgw_pulumi.transport", "x_fingerprint_", "x_establish_", "x__open_", "ǁ_checkout_", "ǁsession_",
                "ǁ_open_node_")),
+    Target("release.py (checksums, signature)", "llmgw_pulumi/release.py",
+           _in("llmgw_pulumi.release", "x_parse_checksums_", "x_allowed_signers_line_", "x_verify_signature_",
+               "x_approve_", "x_fetch_binary_", "x_digests_problem_", "x_https_get_", "x__opener_", "ǁredirect_request_")),
     Target("providers (diff)", "llmgw_pulumi/providers/*.py",
            ("llmgw_pulumi.providers.*ǁdiff__*", *_in("llmgw_pulumi.providers.identity", "x_changes_"),
             *_in("llmgw_pulumi.providers.agent", "x_drift_"), *_in("llmgw_pulumi.providers.certificate", "x_renewal_due_"),
