@@ -613,6 +613,7 @@ def test_a_bad_ca_fails_before_anything_reaches_the_node(cluster, hosts, new_sta
     shutil.copy(cluster.pki_dir / "ca.pem", mismatched / "ca.pem")
     (mismatched / "ca-key.pem").write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    (mismatched / "ca-key.pem").chmod(0o600)  # a CA key as it is kept: only the mismatch is wrong
     now = dt.datetime.now(dt.UTC)
     expired = tmp_path / "pki-expired"
     _ca(expired, ec.generate_private_key(ec.SECP256R1()), now - dt.timedelta(days=400), now - dt.timedelta(days=35))
