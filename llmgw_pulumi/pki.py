@@ -22,7 +22,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from .errors import AuthorityError, CertificateRequestError
+from .errors import AuthorityError, CertificateRequestError, SignedCertificateError
+from .signer import CLOCK_SKEW, SigningRequest
 
 
 @dataclass(frozen=True)
@@ -217,3 +218,128 @@ def adoptable(authority: Authority, node_id: str, cert_pem: str | None, key_spki
     ):
         return None
     return record
+
+
+# --------------------------------------------------------------------------- signers (llmgw_pulumi.signer)
+
+
+def _check_authority(cert: x509.Certificate, key: object | None, where: str, node: str, now: dt.datetime) -> None:
+    if key is not None and not _signs(cert, key):
+        raise AuthorityError(node, f"the CA key does not belong to the CA certificate {where}",
+                             "give the key and the certificate of the same CA")
+    if cert.not_valid_after_utc <= now:
+        raise AuthorityError(node, f"the CA {where} expired on {cert.not_valid_after_utc:%Y-%m-%d}",
+                             "rotate the cluster CA and re-onboard the nodes")
+    if cert.not_valid_before_utc > now:
+        raise AuthorityError(node, f"the CA {where} is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M}",
+                             "check this machine's clock")
+
+
+def ca_certificate(ca_pem: str, node: str, now: dt.datetime) -> x509.Certificate:
+    """The CA certificate of llmgw:signer.ca, checked to be valid now."""
+    try:
+        cert = x509.load_pem_x509_certificate(ca_pem.encode())
+    except ValueError:
+        raise AuthorityError(node, "llmgw:signer.ca is not a PEM certificate",
+                             "give the CA certificate (ca.pem) as a path or as its PEM text") from None
+    _check_authority(cert, None, "in llmgw:signer.ca", node, now)
+    return cert
+
+
+def authority_from_pem(ca_pem: str, key_pem: str, node: str, now: dt.datetime) -> Authority:
+    """The authority of signer caKey: the certificate of llmgw:signer.ca, the key of the llmgw:caKey secret."""
+    cert = ca_certificate(ca_pem, node, now)
+    try:
+        key = serialization.load_pem_private_key(key_pem.encode(), password=None)
+    except (ValueError, TypeError):
+        # Never quote the value: it is the CA key.
+        raise AuthorityError(node, "the llmgw:caKey secret is not an unencrypted PEM private key",
+                             "set it again: `pulumi config set --secret llmgw:caKey < ca-key.pem`") from None
+    _check_authority(cert, key, "of llmgw:signer.ca and llmgw:caKey", node, now)
+    return Authority(cert=cert, key=key)
+
+
+def issue_for_request(authority: Authority, req: SigningRequest) -> str:
+    """The certificate PEM a key in this process signs for a signer request (see ``issue``)."""
+    key = requested_key(req.csr_pem, req.node_id)
+    issued = issue(authority, req.node_id, req.not_after - req.not_before - CLOCK_SKEW,
+                   req.not_before + CLOCK_SKEW, public_key=key)
+    return issued.cert_pem
+
+
+def operator_key_and_csr(node_id: str) -> tuple[str, str]:
+    """keyOrigin operator: a new P-256 key pair made here (its PEM, unencrypted, for state as a secret) and its
+    CSR, for any signer."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = (x509.CertificateSigningRequestBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_id)]))
+           .sign(key, hashes.SHA256()))
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
+    return key_pem, csr.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def signed_problems(ca: x509.Certificate, cert: x509.Certificate, req: SigningRequest, now: dt.datetime,
+                    tolerance: dt.timedelta = CLOCK_SKEW) -> list[str]:
+    """What is wrong with the certificate a signer returned for ``req``: empty when it is the one asked for.
+
+    Issued by ``ca``; subject CN = node id and nothing else; CA:FALSE; key usage digitalSignature (no
+    keyCertSign, cRLSign); extended key usage clientAuth only; the CSR's public key; valid now, and within the
+    validity asked (``tolerance`` either way, for a signer that rounds).
+    """
+    wrong = []
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        wrong.append("it is not issued by the CA in ca.pem")
+    subject = [(a.oid, a.value) for a in cert.subject]
+    if subject != [(NameOID.COMMON_NAME, req.node_id)]:
+        wrong.append(f"its subject is {cert.subject.rfc4514_string()!r}, not CN={req.node_id}")
+    ext = cert.extensions
+    try:
+        if ext.get_extension_for_class(x509.BasicConstraints).value.ca:
+            wrong.append("it is a CA certificate (CA:TRUE)")
+    except x509.ExtensionNotFound:
+        wrong.append("it has no basicConstraints CA:FALSE")
+    try:
+        usage = ext.get_extension_for_class(x509.KeyUsage).value
+        if not usage.digital_signature or usage.key_cert_sign or usage.crl_sign:
+            wrong.append("its key usage is not digitalSignature (without keyCertSign or cRLSign)")
+    except x509.ExtensionNotFound:
+        wrong.append("it has no key usage")
+    try:
+        purposes = list(ext.get_extension_for_class(x509.ExtendedKeyUsage).value)
+        if purposes != [ExtendedKeyUsageOID.CLIENT_AUTH]:
+            wrong.append("its extended key usage is not clientAuth only")
+    except x509.ExtensionNotFound:
+        wrong.append("it has no extended key usage clientAuth")
+    try:
+        asked = x509.load_pem_x509_csr(req.csr_pem.encode()).public_key()
+        if cert.public_key() != asked:
+            wrong.append("its public key is not the one the request was made for")
+    except ValueError:
+        wrong.append("the request's public key cannot be read")
+    if cert.not_valid_before_utc < req.not_before - tolerance or cert.not_valid_after_utc > req.not_after + tolerance:
+        wrong.append(f"its validity ({cert.not_valid_before_utc:%Y-%m-%d %H:%M} to {cert.not_valid_after_utc:%Y-%m-%d %H:%M}) "
+                     f"is not within the one asked ({req.not_before:%Y-%m-%d %H:%M} to {req.not_after:%Y-%m-%d %H:%M})")
+    elif not cert.not_valid_before_utc <= now < cert.not_valid_after_utc:
+        wrong.append("it is not valid now")
+    return wrong
+
+
+def accept_signed(ca: x509.Certificate, returned: str, req: SigningRequest, now: dt.datetime) -> IssuedCertificate:
+    """The first certificate of what a signer printed, once ``signed_problems`` finds nothing wrong with it."""
+    start = returned.find("-----BEGIN CERTIFICATE-----")
+    end = returned.find("-----END CERTIFICATE-----", start)
+    try:
+        if start < 0 or end < 0:
+            raise ValueError
+        text = returned[start:end + len("-----END CERTIFICATE-----")] + "\n"
+        cert = x509.load_pem_x509_certificate(text.encode())
+    except ValueError:
+        raise SignedCertificateError(req.node_id, "the signer printed no readable PEM certificate") from None
+    wrong = signed_problems(ca, cert, req, now)
+    if wrong:
+        raise SignedCertificateError(req.node_id, "the signer returned a certificate that is refused: "
+                                     + "; ".join(wrong))
+    return described(cert)
