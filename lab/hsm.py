@@ -78,3 +78,19 @@ class Token:
                            "--list-objects", "--type", "privkey")
         block = listing.split("Private Key Object", 1)[1] if "Private Key Object" in listing else ""
         return next((line.split(":", 1)[1].strip() for line in block.splitlines() if "Access:" in line), "")
+
+    def server_cert(self, out_dir: Path, ips: list[str], dns: list[str]) -> tuple[Path, Path]:
+        """A control plane's serverAuth certificate, signed through the token (ControlPlane's ``server_cert``)."""
+        out_dir = Path(out_dir)
+        key, csr, cert, ext = (out_dir / n for n in ("control-plane-key.pem", "control-plane.csr", "control-plane.pem",
+                                                       "server.ext"))
+        sans = ",".join([*(f"IP:{ip}" for ip in ips), *(f"DNS:{d}" for d in dns)])
+        ext.write_text(f"basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+                       f"extendedKeyUsage=serverAuth\nsubjectAltName={sans}\n")
+        subprocess.run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                        "-keyout", str(key), "-subj", "/CN=control-plane", "-out", str(csr)],
+                       check=True, capture_output=True)
+        self.run("openssl", "x509", "-req", "-engine", "pkcs11", "-CAkeyform", "engine", "-CAkey", self.key_uri,
+                 "-passin", "env:PIN", "-CA", str(self.ca_pem), "-set_serial", "0x" + os.urandom(8).hex(),
+                 "-days", "30", "-sha256", "-in", str(csr), "-extfile", str(ext), "-out", str(cert), pin_env=True)
+        return cert, key
