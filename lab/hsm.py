@@ -23,6 +23,8 @@ class Token:
     dir: Path
     pin: str
     so_pin: str
+    object: str = OBJECT
+    """The CA key's label in the token (another one for a rotated CA, see ``rotated``)."""
 
     @property
     def conf(self) -> Path:
@@ -34,11 +36,11 @@ class Token:
 
     @property
     def ca_pem(self) -> Path:
-        return self.dir / "ca.pem"
+        return self.dir / ("ca.pem" if self.object == OBJECT else f"{self.object}.pem")
 
     @property
     def key_uri(self) -> str:
-        return f"pkcs11:token={LABEL};object={OBJECT};type=private"
+        return f"pkcs11:token={LABEL};object={self.object};type=private"
 
     def env(self) -> dict[str, str]:
         return {"SOFTHSM2_CONF": str(self.conf)}
@@ -58,14 +60,25 @@ class Token:
         t.tokens.mkdir(parents=True, mode=0o700)
         t.conf.write_text(f"directories.tokendir = {t.tokens}\nobjectstore.backend = file\nlog.level = ERROR\n")
         t.run("softhsm2-util", "--init-token", "--free", "--label", LABEL, "--so-pin", so_pin, "--pin", pin)
-        t.run("pkcs11-tool", "--module", MODULE, "--token-label", LABEL, "--login", "--pin", pin, "--keypairgen",
-              "--key-type", "EC:prime256v1", "--label", OBJECT, "--id", "01", "--usage-sign", "--sensitive")
+        t.make_key("01")
         t.self_sign(cn, days)
         return t
 
-    def self_sign(self, cn: str, days: int, out: Path | None = None) -> Path:
-        """The CA certificate, signed by the token's key (again: a CA rotation with the same key would)."""
-        out = out or self.ca_pem
+    def make_key(self, key_id: str) -> None:
+        """A P-256 key pair generated inside the token, sensitive (never extractable)."""
+        self.run("pkcs11-tool", "--module", MODULE, "--token-label", LABEL, "--login", "--pin", self.pin, "--keypairgen",
+                 "--key-type", "EC:prime256v1", "--label", self.object, "--id", key_id, "--usage-sign", "--sensitive")
+
+    def rotated(self, cn: str, days: int = 3650) -> Token:
+        """A new CA in the same token: a new key pair made inside it and its own self-signed certificate."""
+        new = Token(self.dir, self.pin, self.so_pin, object=f"{OBJECT}-2")
+        new.make_key("02")
+        new.self_sign(cn, days)
+        return new
+
+    def self_sign(self, cn: str, days: int) -> Path:
+        """The CA certificate, self-signed by the token's key."""
+        out = self.ca_pem
         self.run("openssl", "req", "-new", "-x509", "-engine", "pkcs11", "-keyform", "engine", "-key", self.key_uri,
                  "-passin", "env:PIN", "-subj", f"/CN={cn}", "-days", str(days), "-sha256",
                  "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
@@ -73,11 +86,14 @@ class Token:
         return out
 
     def private_key_attributes(self) -> str:
-        """pkcs11-tool's 'Access:' line of the CA's private key object, as the token reports it."""
+        """pkcs11-tool's 'Access:' line of this CA's private key object, as the token reports it."""
         listing = self.run("pkcs11-tool", "--module", MODULE, "--token-label", LABEL, "--login", "--pin", self.pin,
                            "--list-objects", "--type", "privkey")
-        block = listing.split("Private Key Object", 1)[1] if "Private Key Object" in listing else ""
-        return next((line.split(":", 1)[1].strip() for line in block.splitlines() if "Access:" in line), "")
+        for block in listing.split("Private Key Object")[1:]:
+            lines = block.splitlines()
+            if any(line.strip() == f"label:      {self.object}" for line in lines):
+                return next((line.split(":", 1)[1].strip() for line in lines if "Access:" in line), "")
+        return ""
 
     def server_cert(self, out_dir: Path, ips: list[str], dns: list[str]) -> tuple[Path, Path]:
         """A control plane's serverAuth certificate, signed through the token (ControlPlane's ``server_cert``)."""
