@@ -77,12 +77,7 @@ def load_authority(pki_dir: str, node: str, now: dt.datetime | None = None) -> A
     if not _signs(cert, key):
         raise AuthorityError(node, f"{key_path.name} does not belong to {cert_path.name} in {pki_dir}",
                              "restore the matching pair from backup; a CA key that does not match its certificate cannot issue identities")
-    if cert.not_valid_after_utc <= now:
-        raise AuthorityError(node, f"the CA in {pki_dir} expired on {cert.not_valid_after_utc:%Y-%m-%d}",
-                             "rotate the cluster CA ('llmgw ctl cert init-ca' in a new dir) and re-onboard the nodes")
-    if cert.not_valid_before_utc > now:
-        raise AuthorityError(node, f"the CA in {pki_dir} is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M}",
-                             "check this machine's clock")
+    _check_authority(cert, None, f"in {pki_dir}", node, now)
     return Authority(cert=cert, key=key)
 
 
@@ -229,7 +224,7 @@ def _check_authority(cert: x509.Certificate, key: object | None, where: str, nod
                              "give the key and the certificate of the same CA")
     if cert.not_valid_after_utc <= now:
         raise AuthorityError(node, f"the CA {where} expired on {cert.not_valid_after_utc:%Y-%m-%d}",
-                             "rotate the cluster CA and re-onboard the nodes")
+                             "rotate the cluster CA ('llmgw ctl cert init-ca' in a new dir) and re-onboard the nodes")
     if cert.not_valid_before_utc > now:
         raise AuthorityError(node, f"the CA {where} is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M}",
                              "check this machine's clock")

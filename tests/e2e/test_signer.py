@@ -96,7 +96,7 @@ def hsm(lab: Any, tmp_path: Path) -> Any:
         planes.plane.stop()
 
 
-def hsm_config(cluster: Any, hosts: list[Any], token: Token, plane: ControlPlane, ca: Path, **top: Any) -> dict[str, Any]:
+def hsm_config(cluster: Any, hosts: list[Any], plane: ControlPlane, ca: Path, **top: Any) -> dict[str, Any]:
     config = stack_config(cluster, hosts, servers=[plane.address],
                           signer={"kind": "command", "ca": str(ca), "command": [str(SIGNER)],
                                   "maxParallel": 1},  # SoftHSM2 fails concurrent processes
@@ -112,7 +112,7 @@ def test_onboarding_renewal_and_ca_rotation_through_the_hsm_signer(cluster, host
     token, planes = hsm
     plane = planes.plane
     (h,) = hosts(1)
-    stack = new_stack(hsm_config(cluster, [h], token, plane, token.ca_pem, certificate=RENEW_EVERY_UP))
+    stack = new_stack(hsm_config(cluster, [h], plane, token.ca_pem, certificate=RENEW_EVERY_UP))
     stack.env.update(token.signer_env())
 
     up = stack.up()
@@ -130,7 +130,7 @@ def test_onboarding_renewal_and_ca_rotation_through_the_hsm_signer(cluster, host
     # CA rotation: a new CA, its key made in the same token; the control plane trusts both while nodes move over.
     new = token.rotated("llmgw HSM CA 2")
     plane = planes.start([token, new], new)
-    stack.set_config(hsm_config(cluster, [h], new, plane, new.ca_pem))
+    stack.set_config(hsm_config(cluster, [h], plane, new.ca_pem))
     stack.env.update(new.signer_env())
     rotated_ca = new.ca_pem
     before_rotation = serial(h)
@@ -223,3 +223,23 @@ def test_a_ci_runner_with_only_the_signer_takes_the_fleet_over_changing_nothing(
     again = ci.preview(expect_no_changes=True)
     assert again.ok, again.output
     assert labpki.CA_KEY not in {p.name for p in (tmp_path / "ci-project").rglob("*")}
+
+
+def test_the_ca_key_as_a_stack_secret_signs_and_never_reaches_state(cluster, hosts, new_stack):
+    (h,) = hosts(1)
+    config = stack_config(cluster, [h], signer={"kind": "caKey", "ca": str(cluster.pki_dir / "ca.pem")})
+    del config["pkiDir"]
+    stack = new_stack(config)
+    key_pem = (cluster.pki_dir / labpki.CA_KEY).read_text()
+    stack.config_set("llmgw:caKey", key_pem, secret=True)
+    up = stack.up()
+    assert up.ok, up.output
+    assert pki.verify_issued((cluster.pki_dir / "ca.pem").read_text(), (h.read_file(CERT_PATH) or b"").decode())
+    lines = [line for line in key_pem.splitlines() if line and not line.startswith("-----")]
+    shown = stack.cli("stack", "export", "--show-secrets").stdout  # even decrypted, state holds no CA key
+    assert lines and not [line for line in lines if line in shown or line in stack.export_raw()]
+    (cert,) = [r for r in stack.export()["resources"] if r["type"].endswith("ClientCertificate")]
+    assert "ca_key" not in cert.get("inputs", {}) and "ca_key" not in cert.get("outputs", {})
+    assert not [line for line in lines if line in up.output]
+    preview = stack.preview(expect_no_changes=True)
+    assert preview.ok, preview.output
