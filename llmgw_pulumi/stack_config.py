@@ -49,6 +49,7 @@ from .specs import (
     check_renewal,
     collect_fabric,
     collect_fields,
+    collect_one,
     config_schema,
     hops_as_given,
     renamed,
@@ -310,7 +311,7 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
     unread = [key for key in secret_keys if key in SCHEMA and key not in SECRET_KEYS]
     signer = _signer(config.get("signer"), has_ca_key=CA_KEY in secret_keys or has_ca_key, p=top)
     if signer is None or signer.kind == "pkiDir":
-        collect_fields(CertificateSpec, config, top, config=True, only=["pki_dir"])
+        collect_one(CertificateSpec, "pki_dir", config, top, config=True)  # required with the default signer
     collect_fields(AgentSettings, config, top, config=True, only=["servers"])
     collect_fields(EngineCheckSpec, config, top, config=True)
     agent = _agent_source(config.get("agent"), "agent", top)

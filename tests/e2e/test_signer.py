@@ -237,9 +237,10 @@ def test_the_ca_key_as_a_stack_secret_signs_and_never_reaches_state(cluster, hos
     assert pki.verify_issued((cluster.pki_dir / "ca.pem").read_text(), (h.read_file(CERT_PATH) or b"").decode())
     lines = [line for line in key_pem.splitlines() if line and not line.startswith("-----")]
     shown = stack.cli("stack", "export", "--show-secrets").stdout  # even decrypted, state holds no CA key
-    assert lines and not [line for line in lines if line in shown or line in stack.export_raw()]
+    leaked = [line for line in lines if line in shown or line in stack.export_raw()]
+    assert lines and not leaked, f"{len(leaked)} lines of the CA key are in state"
     (cert,) = [r for r in stack.export()["resources"] if r["type"].endswith("ClientCertificate")]
     assert "ca_key" not in cert.get("inputs", {}) and "ca_key" not in cert.get("outputs", {})
-    assert not [line for line in lines if line in up.output]
+    assert not [line for line in lines if line in up.output], "the CA key is in the CLI's output"
     preview = stack.preview(expect_no_changes=True)
     assert preview.ok, preview.output

@@ -200,3 +200,42 @@ def test_the_ca_key_input_is_taken_out_of_the_recorded_inputs(ca: pki.Authority)
     assert _ca_keys["gpu-07"] == key_pem
     outs = p.create(res.inputs).outs
     assert key_pem not in repr(outs) and pki.verify_issued(ca.cert_pem, outs["cert_pem"])
+
+
+BASE = {"servers": ["cp1.example.net:7443"], "agent": {"version": "v1.4.2", "releaseUrl": "https://r.example.net/llmgw"},
+        "ssh": {"user": "deploy", "privateKeyPath": "/home/op/.ssh/id_ed25519"},
+        "nodes": [{"id": "gpu-01", "address": "10.0.0.11"}]}
+
+
+def test_the_stack_config_takes_a_signer_instead_of_a_pki_dir() -> None:
+    from llmgw_pulumi import stack_config
+
+    spec = stack_config.parse({**BASE, "signer": {"kind": "command", "ca": "/srv/ca.pem", "command": ["/usr/bin/sign"],
+                                                  "maxParallel": 2}})
+    assert spec.pki_dir is None and spec.signer is not None
+    assert spec.signer.command == ("/usr/bin/sign",) and spec.signer.max_parallel == 2
+    with pytest.raises(stack_config.StackConfigError) as err:
+        stack_config.parse(BASE)
+    assert ("llmgw", "pkiDir") in [p[:2] for p in err.value.problems]
+
+
+@pytest.mark.parametrize("signer_config,has_key,field", [
+    ({"kind": "caKey", "ca": "/srv/ca.pem"}, False, "caKey"),
+    ({"kind": "command", "ca": "/srv/ca.pem", "command": "sign --pin 1234"}, False, "signer.command"),
+    ({"kind": "command", "command": ["/usr/bin/sign"]}, False, "signer.ca"),
+    ({"kind": "hsm", "ca": "/srv/ca.pem"}, False, "signer.kind"),
+    ({"kind": "command", "ca": "/srv/ca.pem", "command": ["/s"], "timeout": 5}, False, "signer.timeout"),
+])
+def test_a_bad_signer_config_is_named(signer_config: dict[str, object], has_key: bool, field: str) -> None:
+    from llmgw_pulumi import stack_config
+
+    with pytest.raises(stack_config.StackConfigError) as err:
+        stack_config.parse({**BASE, "signer": signer_config}, has_ca_key=has_key)
+    assert field in [p[1] for p in err.value.problems], err.value.problems
+
+
+def test_a_ca_key_signer_with_its_secret_is_accepted() -> None:
+    from llmgw_pulumi import stack_config
+
+    spec = stack_config.parse({**BASE, "signer": {"kind": "caKey", "ca": "/srv/ca.pem"}}, has_ca_key=True)
+    assert spec.signer is not None and spec.signer.kind == "caKey"
