@@ -38,10 +38,12 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import IO, Any
 
 
 def release_name(tag: str, arch: str) -> str:
@@ -104,6 +106,25 @@ def publish_release(
     (directory / "checksums.txt.sig").unlink(missing_ok=True)
     if sign_with is not None:
         sign(directory / "checksums.txt", sign_with)
+
+
+@contextmanager
+def serving(lab: Any, root: Path, addr: str, port: int, cert: Path | str, key: Path | str, *, delay: float = 0.0,
+            log: IO[bytes] | int = subprocess.DEVNULL) -> Iterator[str]:
+    """Another release server serving ``root`` over HTTPS, in the netns of the lab's release server (``lab`` is a
+    `lab.hosts.Lab`), its request log written to ``log``; yields its base URL and stops it on exit."""
+    proc = lab.run_in_netns(
+        [sys.executable, "-m", "lab.release_server", "--root", str(root), "--bind", addr, "--port", str(port),
+         "--cert", str(cert), "--key", str(key), "--delay", str(delay)],
+        netns_suffix="repo", addr_index=2, cwd=str(Path(__file__).resolve().parent.parent), stdout=subprocess.PIPE,
+        stderr=log,
+    )
+    try:
+        assert proc.stdout is not None
+        assert b"listening" in proc.stdout.readline(), "release server did not start"
+        yield f"https://{addr}:{port}"
+    finally:
+        type(lab)._stop_extra(proc)
 
 
 class _Handler(SimpleHTTPRequestHandler):

@@ -171,6 +171,11 @@ class CertificateRequestError(LlmgwError, fix="check that the node's openssl wor
     """The certificate signing request the node returned cannot be signed."""
 
 
+class CertificatePolicyError(LlmgwError, fix="this is a bug in the signer: report it with the problems above; "
+                                             "nothing was installed"):
+    """A certificate that was just signed does not meet the node certificate policy (``pki.check_node_certificate``)."""
+
+
 class RolloutStoppedError(LlmgwError, fix="fix the release or config that failed (its error is above), "
                                            "then run `pulumi up` again: nodes already updated stay updated"):
     """A node's update was not started: another node's update failed earlier in this rollout (llmgw:rollout)."""

@@ -79,6 +79,8 @@ class NodeArgs:
     """Signer caKey: the CA key PEM, a secret (never recorded in state)."""
     rollout: Rollout | None = None
     """How updates of running agents are spread over the stack (see llmgw_pulumi.rollout); None: not gated."""
+    ca_key_passphrase: pulumi.Input[str] | None = None
+    """The passphrase of an encrypted ca-key.pem (made a secret); None: the CA key is not encrypted."""
 
 
 def engine_problems(problems: list[dict[str, str]] | None) -> list[dict[str, str]]:
@@ -102,7 +104,7 @@ class Node(pulumi.ComponentResource):
             node_id=args.node_id, pki_dir=args.pki_dir,
             validity_hours=args.validity_hours, renew_before_hours=args.renew_before_hours,
             key_origin=args.key_origin or KEY_ORIGIN_NODE, connection=conn if key_on_node else None,
-            signer=args.signer, ca_key=args.ca_key,
+            signer=args.signer, ca_key=args.ca_key, ca_key_passphrase=args.ca_key_passphrase,
         ), child)
 
         # With the key made on the node, ClientCertificate reached it first: its host keys are expected.

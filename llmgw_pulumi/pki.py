@@ -1,29 +1,51 @@
-"""Issuing node identities from the cluster CA.
+"""Issuing node identities from the cluster CA, and the policy every node certificate must meet.
 
 ``issue`` is a pure function of the authority, the node id, the validity and a
 clock; ``load_authority`` is the only thing here that reads files, and it reads
 them on the machine running Pulumi: the CA key never goes anywhere else, and
 never into state (it is read from the PKI dir at issue time, not passed as an
-input).
+input; its passphrase, when it is encrypted, is a secret input).
+
+The policy is written once, as pure functions of what is checked:
+
+- ``key_problem``: only P-256, P-384, P-521, Ed25519 and RSA of at least
+  ``MIN_RSA_BITS`` bits are signed for;
+- ``check_node_certificate``: a node certificate is signed by the cluster CA,
+  has CN = node id, the key asked for, BasicConstraints CA:FALSE (critical),
+  KeyUsage digitalSignature only (critical), ExtendedKeyUsage clientAuth only,
+  and is valid now and no longer than its CA (and than the validity asked).
+
+``issue`` checks what it just signed with it; ``adoptable`` checks the
+certificate a node already holds with it before keeping that certificate. A
+certificate made anywhere else (another signer) is checked the same way,
+against ca.pem, the node id, the public key requested and the validity asked.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import dataclasses
 import datetime as dt
+import logging
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, ExtensionOID, NameOID
 
-from .errors import AuthorityError, CertificateRequestError, SignedCertificateError
+from .errors import AuthorityError, CertificatePolicyError, CertificateRequestError, SignedCertificateError
 from .signer import CLOCK_SKEW, SigningRequest
+
+log = logging.getLogger(__name__)
+
+CA_PASSPHRASE_SETTING = "llmgw:caKeyPassphrase"
+"""The stack-config secret holding the passphrase of an encrypted ca-key.pem (named in fix texts)."""
 
 
 @dataclass(frozen=True)
@@ -54,14 +76,65 @@ def _signs(ca_cert: x509.Certificate, ca_key: object) -> bool:
     return bool(ca_cert.public_key() == ca_key.public_key())  # type: ignore[attr-defined]
 
 
-def load_authority(pki_dir: str, node: str, now: dt.datetime | None = None) -> Authority:
-    """Read ca.pem and ca-key.pem from the PKI dir and check they can issue today."""
+def _ca_problem(cert: x509.Certificate) -> str | None:
+    """Why ``cert`` cannot be the cluster CA: it is not CA:TRUE, or its KeyUsage forbids signing certificates."""
+    try:
+        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        return "has no BasicConstraints extension, so it is not a CA certificate (CA:TRUE)"
+    if not constraints.ca:
+        return "is not a CA certificate (its BasicConstraints say CA:FALSE)"
+    try:
+        usage = cert.extensions.get_extension_for_class(x509.KeyUsage).value
+    except x509.ExtensionNotFound:
+        return None
+    if not usage.key_cert_sign:
+        return "is a CA certificate whose KeyUsage does not allow signing certificates (keyCertSign)"
+    return None
+
+
+def _read_ca_key(key_path: Path, node: str, passphrase: str | None) -> object:
+    """The CA's private key from ``key_path``, decrypted with ``passphrase`` when it is encrypted.
+
+    Errors name the file and the setting, never a byte of the key or of the
+    passphrase (cryptography's own messages are not passed on).
+    """
+    data = key_path.read_bytes()
+    encrypted = b"ENCRYPTED" in data  # PKCS#8 "ENCRYPTED PRIVATE KEY", or a legacy "Proc-Type: 4,ENCRYPTED" header
+    if encrypted and passphrase is None:
+        raise AuthorityError(node, f"{key_path} is encrypted, and no passphrase for it is configured",
+                             f"set it as a secret: `pulumi config set --secret {CA_PASSPHRASE_SETTING}` "
+                             "(NodeArgs.ca_key_passphrase, in a program of your own)")
+    if not encrypted and passphrase is not None:
+        raise AuthorityError(node, f"{key_path} is not encrypted, yet {CA_PASSPHRASE_SETTING} is set",
+                             f"remove the secret (`pulumi config rm {CA_PASSPHRASE_SETTING}`), or encrypt the key: "
+                             f"`openssl pkey -in {key_path} -aes256 -out ca-key.enc.pem`, then move it over ca-key.pem")
+    try:
+        return serialization.load_pem_private_key(data, password=passphrase.encode() if passphrase is not None else None)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        if encrypted:
+            raise AuthorityError(node, f"{key_path} cannot be decrypted with the configured passphrase",
+                                 f"fix the {CA_PASSPHRASE_SETTING} secret") from None
+        # The exception text may quote key bytes; say only which file it was.
+        raise AuthorityError(node, f"{key_path} is not a PEM private key") from None
+
+
+def load_authority(pki_dir: str, node: str, now: dt.datetime | None = None, passphrase: str | None = None) -> Authority:
+    """Read ca.pem and ca-key.pem from the PKI dir and check they can issue today.
+
+    ca.pem must be a CA certificate (CA:TRUE); ca-key.pem must be readable by
+    its owner only, and is decrypted with ``passphrase`` when it is encrypted.
+    """
     now = now or dt.datetime.now(dt.UTC)
     d = Path(pki_dir)
     cert_path, key_path = d / "ca.pem", d / "ca-key.pem"
     if not cert_path.is_file() or not key_path.is_file():
         missing = ", ".join(p.name for p in (cert_path, key_path) if not p.is_file())
         raise AuthorityError(node, f"no authority in {pki_dir} ({missing} missing); create one first")
+    mode = stat.S_IMODE(key_path.stat().st_mode)
+    if mode & 0o077:
+        raise AuthorityError(node, f"{key_path} is open to group or others (mode {mode:04o}): the CA key must be readable "
+                             "by its owner only", f"chmod 600 {key_path}")
     if not os.access(key_path, os.R_OK):
         raise AuthorityError(node, f"cannot read {key_path}",
                              "run Pulumi as a user that may read the CA key (only the CA host can issue identities)")
@@ -69,11 +142,12 @@ def load_authority(pki_dir: str, node: str, now: dt.datetime | None = None) -> A
         cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
     except ValueError as exc:
         raise AuthorityError(node, f"{cert_path} is not a PEM certificate") from exc
-    try:
-        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
-    except (ValueError, TypeError):
-        # The exception text may quote key bytes; say only which file it was.
-        raise AuthorityError(node, f"{key_path} is not an unencrypted PEM private key") from None
+    not_a_ca = _ca_problem(cert)
+    if not_a_ca:
+        raise AuthorityError(node, f"{cert_path} {not_a_ca}",
+                             "point llmgw:pkiDir at the cluster CA that `llmgw ctl cert init-ca` made (its ca.pem is "
+                             "CA:TRUE); a node certificate cannot issue identities")
+    key = _read_ca_key(key_path, node, passphrase)
     if not _signs(cert, key):
         raise AuthorityError(node, f"{key_path.name} does not belong to {cert_path.name} in {pki_dir}",
                              "restore the matching pair from backup; a CA key that does not match its certificate cannot issue identities")
@@ -86,7 +160,37 @@ def _sign_hash(key: object) -> hashes.HashAlgorithm | None:
 
 
 PublicKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey | ed25519.Ed25519PublicKey
-"""The public keys a node's key pair may have."""
+"""The public keys a node's key pair may have (and ``key_problem`` narrows further)."""
+
+CURVES = {"secp256r1": "P-256", "secp384r1": "P-384", "secp521r1": "P-521"}
+"""The elliptic curves signed for, by the name cryptography gives them: the NIST prime curves of 256 bits and more."""
+MIN_RSA_BITS = 2048
+KEY_FIX = ("give the node a P-256, P-384 or P-521 (ECDSA), Ed25519, or RSA key of at least 2048 bits: "
+           "`pulumi up --replace` on its ClientCertificate has node-key.sh make a P-256 pair")
+# CLOCK_SKEW (from llmgw_pulumi.signer): how far a node's clock may be behind: certificates start this much in the
+# past (and a signer's clock may be this much ahead of ours).
+
+
+def key_problem(key: object) -> str | None:
+    """None for a public key this CA signs for; otherwise what the key is, and why it is not signed for."""
+    if isinstance(key, ec.EllipticCurvePublicKey):
+        if key.curve.name in CURVES:
+            return None
+        return f"an EC key on curve {key.curve.name}, which is not one of P-256, P-384, P-521"
+    if isinstance(key, rsa.RSAPublicKey):
+        if key.key_size >= MIN_RSA_BITS:
+            return None
+        return f"an RSA key of {key.key_size} bits, fewer than {MIN_RSA_BITS}"
+    if isinstance(key, ed25519.Ed25519PublicKey):
+        return None
+    kind = type(key).__name__.removesuffix("PublicKey").lstrip("_") or "unknown"
+    return f"a {kind} key, which is not one of P-256, P-384, P-521, Ed25519 or RSA"
+
+
+def _refuse_weak(key: object, node_id: str, whose: str) -> None:
+    weak = key_problem(key)
+    if weak:
+        raise CertificateRequestError(node_id, f"{whose} is {weak}: it is not signed for", KEY_FIX)
 
 
 def issue(authority: Authority, node_id: str, validity: dt.timedelta, now: dt.datetime,
@@ -97,11 +201,14 @@ def issue(authority: Authority, node_id: str, validity: dt.timedelta, now: dt.da
     certificate is issued for it and no key is made here (``key_pem`` is
     empty); without, a new P-256 key pair is made here (keyOrigin operator).
     Validity is capped at the CA's own expiry: a leaf that outlives its issuer
-    would fail verification anyway, later and more confusingly.
+    would fail verification anyway, later and more confusingly. What was
+    signed is checked against the policy (``check_node_certificate``) before
+    it is returned.
     """
     key = None if public_key is not None else ec.generate_private_key(ec.SECP256R1())
     subject_key = public_key if public_key is not None else key.public_key()  # type: ignore[union-attr]
-    not_before = now - dt.timedelta(minutes=5)  # tolerate small clock skew on the node
+    _refuse_weak(subject_key, node_id, "the key to certify")
+    not_before = now - CLOCK_SKEW  # tolerate small clock skew on the node
     not_after = min(now + validity, authority.cert.not_valid_after_utc)
     cert = (
         x509.CertificateBuilder()
@@ -123,10 +230,141 @@ def issue(authority: Authority, node_id: str, validity: dt.timedelta, now: dt.da
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(authority.key.public_key()), critical=False)  # type: ignore[attr-defined]
         .sign(authority.key, _sign_hash(authority.key))  # type: ignore[arg-type]
     )
+    problems = check_node_certificate(cert, authority.cert, node_id, subject_key, now, validity)
+    if problems:
+        raise CertificatePolicyError(node_id, "the certificate just signed breaks the node certificate policy: "
+                                     + "; ".join(problems))
     key_pem = "" if key is None else key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     ).decode()
     return dataclasses.replace(described(cert), key_pem=key_pem)
+
+
+# --------------------------------------------------------------------------- the node certificate policy
+
+OTHER_KEY_USAGES = ("content_commitment", "key_encipherment", "data_encipherment", "key_agreement", "key_cert_sign",
+                    "crl_sign")
+"""KeyUsage bits a node certificate must not have (``encipher_only``/``decipher_only`` need ``key_agreement``)."""
+KNOWN_CRITICAL = (ExtensionOID.BASIC_CONSTRAINTS, ExtensionOID.KEY_USAGE, ExtensionOID.EXTENDED_KEY_USAGE)
+"""Extensions a node certificate may mark critical: a verifier must refuse a critical extension it does not know."""
+WEAK_HASHES = (hashes.SHA1, hashes.MD5)
+PURPOSE_NAMES = {
+    ExtendedKeyUsageOID.CLIENT_AUTH: "clientAuth", ExtendedKeyUsageOID.SERVER_AUTH: "serverAuth",
+    ExtendedKeyUsageOID.CODE_SIGNING: "codeSigning", ExtendedKeyUsageOID.EMAIL_PROTECTION: "emailProtection",
+    ExtendedKeyUsageOID.TIME_STAMPING: "timeStamping", ExtendedKeyUsageOID.OCSP_SIGNING: "OCSPSigning",
+    ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE: "anyExtendedKeyUsage",
+}
+"""How OpenSSL names the extended key usages a problem may mention; any other is shown by its OID."""
+
+
+def _extension(extensions: x509.Extensions, kind: type[x509.ExtensionType]) -> x509.Extension[x509.ExtensionType] | None:
+    try:
+        return extensions.get_extension_for_class(kind)
+    except x509.ExtensionNotFound:
+        return None
+
+
+def _extension_problems(extensions: x509.Extensions) -> list[str]:
+    """BasicConstraints CA:FALSE (critical), KeyUsage digitalSignature only (critical), ExtendedKeyUsage clientAuth
+    only, and no other critical extension."""
+    problems = []
+    constraints = _extension(extensions, x509.BasicConstraints)
+    if constraints is None:
+        problems.append("it has no BasicConstraints extension (CA:FALSE)")
+    else:
+        if constraints.value.ca:  # type: ignore[attr-defined]
+            problems.append("its BasicConstraints say CA:TRUE: it could sign certificates")
+        if not constraints.critical:
+            problems.append("its BasicConstraints extension is not critical")
+    usage = _extension(extensions, x509.KeyUsage)
+    if usage is None:
+        problems.append("it has no KeyUsage extension (digitalSignature)")
+    else:
+        if not usage.value.digital_signature:  # type: ignore[attr-defined]
+            problems.append("its KeyUsage does not allow digitalSignature")
+        extra = [name for name in OTHER_KEY_USAGES if getattr(usage.value, name)]
+        if extra:
+            problems.append(f"its KeyUsage also allows {', '.join(extra)}")
+        if not usage.critical:
+            problems.append("its KeyUsage extension is not critical")
+    purposes = _extension(extensions, x509.ExtendedKeyUsage)
+    if purposes is None:
+        problems.append("it has no ExtendedKeyUsage extension (clientAuth)")
+    elif list(purposes.value) != [ExtendedKeyUsageOID.CLIENT_AUTH]:  # type: ignore[call-overload]
+        names = ", ".join(PURPOSE_NAMES.get(oid, oid.dotted_string) for oid in purposes.value)  # type: ignore[attr-defined]
+        problems.append(f"its ExtendedKeyUsage is {names or 'empty'}, not clientAuth only")
+    unknown = [ext.oid.dotted_string for ext in extensions if ext.critical and ext.oid not in KNOWN_CRITICAL]
+    if unknown:
+        problems.append(f"it has critical extensions this policy does not know: {', '.join(unknown)}")
+    return problems
+
+
+def _validity_problems(cert: x509.Certificate, ca: x509.Certificate, now: dt.datetime,
+                       validity: dt.timedelta | None) -> list[str]:
+    problems = []
+    begins, ends = cert.not_valid_before_utc, cert.not_valid_after_utc
+    if begins > now + CLOCK_SKEW:
+        problems.append(f"it is not valid before {begins:%Y-%m-%d %H:%M:%S} UTC (now {now:%Y-%m-%d %H:%M:%S})")
+    if ends <= now:
+        problems.append(f"it expired on {ends:%Y-%m-%d %H:%M:%S} UTC")
+    if ends > ca.not_valid_after_utc:
+        problems.append(f"it is valid until {ends:%Y-%m-%d %H:%M:%S} UTC, after its CA "
+                        f"({ca.not_valid_after_utc:%Y-%m-%d %H:%M:%S})")
+    if validity is not None and ends > now + validity + CLOCK_SKEW:
+        problems.append(f"it is valid until {ends:%Y-%m-%d %H:%M:%S} UTC, longer than the "
+                        f"{validity.total_seconds() / 3600:g} h asked")
+    return problems
+
+
+def check_node_certificate(cert: x509.Certificate, ca: x509.Certificate, node_id: str, public_key: object | None,
+                           now: dt.datetime, validity: dt.timedelta | None = None) -> list[str]:
+    """What is wrong with ``cert`` as the client certificate of ``node_id``: [] when nothing is.
+
+    Pure: the policy of every node certificate, whoever signed it. It must be
+    signed by ``ca`` (ca.pem), name ``node_id`` as its only common name,
+    certify ``public_key`` (the key requested; None: any key) with a key the
+    policy allows (``key_problem``), carry BasicConstraints CA:FALSE
+    (critical), KeyUsage digitalSignature only (critical) and
+    ExtendedKeyUsage clientAuth only, mark no other extension critical, use
+    no SHA-1/MD5 signature, be valid at ``now`` (it may begin up to
+    CLOCK_SKEW later: its signer's clock may be that far ahead) and end no
+    later than its CA (and, with ``validity``, than ``now + validity +
+    CLOCK_SKEW``).
+    """
+    problems = []
+    try:
+        digest = cert.signature_hash_algorithm
+    except UnsupportedAlgorithm:
+        digest = None
+    if isinstance(digest, WEAK_HASHES):
+        problems.append(f"it is signed with {digest.name}, which is broken")  # and cannot be verified here at all
+    else:
+        try:
+            cert.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):
+            problems.append(f"it is not signed by the cluster CA ({ca.subject.rfc4514_string()})")
+    if cert.version != x509.Version.v3:
+        problems.append(f"it is an X.509 {cert.version.name} certificate, not v3")
+    names = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    if names != [node_id]:
+        problems.append(f"its common name is {', '.join(map(repr, names)) or 'missing'}, not {node_id!r}")
+    try:
+        key: object = cert.public_key()
+    except (ValueError, UnsupportedAlgorithm):
+        problems.append("its public key cannot be read")
+    else:
+        weak = key_problem(key)
+        if weak:
+            problems.append(f"its key is {weak}")
+        if public_key is not None and key != public_key:
+            problems.append("its key is not the key it was asked for")
+    try:
+        extensions = cert.extensions
+    except ValueError:
+        problems.append("its extensions cannot be parsed (one is given twice, or malformed)")
+    else:
+        problems += _extension_problems(extensions)
+    return problems + _validity_problems(cert, ca, now, validity)
 
 
 def verify_issued(ca_pem: str, cert_pem: str) -> bool:
@@ -140,11 +378,9 @@ def verify_issued(ca_pem: str, cert_pem: str) -> bool:
     return True
 
 
-MIN_RSA_BITS = 2048
-
-
 def requested_key(csr_pem: str, node_id: str) -> PublicKey:
-    """The public key of the CSR a node made for itself, once its signature proves the node holds the private key.
+    """The public key of the CSR a node made for itself, once its signature proves the node holds the private key
+    and the policy allows its kind (``key_problem``).
 
     Only the key is taken from the request: the certificate's subject, usage
     and validity are the operator's (``issue``), whatever the request asks for.
@@ -153,17 +389,14 @@ def requested_key(csr_pem: str, node_id: str) -> PublicKey:
         csr = x509.load_pem_x509_csr(csr_pem.encode())
     except ValueError:
         raise CertificateRequestError(node_id, "the node returned something that is not a PEM certificate signing request") from None
+    try:
+        key = csr.public_key()
+    except UnsupportedAlgorithm:
+        raise CertificateRequestError(node_id, "the node's key is of a kind this policy does not know", KEY_FIX) from None
     if not csr.is_signature_valid:
         raise CertificateRequestError(node_id, "the node's certificate signing request is not signed by its own key")
-    key = csr.public_key()
-    if isinstance(key, ec.EllipticCurvePublicKey) and key.curve.key_size >= 256:
-        return key
-    if isinstance(key, rsa.RSAPublicKey) and key.key_size >= MIN_RSA_BITS:
-        return key
-    if isinstance(key, ed25519.Ed25519PublicKey):
-        return key
-    raise CertificateRequestError(node_id, f"the node's key ({type(key).__name__}) is too weak to sign for",
-                                  "make the node's key P-256 or stronger (ECDSA), RSA of 2048 bits or more, or Ed25519")
+    _refuse_weak(key, node_id, "the node's key")
+    return key  # type: ignore[return-value]
 
 
 def spki_b64(cert_pem: str) -> str:
@@ -173,10 +406,11 @@ def spki_b64(cert_pem: str) -> str:
     return base64.b64encode(der).decode()
 
 
-def described(cert: x509.Certificate, cert_pem: str | None = None) -> IssuedCertificate:
-    """An issued certificate's record (no key: it stays where it was made); ``cert_pem``: its text as found."""
+def described(cert: x509.Certificate) -> IssuedCertificate:
+    """An issued certificate's record (no key: it stays where it was made), its PEM re-encoded from the parsed
+    certificate: one block, nothing before or after it."""
     return IssuedCertificate(
-        cert_pem=cert_pem or cert.public_bytes(serialization.Encoding.PEM).decode(),
+        cert_pem=cert.public_bytes(serialization.Encoding.PEM).decode(),
         key_pem="",
         serial=format(cert.serial_number, "x"),
         not_after=cert.not_valid_after_utc.isoformat(),
@@ -188,31 +422,31 @@ def adoptable(authority: Authority, node_id: str, cert_pem: str | None, key_spki
               now: dt.datetime) -> IssuedCertificate | None:
     """The identity a node already holds, when it can be kept as it is: None when a new one must be issued.
 
-    Kept when the certificate's CN is the node id, it is issued by this CA for
-    client authentication, it is valid now and not yet in the renewal window,
-    and the node's key (``key_spki``, its public half as node-key.sh prints it)
-    is the certificate's. This is how the first `pulumi up` over a node that
-    onboard-node.sh onboarded takes it over without re-issuing.
+    Kept when the certificate meets the node certificate policy
+    (``check_node_certificate``: this CA, CN = node id, CA:FALSE, clientAuth
+    only, digitalSignature, valid now and not beyond the CA, a strong key) for
+    the node's key (``key_spki``, its public half as node-key.sh prints it), and
+    is not yet in the renewal window. This is how the first `pulumi up` over a
+    node that onboard-node.sh onboarded takes it over without re-issuing. The
+    record holds the certificate re-encoded from its parsed form, never the
+    node's text (which may carry more after it): installing it again rewrites
+    a file that is the certificate alone, and leaves one that is.
     """
     if not cert_pem or not key_spki:
         return None
     try:
         cert = x509.load_pem_x509_certificate(cert_pem.encode())
-        cert.verify_directly_issued_by(authority.cert)
-        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    except (ValueError, TypeError, InvalidSignature, x509.ExtensionNotFound):
+        node_key = serialization.load_der_public_key(base64.b64decode(key_spki, validate=True))
+    except (ValueError, TypeError, UnsupportedAlgorithm, binascii.Error):
         return None
-    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    record = described(cert, cert_pem)  # the node's very text: installing it again rewrites nothing
-    if (
-        [n.value for n in names] != [node_id]
-        or ExtendedKeyUsageOID.CLIENT_AUTH not in usage
-        or not cert.not_valid_before_utc <= now
-        or cert.not_valid_after_utc - renew_before <= now
-        or spki_b64(record.cert_pem) != key_spki
-    ):
+    problems = check_node_certificate(cert, authority.cert, node_id, node_key, now)
+    if problems:
+        log.warning("%s: the certificate on the node is not kept (%s); a new key pair is made there and signed",
+                    node_id, "; ".join(problems))
         return None
-    return record
+    if cert.not_valid_after_utc - renew_before <= now:
+        return None
+    return described(cert)
 
 
 # --------------------------------------------------------------------------- signers (llmgw_pulumi.signer)
@@ -237,6 +471,9 @@ def ca_certificate(ca_pem: str, node: str, now: dt.datetime) -> x509.Certificate
     except ValueError:
         raise AuthorityError(node, "llmgw:signer.ca is not a PEM certificate",
                              "give the CA certificate (ca.pem) as a path or as its PEM text") from None
+    not_a_ca = _ca_problem(cert)
+    if not_a_ca:
+        raise AuthorityError(node, f"llmgw:signer.ca {not_a_ca}", "give the cluster CA's certificate (CA:TRUE)")
     _check_authority(cert, None, "in llmgw:signer.ca", node, now)
     return cert
 
@@ -274,51 +511,23 @@ def operator_key_and_csr(node_id: str) -> tuple[str, str]:
     return key_pem, csr.public_bytes(serialization.Encoding.PEM).decode()
 
 
-def signed_problems(ca: x509.Certificate, cert: x509.Certificate, req: SigningRequest, now: dt.datetime,
-                    tolerance: dt.timedelta = CLOCK_SKEW) -> list[str]:
+def signed_problems(ca: x509.Certificate, cert: x509.Certificate, req: SigningRequest, now: dt.datetime) -> list[str]:
     """What is wrong with the certificate a signer returned for ``req``: empty when it is the one asked for.
 
-    Issued by ``ca``; subject CN = node id and nothing else; CA:FALSE; key usage digitalSignature (no
-    keyCertSign, cRLSign); extended key usage clientAuth only; the CSR's public key; valid now, and within the
-    validity asked (``tolerance`` either way, for a signer that rounds).
+    The policy of every node certificate (``check_node_certificate``: issued by ``ca``, CN = node id, CA:FALSE,
+    digitalSignature, clientAuth only, valid now) for the request's public key, ending no later than asked, and
+    starting no earlier than asked (CLOCK_SKEW either way, for a signer that rounds).
     """
-    wrong = []
     try:
-        cert.verify_directly_issued_by(ca)
-    except (ValueError, TypeError, InvalidSignature):
-        wrong.append("it is not issued by the CA in ca.pem")
-    subject = [(a.oid, a.value) for a in cert.subject]
-    if subject != [(NameOID.COMMON_NAME, req.node_id)]:
-        wrong.append(f"its subject is {cert.subject.rfc4514_string()!r}, not CN={req.node_id}")
-    ext = cert.extensions
-    try:
-        if ext.get_extension_for_class(x509.BasicConstraints).value.ca:
-            wrong.append("it is a CA certificate (CA:TRUE)")
-    except x509.ExtensionNotFound:
-        wrong.append("it has no basicConstraints CA:FALSE")
-    try:
-        usage = ext.get_extension_for_class(x509.KeyUsage).value
-        if not usage.digital_signature or usage.key_cert_sign or usage.crl_sign:
-            wrong.append("its key usage is not digitalSignature (without keyCertSign or cRLSign)")
-    except x509.ExtensionNotFound:
-        wrong.append("it has no key usage")
-    try:
-        purposes = list(ext.get_extension_for_class(x509.ExtendedKeyUsage).value)
-        if purposes != [ExtendedKeyUsageOID.CLIENT_AUTH]:
-            wrong.append("its extended key usage is not clientAuth only")
-    except x509.ExtensionNotFound:
-        wrong.append("it has no extended key usage clientAuth")
-    try:
-        asked = x509.load_pem_x509_csr(req.csr_pem.encode()).public_key()
-        if cert.public_key() != asked:
-            wrong.append("its public key is not the one the request was made for")
+        asked: object | None = x509.load_pem_x509_csr(req.csr_pem.encode()).public_key()
     except ValueError:
+        asked = None
+    wrong = check_node_certificate(cert, ca, req.node_id, asked, now, validity=req.not_after - now)
+    if asked is None:
         wrong.append("the request's public key cannot be read")
-    if cert.not_valid_before_utc < req.not_before - tolerance or cert.not_valid_after_utc > req.not_after + tolerance:
-        wrong.append(f"its validity ({cert.not_valid_before_utc:%Y-%m-%d %H:%M} to {cert.not_valid_after_utc:%Y-%m-%d %H:%M}) "
-                     f"is not within the one asked ({req.not_before:%Y-%m-%d %H:%M} to {req.not_after:%Y-%m-%d %H:%M})")
-    elif not cert.not_valid_before_utc <= now < cert.not_valid_after_utc:
-        wrong.append("it is not valid now")
+    if cert.not_valid_before_utc < req.not_before - CLOCK_SKEW:
+        wrong.append(f"it starts {cert.not_valid_before_utc:%Y-%m-%d %H:%M}, before the start asked "
+                     f"({req.not_before:%Y-%m-%d %H:%M})")
     return wrong
 
 

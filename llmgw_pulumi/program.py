@@ -41,11 +41,16 @@ def config_keys(namespace: str = CONFIG_NAMESPACE) -> list[str]:
 
 
 def _read_config() -> tuple[dict[str, Any], list[str], dict[str, pulumi.Output[str]]]:
-    """(the llmgw:* values but secrets, the names of other secret keys, the secrets read: the SSH key, its passphrase)."""
+    """(the llmgw:* values but secrets, the names of other secret keys, the secrets read: the SSH key, its passphrase,
+    the CA key's passphrase). The CA key's passphrase must be held as a secret: in plain text it would sit in the
+    stack's config file."""
     cfg = pulumi.Config(CONFIG_NAMESPACE)
     raw: dict[str, Any] = {}
     secret_names: list[str] = []
     for key in config_keys():
+        if key == stack_config.CA_PASSPHRASE_KEY and not pulumi.runtime.is_config_secret(cfg.full_key(key)):
+            raise ConfigError("llmgw", key, "is set in plain text, in the stack's config file",
+                              f"set it again as a secret: `pulumi config set --secret llmgw:{key}`")
         if key in stack_config.SECRET_KEYS:
             continue
         if pulumi.runtime.is_config_secret(cfg.full_key(key)):
@@ -229,6 +234,8 @@ class Plan:
     """ClientCertificate's ``signer`` input (see signer_inputs); None: pkiDir."""
     ca_key: pulumi.Output[str] | None = None
     """Signer caKey: the llmgw:caKey secret."""
+    ca_key_passphrase: pulumi.Output[str] | None = None
+    """The llmgw:caKeyPassphrase secret (an encrypted ca-key.pem), or None."""
 
 
 def plan() -> Plan:
@@ -242,7 +249,8 @@ def plan() -> Plan:
     agents = {n.node_id: agent_inputs(n.agent) if n.agent else stack_agent for n in spec.nodes}
     pki_dir = os.path.abspath(os.path.expanduser(spec.pki_dir)) if spec.pki_dir else None
     return Plan(spec, agents, ssh_credentials(spec, secrets), pki_dir, rollout_plan(spec),
-                signer_inputs(spec.signer), secrets.get(stack_config.CA_KEY) if _signs_with_ca_key(spec) else None)
+                signer_inputs(spec.signer), secrets.get(stack_config.CA_KEY) if _signs_with_ca_key(spec) else None,
+                secrets.get(stack_config.CA_PASSPHRASE_KEY))
 
 
 def _signs_with_ca_key(spec: stack_config.StackSpec) -> bool:
@@ -308,6 +316,7 @@ def register(stack_plan: Plan) -> dict[str, Node]:
             fail_on_engine_problems=n.fail_on_engine_problems,
             key_origin=n.key_origin,
             rollout=stack_plan.rollout,
+            ca_key_passphrase=stack_plan.ca_key_passphrase,
         ))  # each node runs in its shard's provider process (llmgw_pulumi.shards)
     for n in spec.nodes:
         pulumi.export(n.node_id, node_output(nodes[n.node_id]))

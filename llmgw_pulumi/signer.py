@@ -276,7 +276,7 @@ def slot(argv: Sequence[str], bound: int, poll: float = 0.05) -> Iterator[None]:
 
 
 def chosen(spec: SignerSpec, node_id: str, pki_dir: str | None, ca_key_pem: str | None,
-           now: dt.datetime) -> tuple[Signer, Any]:
+           now: dt.datetime, passphrase: str | None = None) -> tuple[Signer, Any]:
     """The signer config names, and the CA certificate (``cryptography`` x509) its certificates must chain to."""
     from . import pki
 
@@ -294,6 +294,6 @@ def chosen(spec: SignerSpec, node_id: str, pki_dir: str | None, ca_key_pem: str 
         return KeySigner(authority), authority.cert
     if pki_dir is None:
         raise SignerError(node_id, "no signer: llmgw:pkiDir is not set", "set llmgw:pkiDir, or llmgw:signer")
-    authority = pki.load_authority(pki_dir, node_id, now)
+    authority = pki.load_authority(pki_dir, node_id, now, passphrase)
     return KeySigner(authority), authority.cert
 

@@ -387,6 +387,9 @@ class CertificateSpec(FromProps):
     """How to reach the node, for a key made on it (keyOrigin node); None with keyOrigin operator."""
     signer: Mapping[str, Any] | None = setting(None, collect=_certificate_signer, default=None)
     """How the certificate is signed (llmgw_pulumi.signer.SignerSpec as inputs); None: from pki_dir."""
+    ca_key_passphrase: str | None = setting(None, collect=_any_secret, secret=True, default=None, repr=False)
+    """The passphrase of an encrypted ca-key.pem (a secret: stack config ``llmgw:caKeyPassphrase``); None: the
+    key is not encrypted."""
 
     @staticmethod
     def collect(props: Mapping[str, Any], problems: Problems) -> None:

@@ -14,6 +14,7 @@ file in one pass. Reading secrets and local files happens in program.py.
       #            or {binary: /home/me/llmgw/bin/llmgw}  (a dev build is copied)
       llmgw:ssh: {user: deploy, privateKeyPath: ~/.ssh/id_ed25519, wait: 120}
       llmgw:certificate: {validityHours: 8760, renewBeforeHours: 720}   # keyOrigin: node (default) | operator
+      # an encrypted ca-key.pem: `pulumi config set --secret llmgw:caKeyPassphrase`
       llmgw:failOnEngineProblems: false
       llmgw:rollout: {maxParallel: 2, canary: [gpu-01]}   # how running agents are upgraded
       llmgw:nodes:
@@ -74,7 +75,8 @@ NODE_SCHEMA: Schema = {
 SIGNER_SCHEMA: Schema = {"kind": None, "ca": None, "command": None, "timeoutSeconds": None, "maxParallel": None}
 SCHEMA: Schema = {
     "pkiDir": None, "signer": SIGNER_SCHEMA, "caKey": None, "servers": None, "agent": AGENT_SCHEMA,
-    "ssh": SSH_SCHEMA, "sshPrivateKey": None, "sshKeyPassphrase": None, "certificate": CERTIFICATE_SCHEMA,
+    "ssh": SSH_SCHEMA, "sshPrivateKey": None, "sshKeyPassphrase": None, "caKeyPassphrase": None,
+    "certificate": CERTIFICATE_SCHEMA,
     **config_schema(EngineCheckSpec), "rollout": ROLLOUT_SCHEMA, "nodes": [NODE_SCHEMA],
 }
 """Every setting of the llmgw namespace; anything else in a stack's config is refused by name."""
@@ -82,9 +84,11 @@ SECRET_KEY = "sshPrivateKey"
 """The SSH key, read as a secret (`pulumi config set --secret llmgw:sshPrivateKey < key`)."""
 PASSPHRASE_KEY = "sshKeyPassphrase"
 """The passphrase of a protected SSH key, read as a secret (`pulumi config set --secret llmgw:sshKeyPassphrase`)."""
+CA_PASSPHRASE_KEY = "caKeyPassphrase"
+"""The passphrase of an encrypted ca-key.pem, read as a secret (`pulumi config set --secret llmgw:caKeyPassphrase`)."""
 CA_KEY = "caKey"
 """The CA key of signer caKey, read as a secret (`pulumi config set --secret llmgw:caKey < ca-key.pem`)."""
-SECRET_KEYS = (SECRET_KEY, PASSPHRASE_KEY, CA_KEY)
+SECRET_KEYS = (SECRET_KEY, PASSPHRASE_KEY, CA_PASSPHRASE_KEY, CA_KEY)
 """The settings read as secrets; any other setting held as a secret is refused, unread."""
 TOP_KEYS = set(SCHEMA)
 NODE_KEYS = set(NODE_SCHEMA)

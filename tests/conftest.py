@@ -41,6 +41,26 @@ TAMPERED_RELEASE = "v6.6.6"
 DEV_VERSION = "v1.4.2-3-gdeadbee"
 
 
+LAB_TIMEOUT = 900
+"""Seconds a lab or end-to-end test may take before pytest-timeout fails it, the set-up of its fixtures included
+(the first test of a process boots the lab's hosts): the slowest takes a few minutes on 2 busy cores.
+Unit tests have pyproject.toml's `timeout`."""
+PIP_TIMEOUT = 1800
+"""Seconds for a test that installs packages into a fresh virtualenv (marker ``pip``)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The larger timeouts above, for each test that does not set its own (``@pytest.mark.timeout``)."""
+    for item in items:
+        if item.get_closest_marker("timeout"):
+            continue
+        if item.get_closest_marker("pip"):
+            item.add_marker(pytest.mark.timeout(PIP_TIMEOUT))
+        elif item.get_closest_marker("hosts") or item.get_closest_marker("engine") or \
+                {"e2e", "lab"} & set(item.path.relative_to(REPO / "tests").parts[:1]):
+            item.add_marker(pytest.mark.timeout(LAB_TIMEOUT))
+
+
 def lab_name_and_subnet(worker: str) -> tuple[str, str]:
     """This test process's lab: LLMGW_TEST_LAB=name:subnet (default t:10.250.0), so two test runs can share
     a machine; under pytest-xdist each worker N gets its own lab, the name with a letter for N appended and

@@ -51,7 +51,7 @@ import hashlib
 import logging
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ from . import _glue
 
 log = logging.getLogger(__name__)
 
-INPUT_KEYS = ("node_id", "validity_hours", "renew_before_hours", "key_origin", "connection")
+INPUT_KEYS = ("node_id", "validity_hours", "renew_before_hours", "key_origin", "connection", "ca_key_passphrase")
 """The inputs compared by diff. Not ``pki_dir`` nor ``signer``: how certificates are signed is the operator's side
 (another CA is told by ``ca_fingerprint``)."""
 CA_KEY_INPUT = "ca_key"
@@ -275,7 +275,7 @@ def _issue(props: dict[str, Any], recorded: Recorded | None) -> dict[str, Any]:
     now = _now()
     # The signer is found (a PKI dir read, a key loaded, a command seen to be there) before the node is reached.
     how = Signing(*signer.chosen(signer.SignerSpec.from_input(spec.signer), spec.node_id, spec.pki_dir,
-                                 _ca_keys.get(spec.node_id), now), now=now)
+                                 _ca_keys.get(spec.node_id), now, spec.ca_key_passphrase), now=now)
     if spec.key_on_node:
         issued, reached = _issue_for_node_key(spec, how, recorded)
     else:
@@ -365,6 +365,9 @@ class ClientCertificateArgs:
     max_parallel); None: from pki_dir."""
     ca_key: pulumi.Input[str] | None = None
     """Signer caKey: the CA key PEM, as a secret. Taken out of the inputs by check: never recorded in state."""
+    ca_key_passphrase: pulumi.Input[str] | None = field(default=None, repr=False, metadata={"secret": True})
+    """The passphrase of an encrypted ca-key.pem: a secret input (and output), read only when a certificate is
+    issued; None (absent) for a CA key that is not encrypted."""
 
 
 class ClientCertificate(Resource, module="llmgw", name="ClientCertificate"):
@@ -387,5 +390,5 @@ class ClientCertificate(Resource, module="llmgw", name="ClientCertificate"):
         props = {**to_inputs(args), **{k: None for k in OUTPUT_KEYS}}
         if args.ca_key is not None:
             props[CA_KEY_INPUT] = pulumi.Output.secret(args.ca_key)
-        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key_pem"]))
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key_pem", "ca_key_passphrase"]))
         super().__init__(ClientCertificateProvider(), name, _glue.with_urn(type(self), name, props, opts), opts)

@@ -22,7 +22,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,8 +36,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from lab.doubles.llmgw import build_llmgw
-from lab.release_server import publish_release
-from tests.conftest import NEXT_RELEASE, RELEASE, REPO, ssh, stack_config, wait_until
+from lab.release_server import publish_release, serving
+from tests.conftest import NEXT_RELEASE, RELEASE, ssh, stack_config, wait_until
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
@@ -191,18 +190,9 @@ def release_server(lab: Any, tls: tuple[str, str, str], root: Path, port: int, d
                    log: Path | None = None) -> Iterator[str]:
     """Another release server (HTTPS, trusted by onboarded nodes) serving `root`; yields its URL."""
     addr, cert, key = tls
-    with open(log, "wb") if log else nullcontext(subprocess.DEVNULL) as stderr:
-        proc = lab.run_in_netns(
-            [sys.executable, "-m", "lab.release_server", "--root", str(root), "--bind", addr, "--port", str(port),
-             "--cert", cert, "--key", key, "--delay", str(delay)],
-            netns_suffix="repo", addr_index=2, cwd=str(REPO), stdout=subprocess.PIPE, stderr=stderr,
-        )
-        try:
-            assert proc.stdout is not None
-            assert b"listening" in proc.stdout.readline(), "release server did not start"
-            yield f"https://{addr}:{port}"
-        finally:
-            type(lab)._stop_extra(proc)
+    with open(log, "wb") if log else nullcontext(subprocess.DEVNULL) as stderr, \
+            serving(lab, root, addr, port, cert, key, delay=delay, log=stderr) as url:
+        yield url
 
 
 @pytest.fixture

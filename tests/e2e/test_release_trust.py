@@ -16,7 +16,6 @@ import io
 import shutil
 import socket
 import subprocess
-import sys
 import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +25,7 @@ from typing import Any
 import pytest
 
 from lab.doubles.llmgw import build_llmgw
-from lab.release_server import corrupt_signature, make_signing_key, publish_release
+from lab.release_server import corrupt_signature, make_signing_key, publish_release, serving
 from tests.conftest import RELEASE, REPO, shard, stack_config
 
 BINARY, CONFIG, UNIT = "/usr/local/bin/llmgw", "/etc/llmgw/agent.yaml", "/etc/systemd/system/llmgw-agent.service"
@@ -47,18 +46,8 @@ def release_server(lab: Any, cluster: Any, root: Path, log: Path, port: int = PO
 
     addr = cluster.release_url.split("//")[1].rsplit(":", 1)[0]
     cert, key = labpki.issue_server_cert(cluster.pki_dir, log.parent / f"tls-{port}", "releases-trust", ips=[addr], dns=[])
-    with open(log, "wb") as stderr:
-        proc = lab.run_in_netns(
-            [sys.executable, "-m", "lab.release_server", "--root", str(root), "--bind", addr, "--port", str(port),
-             "--cert", str(cert), "--key", str(key)],
-            netns_suffix="repo", addr_index=2, cwd=str(REPO), stdout=subprocess.PIPE, stderr=stderr,
-        )
-        try:
-            assert proc.stdout is not None
-            assert b"listening" in proc.stdout.readline(), "release server did not start"
-            yield f"https://{addr}:{port}"
-        finally:
-            type(lab)._stop_extra(proc)
+    with open(log, "wb") as stderr, serving(lab, root, addr, port, cert, key, log=stderr) as url:
+        yield url
 
 
 def requests(log: Path, path: str) -> int:

@@ -665,6 +665,51 @@ def test_a_missing_node_key_is_an_error_that_names_the_fix(node: FakeNode, pki_d
     assert node.read(CERT) is None, "the certificate was installed without its key"
 
 
+def test_a_pending_key_that_is_not_the_certificates_is_never_installed(node: FakeNode, pki_dir: Path) -> None:
+    """install-identity.sh takes the pending key only when its public half is the certificate's."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    cert = certificate(pki_dir, key_origin="node")
+    assert public_of(node.path(PENDING).read_bytes()) == cert_public(cert["cert_pem"])  # as the node made it
+    other = ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    node.path(PENDING).write_bytes(other)  # another key in its place (the file keeps its 0600)
+    assert public_of(other) != cert_public(cert["cert_pem"])
+    with pytest.raises(errors.NodeKeyMissingError, match="pulumi up --refresh"):
+        NodeIdentityProvider().create(identity_inputs(cert))
+    assert node.read(CERT) is None and node.read(KEY) is None, "a certificate was installed with a key not its own"
+    assert node.path(PENDING).read_bytes() == other
+
+
+def test_an_encrypted_ca_key_issues_with_its_passphrase_as_an_input(tmp_path: Path) -> None:
+    labpki.init_ca(tmp_path / "pki")
+    key_path = tmp_path / "pki" / "ca-key.pem"
+    key = serialization.load_pem_private_key(key_path.read_bytes(), None)
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.BestAvailableEncryption(b"s3cret phrase")))
+    p = ClientCertificateProvider()
+    props = {"node_id": "gpu-07", "pki_dir": str(tmp_path / "pki"), "key_origin": "operator"}
+    with pytest.raises(errors.AuthorityError, match="is encrypted, and no passphrase for it is configured"):
+        p.create(checked(p, props))
+    outs = p.create(checked(p, {**props, "ca_key_passphrase": "s3cret phrase"})).outs
+    assert pki.verify_issued((tmp_path / "pki" / "ca.pem").read_text(), outs["cert_pem"])
+    # A new passphrase (the key re-encrypted) is a change of state only, never a new certificate.
+    moved = p.diff("id", outs, checked(p, {**props, "ca_key_passphrase": "another"}))
+    assert (moved.changes, moved.replaces) == (True, [])
+    assert p.diff("id", outs, checked(p, {**props, "ca_key_passphrase": "s3cret phrase"})).changes is False
+    bad = p.check({}, {**props, "ca_key_passphrase": 1234})
+    assert [f.reason for f in bad.failures] == ["gpu-07: ca_key_passphrase: is not text. Fix: set it as a secret string"]
+
+
+def test_a_stack_without_a_ca_passphrase_shows_no_change(pki_dir: Path) -> None:
+    """State written before the passphrase existed has no such input; the same config still has none."""
+    p = ClientCertificateProvider()
+    props = checked(p, {"node_id": "gpu-07", "pki_dir": str(pki_dir), "key_origin": "operator"})
+    outs = p.create(props).outs
+    assert "ca_key_passphrase" not in props and "ca_key_passphrase" not in outs
+    assert p.diff("id", outs, props).changes is False
+
+
 def test_a_request_not_signed_by_its_key_is_refused(pki_dir: Path) -> None:
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec

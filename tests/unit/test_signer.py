@@ -75,14 +75,14 @@ def test_the_forger_itself_makes_an_acceptable_certificate_unchanged(ca: pki.Aut
 
 
 @pytest.mark.parametrize("change,named", [
-    ({"cn": "gpu-02"}, "not CN=gpu-01"),
+    ({"cn": "gpu-02"}, "its common name is 'gpu-02', not 'gpu-01'"),
     ({"is_ca": True}, "CA:TRUE"),
-    ({"cert_sign": True}, "key usage"),
+    ({"cert_sign": True}, "KeyUsage also allows key_cert_sign"),
     ({"eku": [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH]}, "clientAuth only"),
     ({"eku": [ExtendedKeyUsageOID.SERVER_AUTH]}, "clientAuth only"),
-    ({"key": ec.generate_private_key(ec.SECP256R1()).public_key()}, "public key is not the one"),
-    ({"not_after": NOW + 30 * DAY}, "not within the one asked"),
-    ({"by": ec.generate_private_key(ec.SECP256R1())}, "not issued by the CA"),
+    ({"key": ec.generate_private_key(ec.SECP256R1()).public_key()}, "its key is not the key it was asked for"),
+    ({"not_after": NOW + 30 * DAY}, "longer than"),
+    ({"by": ec.generate_private_key(ec.SECP256R1())}, "not signed by the cluster CA"),
 ])
 def test_a_signer_that_returns_anything_else_is_refused_naming_what_was_wrong(ca: pki.Authority, change: dict[str, object],
                                                                               named: str) -> None:

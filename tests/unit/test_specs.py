@@ -146,3 +146,21 @@ def test_settings_become_the_inputs_stored_in_state():
     assert specs.to_inputs(specs.AgentSettings(servers=["cp1:7443"])) == {"servers": ["cp1:7443"]}, \
         "settings not given are absent, as they were before"
     assert specs.AgentSettings.from_props(specs.to_inputs(settings)) == settings
+
+
+@pytest.mark.parametrize("value", ["hunter2", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA== op@laptop", "", 42],
+                         ids=["a password", "a public key", "empty", "not text"])
+def test_a_private_key_input_that_is_no_private_key_is_refused_unechoed(value: Any) -> None:
+    problems = specs.Problems("gpu-01")
+    specs.Connection.collect({"host": "10.0.0.11", "private_key": value}, problems)
+    assert problems.items == [("connection.private_key", "is not a private key in PEM/OpenSSH format",
+                               "give the SSH private key's contents (as a secret), or its path as private_key_path")]
+
+
+def test_a_private_key_input_with_its_marker_is_accepted() -> None:
+    # The positive control of the test above: the marker is what tells a key from anything else.
+    for kind in ("OPENSSH ", "EC ", "RSA ", ""):
+        problems = specs.Problems("gpu-01")
+        specs.Connection.collect({"host": "10.0.0.11", "private_key": f"-----BEGIN {kind}PRIVATE" + " KEY-----\nK\n"},
+                                 problems)
+        assert problems.items == [], kind
