@@ -244,3 +244,41 @@ def test_the_ca_key_as_a_stack_secret_signs_and_never_reaches_state(cluster, hos
     assert not [line for line in lines if line in up.output], "the CA key is in the CLI's output"
     preview = stack.preview(expect_no_changes=True)
     assert preview.ok, preview.output
+
+
+def test_a_signer_that_fails_changes_nothing_on_the_node_and_the_next_up_recovers(cluster, hosts, new_stack, hsm,
+                                                                                  tmp_path):
+    token, planes = hsm
+    (h,) = hosts(1)
+    stack = new_stack(hsm_config(cluster, [h], planes.plane, token.ca_pem, certificate=RENEW_EVERY_UP))
+    stack.env.update(token.signer_env())
+    up = stack.up()
+    assert up.ok, up.output
+    held = {p: h.read_file(p) for p in ("/etc/llmgw/agent.pem", "/etc/llmgw/agent-key.pem")}
+    pid = main_pid(h, cluster)
+    silent = tmp_path / "silent.sh"
+    silent.write_text("#!/bin/sh\ncat >/dev/null\necho done\n")
+    silent.chmod(0o755)
+    failures = {
+        "a token that refuses the PIN": ({"LLMGW_PKCS11_PIN": "wrong-pin"}, str(SIGNER), "PIN incorrect"),
+        "a signer that prints no certificate": ({}, str(silent), "exited 0 but printed no PEM certificate"),
+        "a missing signer": ({}, str(tmp_path / "no-such-signer"), "does not exist on this machine"),
+    }
+    for what, (env, command, said) in failures.items():
+        time.sleep(4)  # renewal is due: the signer is called
+        config = hsm_config(cluster, [h], planes.plane, token.ca_pem, certificate=RENEW_EVERY_UP)
+        config["signer"]["command"] = [command]
+        stack.set_config(config)
+        stack.env.update({**token.signer_env(), **env})
+        failed = stack.up()
+        assert not failed.ok, what
+        assert said in failed.output and "ClientCertificate" in failed.output and "fix:" in failed.output, what
+        assert {p: h.read_file(p) for p in held} == held, f"{what}: the node's identity changed"
+        assert main_pid(h, cluster) == pid, f"{what}: the agent was restarted"
+    stack.set_config(hsm_config(cluster, [h], planes.plane, token.ca_pem, certificate=RENEW_EVERY_UP))
+    stack.env.update(token.signer_env())
+    recovered = stack.up()
+    assert recovered.ok, recovered.output
+    assert h.read_file("/etc/llmgw/agent.pem") != held["/etc/llmgw/agent.pem"]
+    assert h.read_file("/etc/llmgw/agent-key.pending.pem") is None, "a pending key was left behind"
+    assert wait_until(lambda: h.hostname in planes.plane.connected(), 20)
