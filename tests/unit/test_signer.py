@@ -239,3 +239,16 @@ def test_a_ca_key_signer_with_its_secret_is_accepted() -> None:
 
     spec = stack_config.parse({**BASE, "signer": {"kind": "caKey", "ca": "/srv/ca.pem"}}, has_ca_key=True)
     assert spec.signer is not None and spec.signer.kind == "caKey"
+
+
+def test_the_program_reads_the_ca_from_a_path_or_takes_its_text(ca: pki.Authority, tmp_path: Path) -> None:
+    from llmgw_pulumi import program, stack_config
+    from llmgw_pulumi.errors import ConfigError
+
+    (tmp_path / "ca.pem").write_text(ca.cert_pem)
+    by_path = program.signer_inputs(stack_config.SignerConfig("command", str(tmp_path / "ca.pem"), ("/usr/bin/sign",)))
+    by_text = program.signer_inputs(stack_config.SignerConfig("command", ca.cert_pem, ("/usr/bin/sign",)))
+    assert by_path == by_text == {"kind": "command", "ca_pem": ca.cert_pem, "command": ["/usr/bin/sign"]}
+    assert program.signer_inputs(stack_config.SignerConfig("pkiDir")) is None  # as stacks before llmgw:signer
+    with pytest.raises(ConfigError, match="signer.ca: cannot read"):
+        program.signer_inputs(stack_config.SignerConfig("command", str(tmp_path / "gone.pem"), ("/usr/bin/sign",)))
