@@ -56,8 +56,12 @@ class Event(NamedTuple):
 class ControlPlane:
     """A control plane listening on `host:port` (port 0: any free port), in network namespace `netns` if given."""
 
-    def __init__(self, pki_dir: Path, host: str, port: int = 0, standby: bool = False, netns: str | None = None) -> None:
+    def __init__(self, pki_dir: Path, host: str, port: int = 0, standby: bool = False, netns: str | None = None,
+                 server_cert: Callable[[Path, list[str], list[str]], tuple[Path, Path]] | None = None) -> None:
+        """``server_cert(out_dir, ips, dns)``: makes the server's certificate and key (default: issued from pki_dir's
+        ca-key.pem; a CA whose key is in a token signs through it, lab.hsm)."""
         self.pki_dir = Path(pki_dir)
+        self._server_cert = server_cert
         self.host = host
         self.port = port
         self.netns = netns
@@ -83,7 +87,10 @@ class ControlPlane:
             ips, dns = [self.host], []
         except ValueError:
             ips, dns = [], [self.host]
-        cert, key = pki.issue_server_cert(self.pki_dir, self._cert_dir, "control-plane", ips, dns)
+        if self._server_cert is not None:
+            cert, key = self._server_cert(self._cert_dir, ips, dns)
+        else:
+            cert, key = pki.issue_server_cert(self.pki_dir, self._cert_dir, "control-plane", ips, dns)
         self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self._context.verify_mode = ssl.CERT_REQUIRED
         self._context.load_verify_locations(self.pki_dir / pki.CA_CERT)

@@ -188,3 +188,12 @@ class RemoteCommandError(LlmgwError, fix="run the command by hand on the node to
         super().__init__(node, message, fix)
         self.connection_broke = connection_broke
         """The SSH connection itself broke: what was running may not have finished."""
+
+
+class SignerError(LlmgwError, fix="check llmgw:signer (docs/operations.md, 'Signers'): run the signer by hand"):
+    """The signer could not be run, failed, or answered with no certificate."""
+
+
+class SignedCertificateError(LlmgwError, fix="do not use it: fix the signer's profile so that it issues what it is "
+                                             "asked (docs/operations.md, 'Signers'); nothing was changed on the node"):
+    """The certificate a signer returned is not the one asked for."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 
@@ -50,7 +51,8 @@ ConnectionArgs = Connection
 class NodeArgs:
     node_id: pulumi.Input[str]
     connection: ConnectionArgs
-    pki_dir: pulumi.Input[str]
+    pki_dir: pulumi.Input[str] | None
+    """The default signer's directory (ca.pem, ca-key.pem); None with ``signer``."""
     settings: AgentSettings
     """What agent.yaml says: servers, and the overrides given (mgmt_addr, fabrics, discovery, engines...)."""
     version: pulumi.Input[str]
@@ -71,6 +73,10 @@ class NodeArgs:
     fail_on_engine_problems: pulumi.Input[bool] | None = None
     key_origin: str | None = None
     """Where the node's key pair is made: ``node`` (the default: it never leaves the node) or ``operator``."""
+    signer: Mapping[str, Any] | None = None
+    """How certificates are signed (ClientCertificateArgs.signer; llmgw_pulumi.signer); None: from pki_dir."""
+    ca_key: pulumi.Input[str] | None = None
+    """Signer caKey: the CA key PEM, a secret (never recorded in state)."""
     rollout: Rollout | None = None
     """How updates of running agents are spread over the stack (see llmgw_pulumi.rollout); None: not gated."""
     ca_key_passphrase: pulumi.Input[str] | None = None
@@ -98,7 +104,7 @@ class Node(pulumi.ComponentResource):
             node_id=args.node_id, pki_dir=args.pki_dir,
             validity_hours=args.validity_hours, renew_before_hours=args.renew_before_hours,
             key_origin=args.key_origin or KEY_ORIGIN_NODE, connection=conn if key_on_node else None,
-            ca_key_passphrase=args.ca_key_passphrase,
+            signer=args.signer, ca_key=args.ca_key, ca_key_passphrase=args.ca_key_passphrase,
         ), child)
 
         # With the key made on the node, ClientCertificate reached it first: its host keys are expected.

@@ -39,7 +39,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, ExtensionOID, NameOID
 
-from .errors import AuthorityError, CertificatePolicyError, CertificateRequestError
+from .errors import AuthorityError, CertificatePolicyError, CertificateRequestError, SignedCertificateError
+from .signer import CLOCK_SKEW, SigningRequest
 
 log = logging.getLogger(__name__)
 
@@ -150,12 +151,7 @@ def load_authority(pki_dir: str, node: str, now: dt.datetime | None = None, pass
     if not _signs(cert, key):
         raise AuthorityError(node, f"{key_path.name} does not belong to {cert_path.name} in {pki_dir}",
                              "restore the matching pair from backup; a CA key that does not match its certificate cannot issue identities")
-    if cert.not_valid_after_utc <= now:
-        raise AuthorityError(node, f"the CA in {pki_dir} expired on {cert.not_valid_after_utc:%Y-%m-%d}",
-                             "rotate the cluster CA ('llmgw ctl cert init-ca' in a new dir) and re-onboard the nodes")
-    if cert.not_valid_before_utc > now:
-        raise AuthorityError(node, f"the CA in {pki_dir} is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M}",
-                             "check this machine's clock")
+    _check_authority(cert, None, f"in {pki_dir}", node, now)
     return Authority(cert=cert, key=key)
 
 
@@ -171,9 +167,8 @@ CURVES = {"secp256r1": "P-256", "secp384r1": "P-384", "secp521r1": "P-521"}
 MIN_RSA_BITS = 2048
 KEY_FIX = ("give the node a P-256, P-384 or P-521 (ECDSA), Ed25519, or RSA key of at least 2048 bits: "
            "`pulumi up --replace` on its ClientCertificate has node-key.sh make a P-256 pair")
-CLOCK_SKEW = dt.timedelta(minutes=5)
-"""How far a node's clock may be behind: certificates start this much in the past (and a signer's clock may be
-this much ahead of ours)."""
+# CLOCK_SKEW (from llmgw_pulumi.signer): how far a node's clock may be behind: certificates start this much in the
+# past (and a signer's clock may be this much ahead of ours).
 
 
 def key_problem(key: object) -> str | None:
@@ -451,4 +446,104 @@ def adoptable(authority: Authority, node_id: str, cert_pem: str | None, key_spki
         return None
     if cert.not_valid_after_utc - renew_before <= now:
         return None
+    return described(cert)
+
+
+# --------------------------------------------------------------------------- signers (llmgw_pulumi.signer)
+
+
+def _check_authority(cert: x509.Certificate, key: object | None, where: str, node: str, now: dt.datetime) -> None:
+    if key is not None and not _signs(cert, key):
+        raise AuthorityError(node, f"the CA key does not belong to the CA certificate {where}",
+                             "give the key and the certificate of the same CA")
+    if cert.not_valid_after_utc <= now:
+        raise AuthorityError(node, f"the CA {where} expired on {cert.not_valid_after_utc:%Y-%m-%d}",
+                             "rotate the cluster CA ('llmgw ctl cert init-ca' in a new dir) and re-onboard the nodes")
+    if cert.not_valid_before_utc > now:
+        raise AuthorityError(node, f"the CA {where} is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M}",
+                             "check this machine's clock")
+
+
+def ca_certificate(ca_pem: str, node: str, now: dt.datetime) -> x509.Certificate:
+    """The CA certificate of llmgw:signer.ca, checked to be valid now."""
+    try:
+        cert = x509.load_pem_x509_certificate(ca_pem.encode())
+    except ValueError:
+        raise AuthorityError(node, "llmgw:signer.ca is not a PEM certificate",
+                             "give the CA certificate (ca.pem) as a path or as its PEM text") from None
+    not_a_ca = _ca_problem(cert)
+    if not_a_ca:
+        raise AuthorityError(node, f"llmgw:signer.ca {not_a_ca}", "give the cluster CA's certificate (CA:TRUE)")
+    _check_authority(cert, None, "in llmgw:signer.ca", node, now)
+    return cert
+
+
+def authority_from_pem(ca_pem: str, key_pem: str, node: str, now: dt.datetime) -> Authority:
+    """The authority of signer caKey: the certificate of llmgw:signer.ca, the key of the llmgw:caKey secret."""
+    cert = ca_certificate(ca_pem, node, now)
+    try:
+        key = serialization.load_pem_private_key(key_pem.encode(), password=None)
+    except (ValueError, TypeError):
+        # Never quote the value: it is the CA key.
+        raise AuthorityError(node, "the llmgw:caKey secret is not an unencrypted PEM private key",
+                             "set it again: `pulumi config set --secret llmgw:caKey < ca-key.pem`") from None
+    _check_authority(cert, key, "of llmgw:signer.ca and llmgw:caKey", node, now)
+    return Authority(cert=cert, key=key)
+
+
+def issue_for_request(authority: Authority, req: SigningRequest) -> str:
+    """The certificate PEM a key in this process signs for a signer request (see ``issue``)."""
+    key = requested_key(req.csr_pem, req.node_id)
+    issued = issue(authority, req.node_id, req.not_after - req.not_before - CLOCK_SKEW,
+                   req.not_before + CLOCK_SKEW, public_key=key)
+    return issued.cert_pem
+
+
+def operator_key_and_csr(node_id: str) -> tuple[str, str]:
+    """keyOrigin operator: a new P-256 key pair made here (its PEM, unencrypted, for state as a secret) and its
+    CSR, for any signer."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = (x509.CertificateSigningRequestBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_id)]))
+           .sign(key, hashes.SHA256()))
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
+    return key_pem, csr.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def signed_problems(ca: x509.Certificate, cert: x509.Certificate, req: SigningRequest, now: dt.datetime) -> list[str]:
+    """What is wrong with the certificate a signer returned for ``req``: empty when it is the one asked for.
+
+    The policy of every node certificate (``check_node_certificate``: issued by ``ca``, CN = node id, CA:FALSE,
+    digitalSignature, clientAuth only, valid now) for the request's public key, ending no later than asked, and
+    starting no earlier than asked (CLOCK_SKEW either way, for a signer that rounds).
+    """
+    try:
+        asked: object | None = x509.load_pem_x509_csr(req.csr_pem.encode()).public_key()
+    except ValueError:
+        asked = None
+    wrong = check_node_certificate(cert, ca, req.node_id, asked, now, validity=req.not_after - now)
+    if asked is None:
+        wrong.append("the request's public key cannot be read")
+    if cert.not_valid_before_utc < req.not_before - CLOCK_SKEW:
+        wrong.append(f"it starts {cert.not_valid_before_utc:%Y-%m-%d %H:%M}, before the start asked "
+                     f"({req.not_before:%Y-%m-%d %H:%M})")
+    return wrong
+
+
+def accept_signed(ca: x509.Certificate, returned: str, req: SigningRequest, now: dt.datetime) -> IssuedCertificate:
+    """The first certificate of what a signer printed, once ``signed_problems`` finds nothing wrong with it."""
+    start = returned.find("-----BEGIN CERTIFICATE-----")
+    end = returned.find("-----END CERTIFICATE-----", start)
+    try:
+        if start < 0 or end < 0:
+            raise ValueError
+        text = returned[start:end + len("-----END CERTIFICATE-----")] + "\n"
+        cert = x509.load_pem_x509_certificate(text.encode())
+    except ValueError:
+        raise SignedCertificateError(req.node_id, "the signer printed no readable PEM certificate") from None
+    wrong = signed_problems(ca, cert, req, now)
+    if wrong:
+        raise SignedCertificateError(req.node_id, "the signer returned a certificate that is refused: "
+                                     + "; ".join(wrong))
     return described(cert)

@@ -18,7 +18,7 @@ from typing import Any
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from . import fleet, release, rollout, stack_config, validate
+from . import fleet, release, rollout, signer, stack_config, validate
 from .errors import ConfigError, LlmgwError
 from .node import Node, NodeArgs, engine_problems
 from .specs import Rollout
@@ -227,9 +227,13 @@ class Plan:
     """Per node id: AgentInstall's binary inputs (see agent_inputs)."""
     credentials: dict[str, Any]
     """The connection's key fields (see ssh_credentials)."""
-    pki_dir: str
+    pki_dir: str | None
     rollout: Rollout | None
     """llmgw:rollout with this stack's coordination directory (see rollout_plan), or None."""
+    signer: dict[str, Any] | None = None
+    """ClientCertificate's ``signer`` input (see signer_inputs); None: pkiDir."""
+    ca_key: pulumi.Output[str] | None = None
+    """Signer caKey: the llmgw:caKey secret."""
     ca_key_passphrase: pulumi.Output[str] | None = None
     """The llmgw:caKeyPassphrase secret (an encrypted ca-key.pem), or None."""
 
@@ -239,11 +243,51 @@ def plan() -> Plan:
     stack config's own problems); nothing is registered."""
     raw, secret_names, secrets = _read_config()
     spec = stack_config.parse(raw, has_secret_key=stack_config.SECRET_KEY in secrets, secret_keys=secret_names,
-                              has_agent=bool(os.environ.get("SSH_AUTH_SOCK")))
+                              has_agent=bool(os.environ.get("SSH_AUTH_SOCK")),
+                              has_ca_key=stack_config.CA_KEY in secrets)
     stack_agent = agent_inputs(spec.agent) if any(n.agent is None for n in spec.nodes) else {}
     agents = {n.node_id: agent_inputs(n.agent) if n.agent else stack_agent for n in spec.nodes}
-    return Plan(spec, agents, ssh_credentials(spec, secrets), os.path.abspath(os.path.expanduser(spec.pki_dir)),
-                rollout_plan(spec), secrets.get(stack_config.CA_PASSPHRASE_KEY))
+    pki_dir = os.path.abspath(os.path.expanduser(spec.pki_dir)) if spec.pki_dir else None
+    return Plan(spec, agents, ssh_credentials(spec, secrets), pki_dir, rollout_plan(spec),
+                signer_inputs(spec.signer), secrets.get(stack_config.CA_KEY) if _signs_with_ca_key(spec) else None,
+                secrets.get(stack_config.CA_PASSPHRASE_KEY))
+
+
+def _signs_with_ca_key(spec: stack_config.StackSpec) -> bool:
+    if stack_config.CA_KEY in config_keys() and not pulumi.runtime.is_config_secret(
+            pulumi.Config(CONFIG_NAMESPACE).full_key(stack_config.CA_KEY)):
+        raise ConfigError("llmgw", stack_config.CA_KEY, "is set in plain text: the CA key would be in the stack file",
+                          "`pulumi config rm llmgw:caKey`, then `pulumi config set --secret llmgw:caKey < ca-key.pem`, "
+                          "and treat the CA as exposed")
+    return spec.signer is not None and spec.signer.kind == signer.KIND_CA_KEY
+
+
+def signer_inputs(given: stack_config.SignerConfig | None) -> dict[str, Any] | None:
+    """ClientCertificate's ``signer`` input: llmgw:signer with its CA certificate read (a path, or the PEM text).
+    None for pkiDir, the default, as stacks made before llmgw:signer record it (absent)."""
+    if given is None or given.kind == signer.KIND_PKI_DIR:
+        return None
+    ca = given.ca or ""
+    if "-----BEGIN CERTIFICATE-----" not in ca:
+        path = os.path.abspath(os.path.expanduser(ca))
+        try:
+            ca = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("llmgw", "signer.ca", f"cannot read {path} ({type(exc).__name__})",
+                              "give the CA certificate's path on this machine, or its PEM text "
+                              "(`pulumi config set llmgw:signer.ca -- \"$(cat ca.pem)\"` with --path)") from None
+    inputs: dict[str, Any] = {"kind": given.kind, "ca_pem": ca}
+    if given.command:
+        inputs["command"] = list(given.command)
+    if given.timeout_seconds is not None:
+        inputs["timeout_seconds"] = given.timeout_seconds
+    if given.max_parallel is not None:
+        inputs["max_parallel"] = given.max_parallel
+    problems = signer.problems(inputs)
+    if problems:
+        name, problem, fix = problems[0]
+        raise ConfigError("llmgw", name, problem, fix)
+    return inputs
 
 
 def main() -> dict[str, Node]:
@@ -263,6 +307,8 @@ def register(stack_plan: Plan) -> dict[str, Node]:
             node_id=n.node_id,
             connection=dataclasses.replace(n.connection, **stack_plan.credentials),
             pki_dir=stack_plan.pki_dir,
+            signer=stack_plan.signer,
+            ca_key=stack_plan.ca_key,
             settings=n.settings,
             **agent,
             validity_hours=spec.validity_hours,

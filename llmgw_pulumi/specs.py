@@ -363,10 +363,20 @@ def _certificate_connection(value: object, problems: Problems, where: str, _conf
         Connection.collect(value, problems, where)
 
 
+def _certificate_signer(value: object, problems: Problems, where: str, _config: bool) -> None:
+    from . import signer  # stdlib only: no cryptography in a preview
+
+    if not is_unknown(value):
+        for name, problem, fix in signer.problems(value):
+            problems.add(name, problem, fix)
+
+
 @dataclass(frozen=True)
 class CertificateSpec(FromProps):
     node_id: str = setting("id", validate.node_id)
-    pki_dir: str = setting("pkiDir", lambda v: validate.abs_path(v, "PKI directory (holding ca.pem and ca-key.pem)"))
+    pki_dir: str | None = setting("pkiDir", lambda v: validate.abs_path(v, "PKI directory (holding ca.pem and ca-key.pem)"),
+                                  default=None)
+    """The signer pkiDir's directory (the default signer); None with another signer."""
     validity_hours: float = setting("validityHours", validate.hours, convert=float, default=DEFAULT_VALIDITY_HOURS)
     renew_before_hours: float = setting("renewBeforeHours", validate.hours, convert=float,
                                         default=DEFAULT_RENEW_BEFORE_HOURS)
@@ -375,6 +385,8 @@ class CertificateSpec(FromProps):
     connection: Connection | None = setting(None, collect=_certificate_connection, default=None,
                                             convert=lambda c: None if c is None else build(Connection, c))
     """How to reach the node, for a key made on it (keyOrigin node); None with keyOrigin operator."""
+    signer: Mapping[str, Any] | None = setting(None, collect=_certificate_signer, default=None)
+    """How the certificate is signed (llmgw_pulumi.signer.SignerSpec as inputs); None: from pki_dir."""
     ca_key_passphrase: str | None = setting(None, collect=_any_secret, secret=True, default=None, repr=False)
     """The passphrase of an encrypted ca-key.pem (a secret: stack config ``llmgw:caKeyPassphrase``); None: the
     key is not encrypted."""
@@ -383,6 +395,11 @@ class CertificateSpec(FromProps):
     def collect(props: Mapping[str, Any], problems: Problems) -> None:
         collect_fields(CertificateSpec, props, problems)
         check_renewal(props, problems)
+        signer = props.get("signer")
+        kind = signer.get("kind") if isinstance(signer, Mapping) else None
+        if kind in (None, "pkiDir") and props.get("pki_dir") is None and not is_unknown(signer):
+            problems.add("pki_dir", "is missing", "give the PKI directory (pkiDir) holding ca.pem and ca-key.pem, "
+                         "or another signer (llmgw:signer)")
         if props.get("key_origin", KEY_ORIGIN_NODE) == KEY_ORIGIN_NODE and props.get("connection") is None:
             problems.add("connection", "is missing: the node makes its key pair (keyOrigin node), so it must be reached",
                          "pass ClientCertificateArgs.connection, or key_origin='operator' to make the key here")

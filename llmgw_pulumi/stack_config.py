@@ -5,7 +5,9 @@ raises ``ConfigError`` listing every problem found, so an operator fixes the
 file in one pass. Reading secrets and local files happens in program.py.
 
     config:
-      llmgw:pkiDir: /srv/llmgw/pki                 # holds ca.pem + ca-key.pem
+      llmgw:pkiDir: /srv/llmgw/pki                 # holds ca.pem + ca-key.pem (the default signer)
+      # or: llmgw:signer: {kind: command, ca: /srv/llmgw/ca.pem, command: [/usr/local/bin/llmgw-sign]}
+      # or: llmgw:signer: {kind: caKey, ca: /srv/llmgw/ca.pem} and the secret llmgw:caKey
       llmgw:servers: ["cp1.example.net:7443"]      # one, or several in failover order
       llmgw:agent: {version: v1.4.2, releaseUrl: https://releases.example.net/llmgw,
                     signingKey: "ssh-ed25519 AAAAC3..."}   # or sha256: {amd64: ..., arm64: ...}; fetch: operator
@@ -48,6 +50,7 @@ from .specs import (
     check_renewal,
     collect_fabric,
     collect_fields,
+    collect_one,
     config_schema,
     hops_as_given,
     renamed,
@@ -69,8 +72,9 @@ NODE_SCHEMA: Schema = {
     "fabric": FABRIC_SCHEMA, **config_schema(EngineCheckSpec), "agent": AGENT_SCHEMA,
     **config_schema(CertificateSpec, NODE_CERTIFICATE_FIELDS),
 }
+SIGNER_SCHEMA: Schema = {"kind": None, "ca": None, "command": None, "timeoutSeconds": None, "maxParallel": None}
 SCHEMA: Schema = {
-    "pkiDir": None, "servers": None, "agent": AGENT_SCHEMA,
+    "pkiDir": None, "signer": SIGNER_SCHEMA, "caKey": None, "servers": None, "agent": AGENT_SCHEMA,
     "ssh": SSH_SCHEMA, "sshPrivateKey": None, "sshKeyPassphrase": None, "caKeyPassphrase": None,
     "certificate": CERTIFICATE_SCHEMA,
     **config_schema(EngineCheckSpec), "rollout": ROLLOUT_SCHEMA, "nodes": [NODE_SCHEMA],
@@ -82,7 +86,9 @@ PASSPHRASE_KEY = "sshKeyPassphrase"
 """The passphrase of a protected SSH key, read as a secret (`pulumi config set --secret llmgw:sshKeyPassphrase`)."""
 CA_PASSPHRASE_KEY = "caKeyPassphrase"
 """The passphrase of an encrypted ca-key.pem, read as a secret (`pulumi config set --secret llmgw:caKeyPassphrase`)."""
-SECRET_KEYS = (SECRET_KEY, PASSPHRASE_KEY, CA_PASSPHRASE_KEY)
+CA_KEY = "caKey"
+"""The CA key of signer caKey, read as a secret (`pulumi config set --secret llmgw:caKey < ca-key.pem`)."""
+SECRET_KEYS = (SECRET_KEY, PASSPHRASE_KEY, CA_PASSPHRASE_KEY, CA_KEY)
 """The settings read as secrets; any other setting held as a secret is refused, unread."""
 TOP_KEYS = set(SCHEMA)
 NODE_KEYS = set(NODE_SCHEMA)
@@ -130,8 +136,19 @@ class NodeConfig:
 
 
 @dataclass(frozen=True)
+class SignerConfig:
+    """llmgw:signer, as given (``ca`` a path on this machine or PEM text: the program reads a path)."""
+
+    kind: str
+    ca: str | None = None
+    command: tuple[str, ...] = ()
+    timeout_seconds: float | None = None
+    max_parallel: int | None = None
+
+
+@dataclass(frozen=True)
 class StackSpec:
-    pki_dir: str
+    pki_dir: str | None
     agent: AgentSource
     ssh_private_key_path: str | None
     validity_hours: float
@@ -139,6 +156,8 @@ class StackSpec:
     nodes: tuple[NodeConfig, ...]
     rollout: Rollout | None = None
     """llmgw:rollout, when given (without its directory: the program adds it)."""
+    signer: SignerConfig | None = None
+    """llmgw:signer; None: pkiDir, the default."""
 
 
 class StackConfigError(ConfigError):
@@ -251,8 +270,38 @@ def _rollout(value: Any, node_ids: list[Any], p: Problems) -> Rollout | None:
     return built
 
 
+def _signer(value: Any, has_ca_key: bool, p: Problems) -> SignerConfig | None:
+    """llmgw:signer (see llmgw_pulumi.signer): None when not given."""
+    from . import signer
+
+    if value is None:
+        return None
+    raw = _mapping(value, "signer", p)
+    _unknown_keys(raw, SIGNER_SCHEMA, "signer", "a signer setting", p)
+    before = len(p.items)
+    kind = raw.get("kind", signer.KIND_PKI_DIR)
+    ca = raw.get("ca")
+    if kind in (signer.KIND_CA_KEY, signer.KIND_COMMAND):
+        p.check("signer.ca", ca, lambda v: None if isinstance(v, str) and v.strip() and "\0" not in v else (
+            "is missing", "give the CA certificate (ca.pem) as a path on this machine or as its PEM text"))
+    placeholder = "-----BEGIN CERTIFICATE-----"  # the program reads a path; here only its presence counts
+    given = {"kind": kind, "ca_pem": placeholder, "command": raw.get("command"),
+             **({"timeout_seconds": raw["timeoutSeconds"]} if "timeoutSeconds" in raw else {}),
+             **({"max_parallel": raw["maxParallel"]} if "maxParallel" in raw else {})}
+    for name, problem, fix in signer.problems({k: v for k, v in given.items() if v is not None}):
+        if name != "signer.ca":
+            p.add(name, problem, fix)
+    if kind == signer.KIND_CA_KEY and not has_ca_key:
+        p.add("caKey", "is not set, and signer.kind is caKey",
+              "`pulumi config set --secret llmgw:caKey < ca-key.pem`")
+    if len(p.items) > before or not isinstance(value, Mapping):
+        return None
+    return SignerConfig(kind=str(kind), ca=ca, command=tuple(raw.get("command") or ()),
+                        timeout_seconds=raw.get("timeoutSeconds"), max_parallel=raw.get("maxParallel"))
+
+
 def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: Collection[str] = (),
-          has_agent: bool = False) -> StackSpec:
+          has_agent: bool = False, has_ca_key: bool = False) -> StackSpec:
     """``config``: the llmgw:* keys without their namespace, values as YAML data.
 
     ``secret_keys``: other keys the stack holds as secrets, by name only (their
@@ -264,7 +313,9 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
     _unknown_keys({**config, **dict.fromkeys(secret_keys)}, SCHEMA, "", "a setting of this project", top)
     # A setting held as a secret is not read: say so, rather than that it is missing.
     unread = [key for key in secret_keys if key in SCHEMA and key not in SECRET_KEYS]
-    collect_fields(CertificateSpec, config, top, config=True, only=["pki_dir"])
+    signer = _signer(config.get("signer"), has_ca_key=CA_KEY in secret_keys or has_ca_key, p=top)
+    if signer is None or signer.kind == "pkiDir":
+        collect_one(CertificateSpec, "pki_dir", config, top, config=True)  # required with the default signer
     collect_fields(AgentSettings, config, top, config=True, only=["servers"])
     collect_fields(EngineCheckSpec, config, top, config=True)
     agent = _agent_source(config.get("agent"), "agent", top)
@@ -321,11 +372,12 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
     if everyone:
         raise StackConfigError(everyone)
     return StackSpec(
-        pki_dir=config["pkiDir"],
+        pki_dir=config.get("pkiDir"),
         agent=agent,
         ssh_private_key_path=ssh.get("privateKeyPath"),
         validity_hours=float(cert.get("validityHours", CertificateSpec.validity_hours)),
         renew_before_hours=float(cert.get("renewBeforeHours", CertificateSpec.renew_before_hours)),
         nodes=tuple(_node(raw, node_agent, config, ssh, cert) for raw, node_agent in valid),
         rollout=rollout,
+        signer=signer,
     )

@@ -17,7 +17,13 @@ Where the key pair is made is the node's ``key_origin``:
 - ``operator``: the key pair is made on the machine running Pulumi and kept in
   state as a secret output (``key_pem``), for nodes without openssl.
 
-The CA key is read from the PKI dir at issue time and never enters state.
+How it is signed is the stack's ``llmgw:signer`` (llmgw_pulumi.signer): the CA key read from the PKI dir at
+issue time (the default), the CA key as the ``llmgw:caKey`` secret, or an external signer command. The CA key
+never enters state: the caKey secret arrives as the secret input ``ca_key``, which ``check`` takes out of the
+inputs the engine records and keeps in this provider process's memory for the create or update that follows.
+Whatever signed it, the certificate is checked against the request before it is used (``pki.accept_signed``).
+How it is signed is not a change to the node: a second checkout that signs another way (a CI runner with the
+signer command and no PKI dir) shows nothing to change.
 
 Which machine is reached (SPEC step 2; the trust rules in docs/operations.md):
 
@@ -39,10 +45,12 @@ Which machine is reached (SPEC step 2; the trust rules in docs/operations.md):
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import hashlib
 import logging
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,15 +64,20 @@ from . import _glue
 
 log = logging.getLogger(__name__)
 
-INPUT_KEYS = ("node_id", "pki_dir", "validity_hours", "renew_before_hours", "key_origin", "connection",
-              "ca_key_passphrase")
+INPUT_KEYS = ("node_id", "validity_hours", "renew_before_hours", "key_origin", "connection", "ca_key_passphrase")
+"""The inputs compared by diff. Not ``pki_dir`` nor ``signer``: how certificates are signed is the operator's side
+(another CA is told by ``ca_fingerprint``)."""
+CA_KEY_INPUT = "ca_key"
+"""The secret input that brings the caKey signer's key; never recorded (see ``check``)."""
+_ca_keys: dict[str, str] = {}
+"""Node id -> the CA key ``check`` took out of its inputs, for this process's create or update."""
 REPLACE_KEYS = ("node_id", "connection.host", "connection.port")
 """A new node id, or (with the key made on the node) another machine: a new certificate, from a new resource, for a
 machine trusted on first use unless its host key is pinned. A PKI dir that moved, or another user or key to log in
 with, changes nothing."""
 REISSUE_REASONS = {
     "not_after": "the certificate expires {not_after}, inside its renewal window",
-    "ca_fingerprint": "the CA in pkiDir is another one",
+    "ca_fingerprint": "the CA (pkiDir's ca.pem, or llmgw:signer.ca) is another one",
     "node_key": "the node no longer holds the certificate's key",
     "key_origin": "keyOrigin changed",
 }
@@ -138,8 +151,16 @@ def ca_fingerprint(pki_dir: str) -> str | None:
     cryptography.
     """
     try:
-        der = ssl.PEM_cert_to_DER_cert((Path(pki_dir) / "ca.pem").read_text())
-    except (OSError, ValueError):
+        return pem_fingerprint((Path(pki_dir) / "ca.pem").read_text())
+    except OSError:
+        return None
+
+
+def pem_fingerprint(ca_pem: str) -> str | None:
+    """SHA-256 of a PEM certificate's DER form (the first one in the text), or None where it is not one."""
+    try:
+        der = ssl.PEM_cert_to_DER_cert(ca_pem)
+    except ValueError:
         return None
     return hashlib.sha256(der).hexdigest()
 
@@ -151,9 +172,19 @@ class ClientCertificateProvider(ResourceProvider):
 
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        news = dict(news)
+        ca_key = news.pop(CA_KEY_INPUT, None)
+        if isinstance(ca_key, str) and isinstance(news.get("node_id"), str):
+            _ca_keys[news["node_id"]] = ca_key  # memory only: the recorded inputs are check's, without it
+
         def derive(inputs: dict[str, Any]) -> None:
             # Where ca.pem cannot be read (a reviewer's machine), the CA is taken to be unchanged.
-            fp = ca_fingerprint(inputs["pki_dir"]) if isinstance(inputs.get("pki_dir"), str) else None
+            signer = inputs.get("signer")
+            given = signer.get("ca_pem") if isinstance(signer, dict) else None
+            if isinstance(given, str):
+                fp = pem_fingerprint(given)
+            else:
+                fp = ca_fingerprint(inputs["pki_dir"]) if isinstance(inputs.get("pki_dir"), str) else None
             if fp or olds.get("ca_fingerprint"):
                 inputs["ca_fingerprint"] = fp or olds["ca_fingerprint"]
 
@@ -236,21 +267,26 @@ class Recorded:
 def _issue(props: dict[str, Any], recorded: Recorded | None) -> dict[str, Any]:
     """Issue the certificate ``props`` ask for; its outputs. ``recorded``: None for a new resource (first use),
     else the keys its node must present (an update)."""
-    from .. import pki  # cryptography: only when a certificate is issued
+    from cryptography.hazmat.primitives import serialization
+
+    from .. import pki, signer  # cryptography: only when a certificate is issued
 
     spec = CertificateSpec.from_props(props)
     now = _now()
-    authority = pki.load_authority(spec.pki_dir, spec.node_id, now, spec.ca_key_passphrase)
+    # The signer is found (a PKI dir read, a key loaded, a command seen to be there) before the node is reached.
+    how = Signing(*signer.chosen(signer.SignerSpec.from_input(spec.signer), spec.node_id, spec.pki_dir,
+                                 _ca_keys.get(spec.node_id), now, spec.ca_key_passphrase), now=now)
     if spec.key_on_node:
-        issued, reached = _issue_for_node_key(spec, authority, now, recorded)
+        issued, reached = _issue_for_node_key(spec, how, recorded)
     else:
-        issued, reached = pki.issue(authority, spec.node_id, dt.timedelta(hours=spec.validity_hours), now), {}
+        key_pem, csr = pki.operator_key_and_csr(spec.node_id)
+        issued, reached = dataclasses.replace(how.sign(spec, csr), key_pem=key_pem), {}
     return _glue.outputs(
         props,
         cert_pem=issued.cert_pem,
         key_pem=issued.key_pem or None,
-        ca_pem=authority.cert_pem,
-        ca_not_after=authority.cert.not_valid_after_utc.isoformat(),
+        ca_pem=how.ca.public_bytes(serialization.Encoding.PEM).decode(),
+        ca_not_after=how.ca.not_valid_after_utc.isoformat(),
         serial=issued.serial,
         not_after=issued.not_after,
         fingerprint_sha256=issued.fingerprint_sha256,
@@ -258,7 +294,24 @@ def _issue(props: dict[str, Any], recorded: Recorded | None) -> dict[str, Any]:
     )
 
 
-def _issue_for_node_key(spec: CertificateSpec, authority: Any, now: dt.datetime,
+@dataclass(frozen=True)
+class Signing:
+    """The signer of one issuance, the CA certificate it must chain to, and the time it is made at."""
+
+    signer: Any
+    ca: Any
+    now: dt.datetime
+
+    def sign(self, spec: CertificateSpec, csr_pem: str) -> Any:
+        """The certificate for ``csr_pem`` (``pki.IssuedCertificate``), checked against what was asked."""
+        from .. import pki, signer
+
+        req = signer.request(spec.node_id, csr_pem, dt.timedelta(hours=spec.validity_hours), self.now,
+                             self.ca.not_valid_after_utc)
+        return pki.accept_signed(self.ca, self.signer.sign(req), req, _now())
+
+
+def _issue_for_node_key(spec: CertificateSpec, how: Signing,
                         recorded: Recorded | None) -> tuple[Any, dict[str, Any]]:
     """keyOrigin node: keep the identity the node holds, if it can be kept (``pki.adoptable``); else have the node
     make a new key pair and sign its request. Returns the certificate and what reaching the node recorded.
@@ -281,15 +334,16 @@ def _issue_for_node_key(spec: CertificateSpec, authority: Any, now: dt.datetime,
     expected_host_key, expected_jump_keys = (recorded.host_key, recorded.jump_host_keys) if recorded else (None, None)
     with _glue.session(spec.connection, spec.node_id, expected_host_key, expected_jump_keys) as s:
         held, seen = _held_identity(s, spec)
-        adopted = pki.adoptable(authority, spec.node_id, held, seen.get("key_spki", ""),
-                                dt.timedelta(hours=spec.renew_before_hours), now)
+        adopted = pki.adoptable(pki.Authority(how.ca, None), spec.node_id, held, seen.get("key_spki", ""),
+                                dt.timedelta(hours=spec.renew_before_hours), how.now)
         issued = adopted
         if issued is None:
             res = s.run(remote.make_node_key(spec.node_id))
             _glue.raise_for(res, spec.node_id, f"making the node's key pair on {spec.connection.host}")
             csr = base64.b64decode(facts.key_values(res.stdout).get("csr", "")).decode(errors="replace")
-            issued = pki.issue(authority, spec.node_id, dt.timedelta(hours=spec.validity_hours), now,
-                               public_key=pki.requested_key(csr, spec.node_id))
+            pki.requested_key(csr, spec.node_id)  # a request the node really signed, for a strong enough key
+            # A signer that fails leaves the new key pending on the node, unused: the next attempt replaces it.
+            issued = how.sign(spec, csr)
         return issued, {"adopted": adopted is not None, "host_key": s.host_key, "jump_host_keys": s.jump_host_keys,
                         "node_key": NODE_KEY_HELD}
 
@@ -297,8 +351,8 @@ def _issue_for_node_key(spec: CertificateSpec, authority: Any, now: dt.datetime,
 @dataclass
 class ClientCertificateArgs:
     node_id: pulumi.Input[str]
-    pki_dir: pulumi.Input[str]
-    """Directory holding the cluster CA: ca.pem and ca-key.pem (from `llmgw ctl cert init-ca`)."""
+    pki_dir: pulumi.Input[str] | None = None
+    """Directory holding the cluster CA: ca.pem and ca-key.pem (from `llmgw ctl cert init-ca`): the default signer."""
     validity_hours: pulumi.Input[float] | None = None
     renew_before_hours: pulumi.Input[float] | None = None
     """A `pulumi up` this close to expiry issues a new certificate."""
@@ -306,6 +360,11 @@ class ClientCertificateArgs:
     """``node`` (the default): the node makes its key pair, which never leaves it; ``operator``: made here."""
     connection: Connection | None = None
     """How to reach the node: needed when the key is made on the node."""
+    signer: pulumi.Input[Mapping[str, Any]] | None = None
+    """How it is signed: llmgw_pulumi.signer.SignerSpec's fields (kind, ca_pem, command, timeout_seconds,
+    max_parallel); None: from pki_dir."""
+    ca_key: pulumi.Input[str] | None = None
+    """Signer caKey: the CA key PEM, as a secret. Taken out of the inputs by check: never recorded in state."""
     ca_key_passphrase: pulumi.Input[str] | None = field(default=None, repr=False, metadata={"secret": True})
     """The passphrase of an encrypted ca-key.pem: a secret input (and output), read only when a certificate is
     issued; None (absent) for a CA key that is not encrypted."""
@@ -329,5 +388,7 @@ class ClientCertificate(Resource, module="llmgw", name="ClientCertificate"):
 
     def __init__(self, name: str, args: ClientCertificateArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         props = {**to_inputs(args), **{k: None for k in OUTPUT_KEYS}}
+        if args.ca_key is not None:
+            props[CA_KEY_INPUT] = pulumi.Output.secret(args.ca_key)
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key_pem", "ca_key_passphrase"]))
         super().__init__(ClientCertificateProvider(), name, _glue.with_urn(type(self), name, props, opts), opts)

@@ -64,7 +64,8 @@ def test_a_secret_value_never_reaches_a_message(stack_config: None) -> None:
     secret = "not-an-address-but-a-s3cret"
     problems = problems_of({**STACK, "llmgw:servers": json.dumps([secret]), "llmgw:sshPrivateKey": secret},
                            secret_keys=["llmgw:servers", "llmgw:sshPrivateKey"])
-    expected = ("llmgw", "servers", "is set as a secret, but only sshPrivateKey, sshKeyPassphrase and caKeyPassphrase are read as secrets")
+    expected = ("llmgw", "servers",
+                "is set as a secret, but only sshPrivateKey, sshKeyPassphrase, caKeyPassphrase and caKey are read as secrets")
     assert expected in [p[:3] for p in problems]
     assert secret not in repr(problems)
 

@@ -69,8 +69,12 @@ def test_certificate_reissued_in_place_for_another_ca_but_not_for_a_moved_pki_di
     assert rotated.changes and rotated.replaces == []
     now = dt.datetime.now(dt.UTC)
     assert reissue_reasons(olds, {**base, "ca_fingerprint": "bb"}, now) == ["ca_fingerprint"]
+    # How certificates are signed is the operator's side: a moved PKI dir, or another signer, is no change.
     moved = p.diff("id", olds, {**base, "pki_dir": "/srv/pki", "ca_fingerprint": "aa"})
-    assert moved.changes and moved.replaces == []
+    assert not moved.changes
+    signer = {k: v for k, v in base.items() if k != "pki_dir"}
+    by_command = p.diff("id", olds, {**signer, "signer": {"kind": "command", "command": ["/s"]}, "ca_fingerprint": "aa"})
+    assert not by_command.changes
     assert reissue_reasons(olds, {**base, "pki_dir": "/srv/pki", "ca_fingerprint": "aa"}, now) == []
     # A reviewer without ca.pem: the old fingerprint is carried forward.
     res = p.check({**base, "ca_fingerprint": "aa"}, {**base, "pki_dir": "/nonexistent"})

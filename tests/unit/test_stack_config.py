@@ -159,8 +159,9 @@ MISSPELLED = [
      "node gpu-02", "fabrics[0].nme", "did you mean name?"),
     ("discovery", ("nodes", 0, "discovery"), {"nvidiaSMI": "/usr/bin/nvidia-smi"}, "node gpu-01", "discovery.nvidiaSMI",
      "did you mean nvidiaSmi?"),
-    ("nothing close", ("zzz",), 1, "llmgw", "zzz", "use one of agent, caKeyPassphrase, certificate, failOnEngineProblems, nodes, pkiDir, "
-                                                     "rollout, servers, ssh, sshKeyPassphrase, sshPrivateKey"),
+    ("nothing close", ("zzz",), 1, "llmgw", "zzz", "use one of agent, caKey, caKeyPassphrase, certificate, "
+                                                     "failOnEngineProblems, nodes, pkiDir, rollout, servers, signer, "
+                                                     "ssh, sshKeyPassphrase, sshPrivateKey"),
 ]
 
 
@@ -210,7 +211,8 @@ def test_a_secret_other_than_the_ssh_key_is_named_not_read():
     with pytest.raises(StackConfigError) as err:
         stack_config.parse(GOOD, secret_keys=["servers", "sshPrivatKey"])
     problems = {p[1]: p for p in err.value.problems}
-    assert problems["servers"][2] == "is set as a secret, but only sshPrivateKey, sshKeyPassphrase and caKeyPassphrase are read as secrets"
+    assert problems["servers"][2] == (
+        "is set as a secret, but only sshPrivateKey, sshKeyPassphrase, caKeyPassphrase and caKey are read as secrets")
     assert problems["sshPrivatKey"][3] == "did you mean sshPrivateKey?"
 
 
@@ -230,9 +232,9 @@ def test_a_setting_held_as_a_secret_is_not_also_called_missing():
     with pytest.raises(StackConfigError) as err:
         stack_config.parse(cfg, secret_keys=["pkiDir", "ssh", "nodes"])
     assert [p[1:3] for p in err.value.problems] == [
-        ("pkiDir", "is set as a secret, but only sshPrivateKey, sshKeyPassphrase and caKeyPassphrase are read as secrets"),
-        ("ssh", "is set as a secret, but only sshPrivateKey, sshKeyPassphrase and caKeyPassphrase are read as secrets"),
-        ("nodes", "is set as a secret, but only sshPrivateKey, sshKeyPassphrase and caKeyPassphrase are read as secrets"),
+        ("pkiDir", "is set as a secret, but only sshPrivateKey, sshKeyPassphrase, caKeyPassphrase and caKey are read as secrets"),
+        ("ssh", "is set as a secret, but only sshPrivateKey, sshKeyPassphrase, caKeyPassphrase and caKey are read as secrets"),
+        ("nodes", "is set as a secret, but only sshPrivateKey, sshKeyPassphrase, caKeyPassphrase and caKey are read as secrets"),
     ]
 
 

@@ -1,0 +1,299 @@
+"""How a node's certificate is signed (``llmgw:signer``): one small interface, chosen from config.
+
+A signer gets pure data, a ``SigningRequest`` (the node id, the CSR PEM, the
+validity wanted, the extensions wanted), and returns PEM text: the
+certificate, or a chain that starts with it. The providers only call
+``Signer.sign`` and then ``accept``, which checks the answer against the
+request, whatever signed it. Three signers:
+
+- ``pkiDir`` (the default): ca.pem and ca-key.pem read from a directory on
+  the machine running Pulumi, at issue time (``KeySigner``);
+- ``caKey``: the CA key as the stack secret ``llmgw:caKey``, with the CA
+  certificate given as a path or a value (``KeySigner`` too: the key reaches
+  the provider process as a secret input that its ``check`` takes out, so it
+  is never written to disk and never recorded in state);
+- ``command``: an external program (``CommandSigner``), given as an argv
+  list, that reads the CSR PEM on stdin and prints the certificate PEM on
+  stdout. What it should issue is in its environment (``ENV_*`` below), never
+  on its command line. Calls run in parallel, at most ``max_parallel`` at once
+  on this machine (a lock file per slot, shared by every provider process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import hashlib
+import logging
+import os
+import secrets
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from .errors import SignerError
+from .text import printable
+
+log = logging.getLogger(__name__)
+
+KIND_PKI_DIR, KIND_CA_KEY, KIND_COMMAND = "pkiDir", "caKey", "command"
+KINDS = (KIND_PKI_DIR, KIND_CA_KEY, KIND_COMMAND)
+DEFAULT_TIMEOUT_SECONDS = 60.0
+DEFAULT_MAX_PARALLEL = 4
+CLOCK_SKEW = dt.timedelta(minutes=5)
+"""A certificate starts this long before it is asked for (a node's clock may lag), and a signer may round its
+validity by this much either way."""
+STDERR_SHOWN = 2000
+"""At most this many characters of a signer's stderr are quoted in a message."""
+
+# The environment a signer command gets (besides the one Pulumi runs in: e.g. the PIN of its token).
+ENV_NODE_ID = "LLMGW_NODE_ID"
+"""The node id: the certificate's subject is CN=<node id> and nothing else."""
+ENV_SUBJECT = "LLMGW_SUBJECT"
+"""The subject as openssl's -subj takes it: /CN=<node id>."""
+ENV_NOT_BEFORE = "LLMGW_NOT_BEFORE"
+ENV_NOT_AFTER = "LLMGW_NOT_AFTER"
+"""The validity, ISO 8601 UTC (2026-12-01T10:00:00+00:00)."""
+ENV_NOT_BEFORE_ASN1 = "LLMGW_NOT_BEFORE_ASN1"
+ENV_NOT_AFTER_ASN1 = "LLMGW_NOT_AFTER_ASN1"
+"""The validity as openssl ca -startdate/-enddate take it (YYYYMMDDHHMMSSZ)."""
+ENV_VALIDITY_SECONDS = "LLMGW_VALIDITY_SECONDS"
+"""From now to the end of the validity, whole seconds (e.g. Vault's ttl=<n>s, step's --not-after=<n>s)."""
+ENV_SERIAL = "LLMGW_SERIAL"
+"""A fresh random serial number, hex (for signers that need one given: openssl ca -set_serial 0x<serial>)."""
+ENV_KEY_USAGE = "LLMGW_KEY_USAGE"
+ENV_EXTENDED_KEY_USAGE = "LLMGW_EXTENDED_KEY_USAGE"
+"""The usages wanted, as openssl spells them: digitalSignature, clientAuth."""
+ENV_EXTENSIONS = "LLMGW_EXTENSIONS"
+"""Every extension wanted, as the text of an openssl extfile (x509 -extfile, ca -extfile)."""
+
+KEY_USAGE = "digitalSignature"
+EXTENDED_KEY_USAGE = "clientAuth"
+EXTENSIONS = (
+    "basicConstraints = critical, CA:FALSE\n"
+    f"keyUsage = critical, {KEY_USAGE}\n"
+    f"extendedKeyUsage = {EXTENDED_KEY_USAGE}\n"
+    "subjectKeyIdentifier = hash\n"
+    "authorityKeyIdentifier = keyid\n"
+)
+
+
+@dataclass(frozen=True)
+class SigningRequest:
+    """What a signer is asked for: pure data."""
+
+    node_id: str
+    csr_pem: str
+    not_before: dt.datetime
+    not_after: dt.datetime
+
+    def environment(self, now: dt.datetime) -> dict[str, str]:
+        """What a signer command finds in its environment (the ENV_* names)."""
+        return {
+            ENV_NODE_ID: self.node_id,
+            ENV_SUBJECT: f"/CN={self.node_id}",
+            ENV_NOT_BEFORE: self.not_before.isoformat(),
+            ENV_NOT_AFTER: self.not_after.isoformat(),
+            ENV_NOT_BEFORE_ASN1: f"{self.not_before:%Y%m%d%H%M%SZ}",
+            ENV_NOT_AFTER_ASN1: f"{self.not_after:%Y%m%d%H%M%SZ}",
+            ENV_VALIDITY_SECONDS: str(max(1, int((self.not_after - now).total_seconds()))),
+            ENV_SERIAL: secrets.token_hex(16),
+            ENV_KEY_USAGE: KEY_USAGE,
+            ENV_EXTENDED_KEY_USAGE: EXTENDED_KEY_USAGE,
+            ENV_EXTENSIONS: EXTENSIONS,
+        }
+
+
+def request(node_id: str, csr_pem: str, validity: dt.timedelta, now: dt.datetime,
+            ca_not_after: dt.datetime) -> SigningRequest:
+    """The request for a certificate valid from shortly before ``now`` for ``validity``, capped at the CA's end."""
+    return SigningRequest(node_id, csr_pem, (now - CLOCK_SKEW).replace(microsecond=0),
+                          min(now + validity, ca_not_after).replace(microsecond=0))
+
+
+class Signer(Protocol):
+    def sign(self, req: SigningRequest) -> str:
+        """The certificate PEM (or a chain starting with it) for ``req``; SignerError naming the node when not."""
+        ...
+
+
+@dataclass(frozen=True)
+class SignerSpec:
+    """``llmgw:signer`` as a ClientCertificate's ``signer`` input (never holding a secret)."""
+
+    kind: str = KIND_PKI_DIR
+    ca_pem: str | None = None
+    """The CA certificate (PEM text) for caKey and command; pkiDir reads ca.pem from its directory."""
+    command: tuple[str, ...] = ()
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    max_parallel: int = DEFAULT_MAX_PARALLEL
+
+    @classmethod
+    def from_input(cls, value: Mapping[str, Any] | None) -> SignerSpec:
+        if not value:
+            return cls()
+        return cls(kind=str(value.get("kind", KIND_PKI_DIR)), ca_pem=value.get("ca_pem"),
+                   command=tuple(value.get("command") or ()),
+                   timeout_seconds=float(value.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)),
+                   max_parallel=int(value.get("max_parallel", DEFAULT_MAX_PARALLEL)))
+
+
+def problems(value: object) -> list[tuple[str, str, str]]:
+    """What is wrong with a ``signer`` input: (field, problem, fix), field names as in llmgw:signer."""
+    if value is None:
+        return []
+    if not isinstance(value, Mapping):
+        return [("signer", "is not a mapping", "write it as {kind: command, ca: ..., command: [...]}")]
+    out = []
+    kind = value.get("kind", KIND_PKI_DIR)
+    if kind not in KINDS:
+        out.append(("signer.kind", f"{printable(str(kind))!r} is not a signer", f"use one of {', '.join(KINDS)}"))
+    if kind in (KIND_CA_KEY, KIND_COMMAND):
+        ca = value.get("ca_pem")
+        if not isinstance(ca, str) or "-----BEGIN CERTIFICATE-----" not in ca:
+            out.append(("signer.ca", "is missing or not a PEM certificate",
+                        "give the CA certificate (ca.pem) as a path on this machine or as its PEM text"))
+    command = value.get("command")
+    if kind == KIND_COMMAND:
+        if not isinstance(command, (list, tuple)) or not command or not all(isinstance(a, str) and a for a in command):
+            out.append(("signer.command", "is not a list of arguments",
+                        "give the signer as an argv list, e.g. [/usr/local/bin/llmgw-sign, --profile, node]"))
+        elif not os.path.isabs(command[0]):
+            out.append(("signer.command", f"{printable(command[0])!r} is not an absolute path",
+                        "give the signer program's absolute path, so no $PATH decides which program signs"))
+    elif command:
+        out.append(("signer.command", f"is given, but the signer is {kind}", "set signer.kind: command, or remove it"))
+    timeout = value.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout <= 3600:
+        out.append(("signer.timeoutSeconds", "is not a number of seconds between 0 and 3600", "e.g. 60"))
+    bound = value.get("max_parallel", DEFAULT_MAX_PARALLEL)
+    if not isinstance(bound, (int, float)) or isinstance(bound, bool) or int(bound) != bound or not 1 <= bound <= 64:
+        out.append(("signer.maxParallel", "is not a whole number from 1 to 64", "e.g. 4"))
+    return out
+
+
+# --------------------------------------------------------------------------- signers
+
+
+@dataclass(frozen=True)
+class KeySigner:
+    """pkiDir and caKey: the CA key is in this process (``pki.Authority``)."""
+
+    authority: Any = field(repr=False)
+
+    def sign(self, req: SigningRequest) -> str:
+        from . import pki
+
+        return pki.issue_for_request(self.authority, req)
+
+
+FIX_PATH = "set llmgw:signer.command to the signer program's absolute path, executable by this user"
+
+
+@dataclass(frozen=True)
+class CommandSigner:
+    """An external program: CSR on stdin, certificate on stdout, the request in its environment."""
+
+    argv: tuple[str, ...]
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    max_parallel: int = DEFAULT_MAX_PARALLEL
+
+    def ready(self, node: str) -> None:
+        """The program is there and may be run: checked before the node is reached."""
+        program = self.argv[0]
+        if not os.path.isfile(program):
+            raise SignerError(node, f"the signer {program} does not exist on this machine", FIX_PATH)
+        if not os.access(program, os.X_OK):
+            raise SignerError(node, f"the signer {program} is not executable by this user", FIX_PATH)
+
+    def sign(self, req: SigningRequest) -> str:
+        node, program = req.node_id, self.argv[0]
+        self.ready(node)
+        env = {**os.environ, **req.environment(dt.datetime.now(dt.UTC))}
+        with slot(self.argv, self.max_parallel):
+            try:
+                done = subprocess.run(list(self.argv), input=req.csr_pem, capture_output=True, text=True, env=env,
+                                      timeout=self.timeout_seconds, check=False, close_fds=True)
+            except subprocess.TimeoutExpired:
+                raise SignerError(node, f"the signer {program} gave no answer within {self.timeout_seconds:g} s",
+                                  "check that the signer (its token, its service) answers when run by hand, or "
+                                  "raise llmgw:signer.timeoutSeconds") from None
+            except OSError as exc:
+                raise SignerError(node, f"the signer {program} could not be run ({exc.strerror})", FIX_PATH) from None
+        said = _quoted(done.stderr)
+        if done.returncode != 0:
+            raise SignerError(node, f"the signer {program} failed (exit status {done.returncode})"
+                              + (f"; it said:\n{said}" if said else ", saying nothing on stderr"),
+                              "run the signer by hand with the request's environment (docs/operations.md, "
+                              "'Signers') and fix what it says (a token's PIN, a service's credentials)")
+        if "-----BEGIN CERTIFICATE-----" not in done.stdout:
+            raise SignerError(node, f"the signer {program} exited 0 but printed no PEM certificate"
+                              + (f"; it said:\n{said}" if said else ""),
+                              "make the signer print the certificate PEM (or the chain, the node's first) on stdout")
+        if said:
+            log.warning("%s: the signer %s said on stderr:\n%s", node, program, said)
+        return done.stdout
+
+
+def _quoted(stderr: str) -> str:
+    text = printable(stderr.strip(), keep="\n")
+    return text if len(text) <= STDERR_SHOWN else text[:STDERR_SHOWN] + " [...]"
+
+
+@contextlib.contextmanager
+def slot(argv: Sequence[str], bound: int, poll: float = 0.05) -> Iterator[None]:
+    """Hold one of ``bound`` slots for this signer, across every process of this user on this machine
+    (flock on lock files in a private directory)."""
+    key = hashlib.sha256("\0".join(argv).encode()).hexdigest()[:16]
+    base = Path(tempfile.gettempdir()) / f"llmgw-signer-{os.getuid()}"
+    base.mkdir(mode=0o700, exist_ok=True)
+    if base.is_symlink() or base.stat().st_uid != os.getuid() or base.stat().st_mode & 0o077:
+        raise SignerError("", f"{base} is not a directory private to this user", f"remove {base}; it is remade")
+    files = []
+    try:
+        for i in range(bound):
+            files.append(os.open(base / f"{key}.{i}", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        while True:
+            for fd in files:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                try:
+                    yield
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                return
+            time.sleep(poll)
+    finally:
+        for fd in files:
+            os.close(fd)
+
+
+def chosen(spec: SignerSpec, node_id: str, pki_dir: str | None, ca_key_pem: str | None,
+           now: dt.datetime, passphrase: str | None = None) -> tuple[Signer, Any]:
+    """The signer config names, and the CA certificate (``cryptography`` x509) its certificates must chain to."""
+    from . import pki
+
+    if spec.kind == KIND_COMMAND:
+        assert spec.ca_pem is not None
+        command = CommandSigner(spec.command, spec.timeout_seconds, spec.max_parallel)
+        command.ready(node_id)
+        return command, pki.ca_certificate(spec.ca_pem, node_id, now)
+    if spec.kind == KIND_CA_KEY:
+        assert spec.ca_pem is not None
+        if not ca_key_pem:
+            raise SignerError(node_id, "llmgw:signer.kind is caKey, but this provider process was given no CA key",
+                              "set it: `pulumi config set --secret llmgw:caKey < ca-key.pem`")
+        authority = pki.authority_from_pem(spec.ca_pem, ca_key_pem, node_id, now)
+        return KeySigner(authority), authority.cert
+    if pki_dir is None:
+        raise SignerError(node_id, "no signer: llmgw:pkiDir is not set", "set llmgw:pkiDir, or llmgw:signer")
+    authority = pki.load_authority(pki_dir, node_id, now, passphrase)
+    return KeySigner(authority), authority.cert
+
