@@ -4,8 +4,10 @@
     sudo .venv/bin/python -m bench.onboard --quick    # a smoke run, about 3 min
 
 Options: [--sizes 1,10,30] [--latency-sizes 1,10,30] [--scale-sizes 100,200]
-[--shards 4,8,16] [--shard-sizes 30,100] [--reduced-ca] [--repeats R]
-[--wait-quiet S] [--out FILE]; an empty list ("--scale-sizes ''") skips that part.
+[--shards 4,8,16] [--shard-sizes 30,100] [--signer-sizes 30] [--reduced-ca]
+[--repeats R] [--wait-quiet S] [--out FILE]; an empty list ("--scale-sizes ''")
+skips that part. LLMGW_BENCH_LAB=name:subnet picks another lab than b:10.254.0
+(its work dir is then /var/cache/llmgw-pulumi/bench-<name>).
 It runs scripts/bench-tools.sh first (toxiproxy-server and matplotlib, built or
 installed once and cached).
 
@@ -103,6 +105,15 @@ Issue 12's parts (bench/toxiproxy.py, bench/growth.py, bench/summary.py):
   bundle); the report says so; default off.
 - Provider processes (--shards 4,8,16 at --shard-sizes): `pulumi up` from
   scratch with LLMGW_PROVIDER_SHARDS set (llmgw_pulumi/shards.py).
+- Signers (--signer-sizes, the CA-custody issue): at each size, `pulumi up`
+  from scratch with the pkiDir default, then on freshly booted hosts with
+  the CA key in a SoftHSM2 token (lab.hsm) signing through
+  examples/signers/openssl-pkcs11.sh (maxParallel 1); both with
+  `agent.fetch: operator` (the HSM's nodes trust its CA only, not the lab CA of
+  the release server), and a control plane whose certificate the token signed
+  for the HSM's agents. Then bench/signer.py's signing step alone, per
+  certificate, for both. Wall time and CPU of the two ups side by side, with
+  the ratio and seconds per certificate.
 - Plots: wall time, engine / provider / program CPU and state bytes against N
   (log-log, docs/benchmark-*.png) with growth exponents fitted from 30 nodes on
   and over all sizes; a one-screen summary of issue 12's targets at the end.
@@ -142,8 +153,9 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("LLMGW_CACHE", "/var/cache/llmgw-pulumi"))
-WORK = CACHE / "bench-b"
-LAB_NAME, LAB_SUBNET = "b", "10.254.0"
+#: The lab's name and subnet: LLMGW_BENCH_LAB=name:subnet (default b:10.254.0), so the bench can share a machine.
+LAB_NAME, _, LAB_SUBNET = os.environ.get("LLMGW_BENCH_LAB", "b:10.254.0").partition(":")
+WORK = CACHE / f"bench-{LAB_NAME}"
 SEED_SCRIPT = seed.SEED_SCRIPT
 RELEASE = "v1.4.2"
 RELEASE_PORT = 8443
@@ -153,7 +165,7 @@ DELAY_MS = 25  # per direction: +50 ms round trip
 TARGET_N = 30  # issue 12's targets are set at 30 nodes ...
 SCALE_N = 100  # ... and at 100
 STATE_LIMIT = 8192  # bytes of state per node without PEM bodies
-OWN_CGROUP = Path("/sys/fs/cgroup/unified/llmgw-bench-b")
+OWN_CGROUP = Path(f"/sys/fs/cgroup/unified/llmgw-bench-{LAB_NAME}")
 ENGINE_CGROUP = OWN_CGROUP / "engine"  # the wrapper `pulumi` moves itself here
 PROGRAM_CGROUP = OWN_CGROUP / "program"  # the wrapper language host moves itself here; the program's python follows
 PROVIDER_CGROUP = OWN_CGROUP / "provider"  # the wrapper dynamic-provider plugin moves itself here
@@ -181,6 +193,9 @@ SCRIPT_PHASES = (
 
 FLOOR = "floor: update-ca-certificates + start agent, 1 SSH connection per node"
 """What the hosts must spend anyway: issue 12's floor, all nodes in parallel."""
+SIGNED_UP = "pulumi up, from scratch, fetch: operator, signer"
+"""The signer runs (--signer-sizes): this, then the signer's name (SIGNERS)."""
+SIGNERS = ("pkiDir", "HSM")
 PLOTTED = ("pulumi preview", "pulumi up, no-op", "pulumi up, from scratch", "pulumi refresh")
 """The runs whose figures are plotted against N (plain bridge, the package's default provider count)."""
 
@@ -485,6 +500,8 @@ class Bench:
     scale_sizes: list[int] = field(default_factory=list)
     shard_counts: list[int] = field(default_factory=list)
     shard_sizes: list[int] = field(default_factory=list)
+    signer_sizes: list[int] = field(default_factory=list)
+    """Sizes at which `pulumi up` with the pkiDir default and with the HSM signer are compared (run_signers)."""
     reduced_ca: bool = False
     """Scale runs: hosts trust 3 system CAs (update-ca-certificates then has less to do)."""
     delay_ms: int = 0
@@ -1041,6 +1058,63 @@ class Bench:
             finally:
                 self.shards = None
 
+    def run_signers(self, size: int) -> None:
+        """`pulumi up` from scratch with the pkiDir default, then on fresh hosts with the HSM signer; then the
+        signing step alone (bench/signer.py) for both, `size` certificates one after another.
+
+        The HSM is lab.hsm's SoftHSM2 token (CA key made inside it, non-extractable), signing through
+        examples/signers/openssl-pkcs11.sh with maxParallel 1 (SoftHSM2 fails concurrent processes). Its nodes trust
+        the token's CA only, so their agents connect to a second control plane whose certificate the token signed.
+        Both ups fetch the release on the operator's side (`fetch: operator`, each from an empty release cache): the
+        HSM's nodes do not trust the lab CA that signed the release server's certificate.
+        """
+        from bench import signer as signer_bench
+        from lab.control_plane import ControlPlane
+        from lab.hsm import SIGNER, Token
+
+        shutil.rmtree(WORK / "hsm", ignore_errors=True)
+        token = Token.create(WORK / "hsm")
+        plane_pki = WORK / "hsm-plane"
+        shutil.rmtree(plane_pki, ignore_errors=True)
+        plane_pki.mkdir(parents=True)
+        shutil.copy2(token.ca_pem, plane_pki / "ca.pem")
+        default_plane = self.control_plane
+        hsm_plane = ControlPlane(plane_pki, self.lab.gateway, server_cert=token.server_cert).start()
+        hsm_signer = {"kind": "command", "ca": str(token.ca_pem), "command": [str(SIGNER)], "maxParallel": 1}
+        ups: dict[str, Result] = {}
+        try:
+            for name, plane, env, chosen in (("pkiDir", default_plane, {}, None),
+                                             ("HSM", hsm_plane, token.signer_env(), hsm_signer)):
+                print(f"\n== N = {size}, pulumi up from scratch, signer {name}", flush=True)
+                hosts = self.fresh_hosts(size)
+                self.control_plane = plane
+                cache = WORK / f"release-cache-{name}"
+                shutil.rmtree(cache, ignore_errors=True)
+                stack = self.new_stack(f"signer-{name}-n{size}", extra_env={**env, "XDG_CACHE_HOME": str(cache)})
+                config = self.stack_config([(h.hostname, h.addr) for h in hosts])
+                config["agent"]["fetch"] = "operator"
+                if chosen is not None:
+                    del config["pkiDir"]
+                    config["signer"] = chosen
+                stack.set_config(config)
+                ups[name] = self.measure(size, f"{SIGNED_UP} {name}", hosts,
+                                         lambda stack=stack, name=name: self.engine_run(
+                                             stack, "up", f"n{size}-signer-{name}-up"), agents=True)
+        finally:
+            self.control_plane = default_plane
+            hsm_plane.stop()
+        saved = dict(os.environ)
+        os.environ.update(token.signer_env())  # the signer command's environment, as `pulumi up` gave it
+        try:
+            alone = signer_bench.per_certificate(token, self.pki_dir, size)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        ups["pkiDir"].detail["signing_alone_s"] = alone[signer_bench.PKI_DIR]
+        ups["HSM"].detail["signing_alone_s"] = alone[signer_bench.HSM]
+        self.say(f"signing step alone, s per certificate: pkiDir {alone[signer_bench.PKI_DIR]:.4f}, "
+                 f"HSM {alone[signer_bench.HSM]:.4f}")
+
 
 def proxy_host_blocks(routes: dict[str, int]) -> str:
     """ssh_config Host blocks sending each host address to its proxy on loopback; the known_hosts name stays the address."""
@@ -1504,6 +1578,14 @@ than linearly.
 
 {shard_rows}
 
+## Signing through an HSM
+
+At {list_text(bench.signer_sizes)} nodes (--signer-sizes): `pulumi up` from scratch with the `pkiDir` default, then
+on freshly booted hosts with the CA key in a SoftHSM2 token (`llmgw:signer` kind `command`,
+examples/signers/openssl-pkcs11.sh, `maxParallel: 1`); both with `agent.fetch: operator`. See `Bench.run_signers`.
+
+{signer_comparison(bench.results)}
+
 Columns: *SSH conns* = TCP connections the hosts accepted (sshd is their only listener).
 *CPU-s machine* = busy time of all CPUs over the run (includes the hosts and anything
 else the machine ran); an onboarding run's CPU window lasts until every agent's stream is
@@ -1548,6 +1630,43 @@ the lab hosts; and the rest of the machine.
 """
 
 
+def signer_comparison(results: Sequence[Result]) -> str:
+    """The signer runs side by side per size: wall time and CPU of each `pulumi up`, the HSM's over pkiDir's, and
+    seconds per certificate (the ClientCertificate steps of the up, and the signing step alone)."""
+    sizes = sorted({r.size for r in results if r.kind.startswith(SIGNED_UP)})
+    if not sizes:
+        return "(not measured)"
+    rows = ["| N | figure | pkiDir | HSM signer | HSM / pkiDir |", "|---:|---|---:|---:|---:|"]
+    for size in sizes:
+        base, hsm = (next((r for r in results if r.size == size and r.kind == f"{SIGNED_UP} {name}"), None)
+                     for name in SIGNERS)
+
+        def step(r: Result | None, what: str) -> float | None:
+            st = None if r is None else r.detail.get("steps", {}).get("ClientCertificate create")
+            if st is None:
+                return None
+            return st["mean_s"] if what == "mean" else (st["last_end_s"] - st["first_start_s"]) / st["count"]
+
+        figures: list[tuple[str, Callable[[Result | None], float | None], int]] = [
+            ("`pulumi up` wall, s", lambda r: None if r is None else r.wall, 2),
+            ("agents up, s", lambda r: None if r is None else r.agents_up, 1),
+            ("CPU-s ours + hosts", lambda r: None if r is None else r.cpu_own, 1),
+            ("CPU-s operator's side (engine + program + provider)", lambda r: None if r is None else operator_cpu(r), 1),
+            ("CPU-s machine", lambda r: None if r is None else r.cpu.machine, 1),
+            ("ClientCertificate step, mean s (SSH, key pair on the node, signing, check)", lambda r: step(r, "mean"), 3),
+            ("ClientCertificate steps, first start to last end / N, s per certificate", lambda r: step(r, "span"), 3),
+            (f"signing step alone, s per certificate ({size} one after another, with the check)",
+             lambda r: None if r is None else r.detail.get("signing_alone_s"), 4),
+        ]
+        for label, value, digits in figures:
+            a, b = value(base), value(hsm)
+            rows.append(f"| {size} | {label} | {fmt(a, digits)} | {fmt(b, digits)} | {fmt(ratio(b, a))} |")
+        failed = [r.scenario for r in (base, hsm) if r is not None and not r.ok]
+        if failed:
+            rows.append(f"| {size} | FAILED | {'; '.join(failed)} | | |")
+    return "\n".join(rows)
+
+
 def engine_env_text(env: dict[str, str]) -> str:
     return (" Every engine run had " + ", ".join(f"`{k}={v}`" for k, v in sorted(env.items()))
             + " in its environment (--engine-env).") if env else ""
@@ -1569,10 +1688,11 @@ def sizes_arg(text: str) -> list[int]:
 
 
 def estimate_minutes(sizes: Sequence[int], latency: Sequence[int], scale: Sequence[int], shard_counts: Sequence[int],
-                     shard_sizes: Sequence[int]) -> float:
+                     shard_sizes: Sequence[int], signer_sizes: Sequence[int] = ()) -> float:
     """A rough duration on this 2-CPU machine, from earlier runs (the hosts' CPU dominates)."""
     return (1.0 + sum(0.6 + 0.15 * n for n in sizes) + sum(0.5 + 0.2 * n for n in latency)
-            + sum(1.0 + 0.03 * n for n in scale) + len(shard_counts) * sum(0.3 + 0.02 * n for n in shard_sizes))
+            + sum(1.0 + 0.03 * n for n in scale) + len(shard_counts) * sum(0.3 + 0.02 * n for n in shard_sizes)
+            + sum(1.0 + 0.06 * n for n in signer_sizes))
 
 
 def mem_available_mib() -> float:
@@ -1582,7 +1702,7 @@ def mem_available_mib() -> float:
 
 def full_run_minutes() -> float:
     """The estimated duration of the default (full) run."""
-    return estimate_minutes([1, 10, 30], [1, 10, 30], [SCALE_N, 200], [4, 8, 16], [TARGET_N, SCALE_N])
+    return estimate_minutes([1, 10, 30], [1, 10, 30], [SCALE_N, 200], [4, 8, 16], [TARGET_N, SCALE_N], [TARGET_N])
 
 
 def host_capacity(host_mib: float, running: int) -> int:
@@ -1614,6 +1734,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=sizes_arg, help="provider-process counts compared (default 4,8,16)")
     parser.add_argument("--shard-sizes", type=sizes_arg,
                         help="sizes the provider-process counts are compared at (default 30,100; --quick none)")
+    parser.add_argument("--signer-sizes", type=sizes_arg,
+                        help="sizes at which `pulumi up` with pkiDir and with the HSM signer are compared "
+                             "(default 30; --quick none)")
     parser.add_argument("--reduced-ca", action="store_true",
                         help="scale runs: the hosts trust 3 system CAs (a smaller bundle for update-ca-certificates)")
     parser.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE",
@@ -1637,6 +1760,7 @@ def main(argv: list[str] | None = None) -> int:
     scale_sizes = pick(args.scale_sizes, [], [SCALE_N, 200])
     shard_counts = pick(args.shards, [], [4, 8, 16])
     shard_sizes = pick(args.shard_sizes, [], [TARGET_N, SCALE_N]) if shard_counts else []
+    signer_sizes = pick(args.signer_sizes, [], [TARGET_N])
     repeats = args.repeats or (1 if args.quick else 3)
     out = args.out or (WORK / "benchmark-quick.md" if args.quick else DOC)
     for tool in ("ssh", "scp"):
@@ -1651,11 +1775,11 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     bench = Bench(sizes=sizes, repeats=repeats, log_dir=log_dir, wait_quiet=args.wait_quiet,
                   latency_sizes=latency_sizes, scale_sizes=scale_sizes, shard_counts=shard_counts,
-                  shard_sizes=shard_sizes, reduced_ca=args.reduced_ca, tools_dir=tools_dir,
+                  shard_sizes=shard_sizes, signer_sizes=signer_sizes, reduced_ca=args.reduced_ca, tools_dir=tools_dir,
                   engine_env=dict(item.split("=", 1) for item in args.engine_env))
     command = " ".join(["sudo .venv/bin/python -m bench.onboard", *(sys.argv[1:] if argv is None else argv)])
     machine = machine_description()
-    estimate = estimate_minutes(sizes, latency_sizes, scale_sizes, shard_counts, shard_sizes)
+    estimate = estimate_minutes(sizes, latency_sizes, scale_sizes, shard_counts, shard_sizes, signer_sizes)
     print(f"machine: {machine}\nlogs: {log_dir}\nplain {list_text(sizes)}; +{2 * DELAY_MS} ms RTT "
           f"{list_text(latency_sizes)}; scale {list_text(scale_sizes)}; providers {list_text(shard_counts)} at "
           f"{list_text(shard_sizes)}; estimated duration ~{estimate:.0f} min", flush=True)
@@ -1665,7 +1789,8 @@ def main(argv: list[str] | None = None) -> int:
     def record() -> dict[str, Any]:
         """Everything measured so far, as results.json holds it (written after every part, read by --render)."""
         return {"plan": {"sizes": sizes, "latency_sizes": latency_sizes, "scale_sizes": scale_sizes,
-                         "shard_counts": shard_counts, "shard_sizes": shard_sizes, "reduced_ca": args.reduced_ca,
+                         "shard_counts": shard_counts, "shard_sizes": shard_sizes, "signer_sizes": signer_sizes,
+                         "reduced_ca": args.reduced_ca,
                          "repeats": repeats, "imports": bench.imports, "engine_env": bench.engine_env},
                 "machine": machine, "fingerprint": fingerprint, "started": started, "seconds": time.monotonic() - t0,
                 "command": command, "skipped": skipped, "estimate": estimate,
@@ -1698,6 +1823,8 @@ def main(argv: list[str] | None = None) -> int:
             for size in shard_sizes:
                 if not any(f"at {size} nodes skipped" in s for s in skipped):
                     part(bench.run_shards, size)
+            for size in signer_sizes:
+                part(bench.run_signers, size)
         except KeyboardInterrupt:
             skipped.append(f"interrupted after {(time.monotonic() - t0) / 60:.1f} min: the report has what was measured")
             print(skipped[-1], flush=True)
@@ -1742,7 +1869,8 @@ def rerender(path: Path, out: Path) -> int:
     plan = record["plan"]
     bench = Bench(sizes=plan["sizes"], repeats=plan["repeats"], log_dir=path.parent, results=results,
                   latency_sizes=plan["latency_sizes"], scale_sizes=plan["scale_sizes"],
-                  shard_counts=plan["shard_counts"], shard_sizes=plan["shard_sizes"], reduced_ca=plan["reduced_ca"],
+                  shard_counts=plan["shard_counts"], shard_sizes=plan["shard_sizes"],
+                  signer_sizes=plan.get("signer_sizes", []), reduced_ca=plan["reduced_ca"],
                   imports=plan["imports"], engine_env=plan.get("engine_env", {}))
     return report(bench, record, out)
 

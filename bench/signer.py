@@ -10,6 +10,9 @@ pkcs11 engine, or the key read from the PKI dir) and the check of what it
 returned (pki.accept_signed). Done one after another, then ``--parallel`` at
 once (the signer's maxParallel; SoftHSM2 itself fails with concurrent processes: it is for a real HSM). Prints
 seconds per certificate and in total.
+
+bench.onboard --signer-sizes times the same step (``per_certificate``) beside the
+`pulumi up` of each signer on real lab hosts.
 """
 
 from __future__ import annotations
@@ -56,6 +59,30 @@ def timed(sign: Callable[[signer.SigningRequest], str], ca: x509.Certificate, re
     return time.perf_counter() - start
 
 
+HSM, PKI_DIR = "hsm (openssl-pkcs11.sh)", "pkiDir"
+
+
+def per_certificate(token: Token, pki_dir: Path, nodes: int, parallel: int = 1) -> dict[str, float]:
+    """Seconds per certificate of the signing step alone, through ``token`` (HSM) and from ``pki_dir``.
+
+    ``token.signer_env()`` must be in this process's environment (the signer command reads it).
+    """
+    now = dt.datetime.now(dt.UTC)
+    hsm_ca = pki.ca_certificate(token.ca_pem.read_text(), "bench", now)
+    hsm = signer.CommandSigner((str(SIGNER),), max_parallel=parallel)
+
+    def pki_dir_sign(req: signer.SigningRequest) -> str:
+        # As the provider does per certificate: the PKI dir is read at issue time.
+        return signer.KeySigner(pki.load_authority(str(pki_dir), req.node_id, dt.datetime.now(dt.UTC))).sign(req)
+
+    local_ca = pki.load_authority(str(pki_dir), "bench", now).cert
+    out = {}
+    for name, sign, ca in ((HSM, hsm.sign, hsm_ca), (PKI_DIR, pki_dir_sign, local_ca)):
+        reqs = requests(nodes, ca.not_valid_after_utc)
+        out[name] = timed(sign, ca, reqs, parallel) / nodes
+    return out
+
+
 def main() -> None:
     args = argparse.ArgumentParser()
     args.add_argument("--nodes", type=int, default=30)
@@ -66,22 +93,10 @@ def main() -> None:
     token = Token.create(work / "hsm")
     os.environ.update(token.signer_env())
     labpki.init_ca(work / "pki")
-    now = dt.datetime.now(dt.UTC)
-    hsm_ca = pki.ca_certificate(token.ca_pem.read_text(), "bench", now)
-    hsm = signer.CommandSigner((str(SIGNER),), max_parallel=opts.parallel)
-
-    def pki_dir_sign(req: signer.SigningRequest) -> str:
-        # As the provider does per certificate: the PKI dir is read at issue time.
-        return signer.KeySigner(pki.load_authority(str(work / "pki"), req.node_id, dt.datetime.now(dt.UTC))).sign(req)
-
-    local_ca = pki.load_authority(str(work / "pki"), "bench", now).cert
     print(f"{opts.nodes} certificates; seconds per certificate (total)")
     for parallel in sorted({1, opts.parallel}):
-        for name, sign, ca in (("hsm (openssl-pkcs11.sh)", hsm.sign, hsm_ca), ("pkiDir", pki_dir_sign, local_ca)):
-            reqs = requests(opts.nodes, ca.not_valid_after_utc)
-            total = timed(sign, ca, reqs, parallel)
-            print(f"  {name:24} parallel {parallel}: {total / opts.nodes:.4f} s ({total:.2f} s)")
-
+        for name, seconds in per_certificate(token, work / "pki", opts.nodes, parallel).items():
+            print(f"  {name:24} parallel {parallel}: {seconds:.4f} s ({seconds * opts.nodes:.2f} s)")
 
 if __name__ == "__main__":
     main()

@@ -223,3 +223,28 @@ def test_up_over_floor_takes_an_up_on_hosts_with_the_full_ca_bundle():
     targets = issue12_targets([run(UP, 10.0, reduced_ca=True), run(UP, 30.0), run(FLOOR, 20.0)])
     assert targets[0].name == "30 nodes: pulumi up / floor"
     assert targets[0].value == pytest.approx(1.5)
+
+
+def test_the_signer_comparison_puts_the_two_ups_side_by_side_with_the_hsms_over_pki_dirs():
+    from bench.onboard import SIGNED_UP, Counters, Result, signer_comparison
+
+    def up(signer: str, wall: float, engine: float, mean: float, span: tuple[float, float], alone: float) -> Result:
+        steps = {"ClientCertificate create": {"count": 30, "mean_s": mean, "max_s": mean,
+                                              "first_start_s": span[0], "last_end_s": span[1]}}
+        kind = f"{SIGNED_UP} {signer}"
+        return Result(30, kind, True, wall, 30, Counters(wall, 0, 0, 0, engine, 0, 0), 0, 0, kind=kind,
+                      detail={"steps": steps, "signing_alone_s": alone})
+
+    table = signer_comparison([up("pkiDir", 30.0, 4.0, 1.0, (2.0, 8.0), 0.001),
+                               up("HSM", 45.0, 5.0, 1.5, (2.0, 11.0), 0.03)])
+    rows = {cells[1]: cells[2:] for cells in (line.split(" | ") for line in table.splitlines()[2:])}
+    assert rows["`pulumi up` wall, s"] == ["30.00", "45.00", "1.50 |"]
+    assert rows["CPU-s operator's side (engine + program + provider)"] == ["4.0", "5.0", "1.25 |"]
+    assert rows["ClientCertificate steps, first start to last end / N, s per certificate"] == ["0.200", "0.300",
+                                                                                                "1.50 |"]
+    assert rows["signing step alone, s per certificate (30 one after another, with the check)"] == [
+        "0.0010", "0.0300", "30.00 |"]
+    # One signer's up missing: its column and the ratio say so rather than a number.
+    missing = signer_comparison([up("pkiDir", 30.0, 4.0, 1.0, (2.0, 8.0), 0.001)])
+    assert "| 30 | `pulumi up` wall, s | 30.00 | n/a | n/a |" in missing
+    assert signer_comparison([]) == "(not measured)"
