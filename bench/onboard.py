@@ -140,6 +140,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -1098,8 +1099,8 @@ class Bench:
                     config["signer"] = chosen
                 stack.set_config(config)
                 ups[name] = self.measure(size, f"{SIGNED_UP} {name}", hosts,
-                                         lambda stack=stack, name=name: self.engine_run(
-                                             stack, "up", f"n{size}-signer-{name}-up"), agents=True)
+                                         partial(self.engine_run, stack, "up", f"n{size}-signer-{name}-up"),
+                                         agents=True)
         finally:
             self.control_plane = default_plane
             hsm_plane.stop()
@@ -1645,7 +1646,7 @@ def signer_comparison(results: Sequence[Result]) -> str:
             st = None if r is None else r.detail.get("steps", {}).get("ClientCertificate create")
             if st is None:
                 return None
-            return st["mean_s"] if what == "mean" else (st["last_end_s"] - st["first_start_s"]) / st["count"]
+            return float(st["mean_s"] if what == "mean" else (st["last_end_s"] - st["first_start_s"]) / st["count"])
 
         figures: list[tuple[str, Callable[[Result | None], float | None], int]] = [
             ("`pulumi up` wall, s", lambda r: None if r is None else r.wall, 2),
