@@ -1537,7 +1537,8 @@ pass/fail test; see the docstring of `bench/onboard.py` for what each run does a
 
 To run it: `scripts/install.sh && sudo .venv/bin/python -m bench.onboard` (the full run:
 plain bridge and +{2 * DELAY_MS} ms at 1, 10, 30 nodes, scale at 100 and 200, provider
-processes 4, 8, 16 at 30 and 100; about {full_run_minutes():.0f} min on 2 CPUs), or `--quick` (about 3 min).
+processes 4, 8, 16 at 30 and 100, pkiDir beside the HSM signer at 30; about {full_run_minutes():.0f} min on 2 CPUs),
+or `--quick` (about 3 min).
 It builds toxiproxy-server and installs matplotlib on first use (scripts/bench-tools.sh,
 cached under /var/cache/llmgw-pulumi); `--render <logs>/results.json` rewrites this page
 and its plots from an earlier run. The plots are the `benchmark-*.png` files beside it.
@@ -1851,6 +1852,8 @@ def report(bench: Bench, record: dict[str, Any], out: Path) -> int:
              f"written to {out} with {len(plots)} plot(s) beside it; benchmark time {record['seconds'] / 60:.1f} min "
              f"(estimated {record['estimate']:.0f})"]
     print("\n" + summary(issue12_targets(bench.results), notes))
+    if bench.signer_sizes:
+        print("\npkiDir beside the HSM signer (--signer-sizes):\n" + signer_comparison(bench.results))
     return 0 if all(r.ok for r in bench.results) else 1
 
 
