@@ -56,7 +56,6 @@ so the others do not wait for it.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import re
@@ -68,7 +67,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import validate
+from . import slots, validate
 from .errors import ConfigError, RolloutStoppedError
 from .specs import Rollout
 
@@ -279,21 +278,12 @@ class Run:
     def slot(self, limit: int, give_up: Callable[[], None]) -> Iterator[int]:
         """Hold one of ``limit`` slots (an exclusive flock on ``slot-<k>``); ``give_up()`` is called while
         waiting and may raise to stop waiting."""
-        while True:
-            for k in range(limit):
-                fd = os.open(self.path / f"slot-{k}", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                try:
-                    yield k
-                    return
-                finally:
-                    os.close(fd)  # releases the lock
+        def wait() -> None:
             give_up()
             time.sleep(POLL)
+
+        with slots.one_of([self.path / f"slot-{k}" for k in range(limit)], wait) as k:
+            yield k
 
 
 def first_line(exc: BaseException) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import hashlib
 import logging
 import os
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from . import slots
 from .errors import SignerError
 from .text import printable
 
@@ -254,25 +254,8 @@ def slot(argv: Sequence[str], bound: int, poll: float = 0.05) -> Iterator[None]:
     base.mkdir(mode=0o700, exist_ok=True)
     if base.is_symlink() or base.stat().st_uid != os.getuid() or base.stat().st_mode & 0o077:
         raise SignerError("", f"{base} is not a directory private to this user", f"remove {base}; it is remade")
-    files = []
-    try:
-        for i in range(bound):
-            files.append(os.open(base / f"{key}.{i}", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
-        while True:
-            for fd in files:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue
-                try:
-                    yield
-                finally:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
-                return
-            time.sleep(poll)
-    finally:
-        for fd in files:
-            os.close(fd)
+    with slots.one_of([base / f"{key}.{i}" for i in range(bound)], lambda: time.sleep(poll)):
+        yield
 
 
 def chosen(spec: SignerSpec, node_id: str, pki_dir: str | None, ca_key_pem: str | None,
