@@ -198,6 +198,8 @@ def _read_yaml(text: str, shown: str) -> NodeList:
                                           "fix the YAML at that line"),))
     finally:
         loader.dispose()
+    if root is None:
+        return NodeList(shown)  # an empty file: no nodes
     if not isinstance(root, yaml.SequenceNode) or not isinstance(data, list):
         return NodeList(shown, problems=(("llmgw", CONFIG_KEY, f"{shown} does not hold a list of nodes",
                                           "write one entry per node: - {id: gpu-01, address: 10.0.0.11}"),))
