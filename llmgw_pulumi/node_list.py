@@ -255,9 +255,8 @@ def parse(config: Mapping[str, Any], project_dir: Path, stack: str | None = None
     except stack_config.StackConfigError as exc:
         # Said once already, in the file's own terms.
         problems += [p for p in exc.problems if not (problems and p[:2] == ("llmgw", "nodes"))]
-    if spec is not None and stack is not None:
-        problems += duplicates_across_stacks({n.node_id: i for i, n in enumerate(spec.nodes)}, origins,
-                                             other_stacks_nodes(project_dir, stack))
+    if stack is not None:  # whether or not the rest is valid: every problem at once
+        problems += duplicates_across_stacks(_ids(config.get("nodes")), origins, other_stacks_nodes(project_dir, stack))
     if problems:
         raise stack_config.StackConfigError(problems)
     assert spec is not None
@@ -278,6 +277,15 @@ def duplicates_across_stacks(ids: Mapping[str, int], origins: list[str],
                              f"{node_id!r} is also a node of stack {stack} ({where})",
                              "a node belongs to one stack: remove it from one of the two"))
     return problems
+
+
+def _ids(nodes: Any) -> dict[str, int]:
+    """Each node id given (-> the index of its first entry)."""
+    ids: dict[str, int] = {}
+    for i, node in enumerate(nodes if isinstance(nodes, list) else []):
+        if isinstance(node, Mapping) and isinstance(node.get("id"), str):
+            ids.setdefault(node["id"], i)
+    return ids
 
 
 def other_stacks_nodes(project_dir: Path, stack: str) -> dict[str, list[tuple[str, str]]]:

@@ -220,6 +220,10 @@ def test_a_node_id_another_stack_of_the_project_lists_is_refused_naming_that_sta
         ("racks/a.csv line 3 (node gpu-02)", "id", "'gpu-02' is also a node of stack rack-b (racks/b.csv line 4)"),
     ]
     assert problems[0][3] == "a node belongs to one stack: remove it from one of the two"
+    # Alongside the stack's other problems, not after they are fixed.
+    problems = problems_of({**TOP, "servers": [], "nodes": [{"id": "gpu-20", "address": "bad address"}]}, tmp_path, "rack-x")
+    assert [(where, name) for where, name, _, _ in problems] == [("llmgw", "servers"), ("node gpu-20", "address"),
+                                                                 ("node gpu-20", "id")]
     # Inline nodes are checked the same way, from their side.
     problems = problems_of({**TOP, "nodes": [{"id": "gpu-01", "address": "10.0.2.31"}]}, tmp_path, "rack-c")
     assert [(where, problem) for where, _, problem, _ in problems] == [
