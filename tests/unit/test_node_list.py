@@ -38,8 +38,8 @@ CSV = textwrap.dedent("""\
     # rack A, row 1
     gpu-01,10.0.0.11,,,,,,,,,,
 
-    gpu-02, 10.0.0.12 ,2222,{key},ib-east,mlx5_0 mlx5_1,/opt/vllm/bin/vllm,true,v1.5.0,cp2.example.net:7443 cp3.example.net:7443,operator,/opt/nvidia/bin/nvidia-smi
-    """).format(key=HOST_KEY)
+    gpu-02, 10.0.0.12 ,2222,{key},ib-east,mlx5_0 mlx5_1,/opt/vllm/bin/vllm,true,v1.5.0,{servers},operator,{smi}
+    """).format(key=HOST_KEY, servers="cp2.example.net:7443 cp3.example.net:7443", smi="/opt/nvidia/bin/nvidia-smi")
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
