@@ -15,7 +15,7 @@ import pytest
 
 from lab.postgres import Postgres
 from lab.stack import LabStack, engine_env
-from tests.conftest import REPO, resource_count, stack_config, wait_until
+from tests.conftest import REPO, resource_count, stack_config, state_urns, wait_until
 
 STACK = "shared"
 
@@ -40,10 +40,6 @@ def checkout(work: Path, cluster: Any, server: Postgres, committed: Path | None 
     return LabStack(work / "checkout", STACK, env, REPO)
 
 
-def resources(stack: LabStack) -> list[str]:
-    return [r["urn"] for r in stack.export().get("resources") or [] if r["type"] != "pulumi:pulumi:Stack"]
-
-
 def test_two_checkouts_share_a_stack_in_postgres_its_lock_refuses_a_second_up_and_either_refreshes_and_destroys(
         cluster, hosts, postgres, tmp_path):
     first, second = hosts(2)
@@ -62,7 +58,7 @@ def test_two_checkouts_share_a_stack_in_postgres_its_lock_refuses_a_second_up_an
     # Bob sees Alice's state: nothing to change from his checkout.
     seen = bob.preview(expect_no_changes=True)
     assert seen.ok and set(seen.changes) == {"same"}, seen.output
-    assert resources(bob) == resources(alice) and len(resources(bob)) == resource_count([first.hostname]) - 1
+    assert state_urns(bob) == state_urns(alice) and len(state_urns(bob)) == resource_count([first.hostname]) - 1
 
     # Alice onboards a second node; while her `up` holds the stack's lock, Bob's is refused and changes nothing.
     alice.set_config(stack_config(cluster, [first, second]))
@@ -80,7 +76,7 @@ def test_two_checkouts_share_a_stack_in_postgres_its_lock_refuses_a_second_up_an
     assert runs[0].ok, runs[0].output
     assert postgres.keys("%/.pulumi/locks/%") == []
     both = [first.hostname, second.hostname]
-    assert len(resources(alice)) == resource_count(both) - 1  # but the stack's own
+    assert len(state_urns(alice)) == resource_count(both) - 1  # but the stack's own
 
     # Bob pulls Alice's committed config, refreshes and destroys both nodes; Alice's checkout sees the same state.
     shutil.copy2(alice.config_path, bob.config_path)
@@ -88,5 +84,5 @@ def test_two_checkouts_share_a_stack_in_postgres_its_lock_refuses_a_second_up_an
     assert refreshed.ok and set(refreshed.changes) == {"same"}, refreshed.output
     gone = bob.destroy()
     assert gone.ok and gone.changes.get("delete") == resource_count(both), gone.output
-    assert resources(alice) == [] and resources(bob) == []
+    assert state_urns(alice) == [] and state_urns(bob) == []
     assert not cluster.control_plane.connected() & set(both)

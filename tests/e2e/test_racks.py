@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from lab.stack import LabStack, engine_env
-from tests.conftest import RELEASE, REPO, ssh
+from tests.conftest import RELEASE, REPO, ssh, state_urns
 
 EXAMPLE = REPO / "examples" / "racks"
 RACKS = {"rack-a": ["gpu-a01", "gpu-a02"], "rack-b": ["gpu-b01"]}
@@ -60,11 +60,6 @@ def at_once(*stacks: LabStack, verb: str = "up") -> list[Any]:
     return runs
 
 
-def resources(stack: LabStack) -> list[str]:
-    """The URNs in the stack's state, but the stack's own (a program that fails still records it)."""
-    return [r["urn"] for r in stack.export().get("resources") or [] if r["type"] != "pulumi:pulumi:Stack"]
-
-
 def test_racks_example_runs_one_stack_per_rack_with_shared_project_config_and_node_list_files(
         cluster, hosts, tmp_path):
     booted = hosts(3, hostnames=[*RACKS["rack-a"], *RACKS["rack-b"]])
@@ -88,7 +83,7 @@ def test_racks_example_runs_one_stack_per_rack_with_shared_project_config_and_no
     assert "racks/rack-b.yaml line 3 (node gpu-a02): id: 'gpu-a02' is also a node of stack rack-a " \
            "(racks/rack-a.csv line 4)" in refused.output, refused.output
     assert "racks/rack-b.yaml line 6 (node gpu-b09): port: 0 is not a TCP port" in refused.output, refused.output
-    assert resources(rack_b) == []
+    assert state_urns(rack_b) == []
     rc, out = ssh(booted[2], cluster, "sudo test -e /etc/llmgw/agent.pem && echo present || echo absent")
     assert (rc, out.strip()) == (0, "absent")
     (work / "racks" / "rack-b.yaml").write_text(good_b)
@@ -104,4 +99,4 @@ def test_racks_example_runs_one_stack_per_rack_with_shared_project_config_and_no
 
     runs = at_once(rack_a, rack_b, verb="destroy")
     assert all(r.ok for r in runs), "\n".join(r.output for r in runs)
-    assert resources(rack_a) == resources(rack_b) == []
+    assert state_urns(rack_a) == state_urns(rack_b) == []

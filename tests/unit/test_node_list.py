@@ -185,6 +185,11 @@ def test_a_missing_file_and_nodes_given_twice_are_refused_with_the_rest(tmp_path
     assert "together with llmgw:nodes" in problems[1][2]
 
 
+def test_a_spreadsheets_byte_order_mark_is_not_part_of_the_first_column(tmp_path):
+    (tmp_path / "export.csv").write_bytes("id,address\ngpu-01,10.0.0.11\n".encode("utf-8-sig"))
+    assert [n.node_id for n in node_list.parse({**TOP, "inventory": "export.csv"}, tmp_path).nodes] == ["gpu-01"]
+
+
 def test_the_path_may_use_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     write(tmp_path, "fleet/a.csv", "id,address\ngpu-01,10.0.0.11\n")
