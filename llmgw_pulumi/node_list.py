@@ -225,7 +225,7 @@ def load(given: Any, project_dir: Path) -> NodeList:
                                           "name a YAML or CSV node list file by its suffix"),))
     path = project_dir / os.path.expanduser(shown)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a spreadsheet's CSV export may begin with a byte-order mark
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
         return NodeList(shown, problems=(("llmgw", CONFIG_KEY, f"cannot read {path}: {reason}",
