@@ -175,15 +175,18 @@ class LabStack:
             if not venv.exists():
                 venv.symlink_to(REPO / ".venv")
         (self.work_dir / "stacks").mkdir(exist_ok=True)
-        # The engine's event logs go beside the state, not into the project.
-        self.logs = Path(self.env["PULUMI_BACKEND_URL"].removeprefix("file://")) / "events" / self.name
+        # The engine's event logs go beside the state (in PULUMI_HOME for another backend), not into the project.
+        backend = self.env.get("PULUMI_BACKEND_URL", "")
+        beside = Path(backend.removeprefix("file://")) if backend.startswith("file://") else Path(self.env["PULUMI_HOME"])
+        self.logs = beside / "events" / self.name
         self.logs.mkdir(parents=True, exist_ok=True)
         self.cli("stack", "select", "--create", self.name, "--secrets-provider", "passphrase")
 
     # ------------------------------------------------------------------ plain CLI calls
 
     def cli(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
-        """``pulumi <args>`` in the work dir, non-interactive; raises with the CLI's output when ``check`` and it fails."""
+        """``pulumi <args>`` in the work dir, non-interactive; raises with the CLI's output when ``check`` and it fails.
+        (The reading commands below name their stack: several stacks may share a work dir.)"""
         done = subprocess.run(["pulumi", *args, "--non-interactive"], cwd=self.work_dir, env=self.env, input=input,
                               capture_output=True, text=True)
         if check and done.returncode != 0:
@@ -204,7 +207,7 @@ class LabStack:
     def config_set(self, key: str, value: str, *, secret: bool = False, path: bool = False) -> None:
         """``pulumi config set [--secret] [--path] KEY`` with the value on standard input, as an operator does."""
         flags = [*(["--secret"] if secret else []), *(["--path"] if path else [])]
-        self.cli("config", "set", key, *flags, input=value)
+        self.cli("config", "set", key, *flags, "--stack", self.name, input=value)
 
     # ------------------------------------------------------------------ engine commands
 
@@ -259,17 +262,17 @@ class LabStack:
 
     def outputs(self) -> dict[str, Any]:
         """``pulumi stack output --json --show-secrets``."""
-        out: dict[str, Any] = json.loads(self.cli("stack", "output", "--json", "--show-secrets").stdout or "{}")
+        out: dict[str, Any] = json.loads(self.cli("stack", "output", "--json", "--show-secrets", "--stack", self.name).stdout or "{}")
         return out
 
     def export(self) -> dict[str, Any]:
         """The deployment with secrets decrypted (``pulumi stack export --show-secrets``)."""
-        deployment: dict[str, Any] = json.loads(self.cli("stack", "export", "--show-secrets").stdout)["deployment"]
+        deployment: dict[str, Any] = json.loads(self.cli("stack", "export", "--show-secrets", "--stack", self.name).stdout)["deployment"]
         return deployment
 
     def export_raw(self) -> str:
         """``pulumi stack export`` as an operator runs it: secrets stay ciphertext."""
-        return self.cli("stack", "export").stdout
+        return self.cli("stack", "export", "--stack", self.name).stdout
 
     def state_files(self) -> list[Path]:
         """The file backend's state and history for this stack: what is at rest on disk."""
@@ -278,7 +281,7 @@ class LabStack:
 
     def cancel(self) -> None:
         """``pulumi cancel``: release the lock an interrupted update left."""
-        self.cli("cancel", "--yes")
+        self.cli("cancel", "--yes", "--stack", self.name)
 
     def remove(self) -> None:
         self.cli("stack", "rm", self.name, "--yes", "--force")

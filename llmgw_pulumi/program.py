@@ -18,7 +18,7 @@ from typing import Any
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from . import fleet, release, rollout, signer, stack_config, validate
+from . import fleet, node_list, release, rollout, signer, stack_config, validate
 from .errors import ConfigError, LlmgwError
 from .node import Node, NodeArgs, engine_problems
 from .specs import Rollout
@@ -242,9 +242,10 @@ def plan() -> Plan:
     """Read and check this stack's config. Bad config raises a ConfigError (StackConfigError for the
     stack config's own problems); nothing is registered."""
     raw, secret_names, secrets = _read_config()
-    spec = stack_config.parse(raw, has_secret_key=stack_config.SECRET_KEY in secrets, secret_keys=secret_names,
-                              has_agent=bool(os.environ.get("SSH_AUTH_SOCK")),
-                              has_ca_key=stack_config.CA_KEY in secrets)
+    # node_list.parse: stack_config.parse with llmgw:inventory's rows, node ids checked across the project's stacks.
+    spec = node_list.parse(raw, Path.cwd(), pulumi.get_stack(), has_secret_key=stack_config.SECRET_KEY in secrets,
+                           secret_keys=secret_names, has_agent=bool(os.environ.get("SSH_AUTH_SOCK")),
+                           has_ca_key=stack_config.CA_KEY in secrets)
     stack_agent = agent_inputs(spec.agent) if any(n.agent is None for n in spec.nodes) else {}
     agents = {n.node_id: agent_inputs(n.agent) if n.agent else stack_agent for n in spec.nodes}
     pki_dir = os.path.abspath(os.path.expanduser(spec.pki_dir)) if spec.pki_dir else None

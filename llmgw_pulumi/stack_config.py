@@ -30,7 +30,7 @@ file in one pass. Reading secrets and local files happens in program.py.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +78,7 @@ SCHEMA: Schema = {
     "ssh": SSH_SCHEMA, "sshPrivateKey": None, "sshKeyPassphrase": None, "caKeyPassphrase": None,
     "certificate": CERTIFICATE_SCHEMA,
     **config_schema(EngineCheckSpec), "rollout": ROLLOUT_SCHEMA, "nodes": [NODE_SCHEMA],
+    "inventory": None,  # a node list file (YAML or CSV) instead of llmgw:nodes: llmgw_pulumi.node_list
 }
 """Every setting of the llmgw namespace; anything else in a stack's config is refused by name."""
 SECRET_KEY = "sshPrivateKey"
@@ -301,12 +302,13 @@ def _signer(value: Any, has_ca_key: bool, p: Problems) -> SignerConfig | None:
 
 
 def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: Collection[str] = (),
-          has_agent: bool = False, has_ca_key: bool = False) -> StackSpec:
+          has_agent: bool = False, has_ca_key: bool = False, origins: Sequence[str] = ()) -> StackSpec:
     """``config``: the llmgw:* keys without their namespace, values as YAML data.
 
     ``secret_keys``: other keys the stack holds as secrets, by name only (their
     values are not read, so they cannot appear in a message). ``has_agent``: an
-    ssh-agent is there to log in with, so no key need be configured.
+    ssh-agent is there to log in with, so no key need be configured. ``origins``: where each node
+    was written, when not in llmgw:nodes (``file line N``, from llmgw_pulumi.node_list), named in its problems.
     """
     everyone: list[tuple[str, str, str, str]] = []
     top = Problems("llmgw")
@@ -342,12 +344,16 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
             everyone.append(("llmgw", "nodes", "is empty or missing", "list the nodes to onboard: - {id: gpu-01, address: 10.0.0.11}"))
         raw_nodes = []
     valid: list[tuple[Mapping[str, Any], AgentSource | None]] = []
+
+    def where(i: int) -> str:
+        return origins[i] if i < len(origins) else f"nodes[{i}]"
+
     seen_ids: dict[str, int] = {}
     seen_addrs: dict[tuple[str, Any], str] = {}
     for i, raw in enumerate(raw_nodes):
         # An invalid id (newlines, quotes...) would make a confusing label: use the position instead.
         good_id = isinstance(raw, Mapping) and validate.node_id(raw.get("id")) is None
-        p = Problems(f"node {raw['id']}" if good_id else f"nodes[{i}]")
+        p = Problems((f"{where(i)} (node {raw['id']})" if origins else f"node {raw['id']}") if good_id else where(i))
         if not isinstance(raw, Mapping):
             p.add("", "is not a mapping", "write each node as {id: ..., address: ...}")
             everyone += [(p.node, *item) for item in p]
@@ -355,7 +361,7 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
         node_id, addr = raw.get("id"), raw.get("address")
         if isinstance(node_id, str):
             if node_id in seen_ids:
-                p.add("id", f"{node_id!r} is used by nodes[{seen_ids[node_id]}] too", "give every node its own id")
+                p.add("id", f"{node_id!r} is used by {where(seen_ids[node_id])} too", "give every node its own id")
             seen_ids.setdefault(node_id, i)
         if isinstance(addr, str):
             key = (addr, raw.get("port", ssh.get("port", 22)))

@@ -17,7 +17,8 @@ if [ "$(id -u)" != 0 ]; then
   say "run as root: the test hosts are systemd-nspawn containers in network namespaces"; exit 1
 fi
 
-APT_PACKAGES="systemd-container debootstrap iproute2 gcc libc6-dev python3-venv python3-yaml openssh-client shellcheck softhsm2 libengine-pkcs11-openssl opensc"
+# postgresql: for the state-backend tests, which start a cluster of their own on a free port (lab/postgres.py).
+APT_PACKAGES="systemd-container debootstrap iproute2 gcc libc6-dev python3-venv python3-yaml openssh-client shellcheck softhsm2 libengine-pkcs11-openssl opensc postgresql"
 missing=$(for p in $APT_PACKAGES; do dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed' || echo "$p"; done)
 if [ -n "$missing" ]; then
   say "apt-get install $missing"

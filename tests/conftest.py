@@ -253,6 +253,11 @@ def resource_count(node_ids: list[str]) -> int:
     return 1 + len({shard(n) for n in node_ids}) + 5 * len(node_ids)
 
 
+def state_urns(stack: Any) -> list[str]:
+    """The URNs in a stack's state but the stack's own (which a program that fails before registering still records)."""
+    return [r["urn"] for r in stack.export().get("resources") or [] if r["type"] != "pulumi:pulumi:Stack"]
+
+
 def shard(node_id: str) -> int:
     """The provider shard a node id is spread to (see resource_count)."""
     return int.from_bytes(hashlib.sha256(node_id.encode()).digest(), "big") % 8

@@ -19,7 +19,7 @@ from llmgw_pulumi import specs, stack_config
 
 PACKAGE = Path(llmgw_pulumi.__file__).parent
 SOURCES = sorted([*(PACKAGE / name for name in ("errors.py", "validate.py", "stack_config.py", "specs.py", "program.py", "pki.py",
-                                                "transport.py")), *(PACKAGE / "providers").glob("*.py")])
+                                                "transport.py", "node_list.py")), *(PACKAGE / "providers").glob("*.py")])
 
 PATHS = stack_config.key_paths()
 """Every stack setting as a dotted path from the top: 'ssh.wait', 'nodes.hostKey'."""

@@ -1,0 +1,5 @@
+"""Onboard this rack's nodes: the node list file its stack names (llmgw:inventory), with the project's shared settings."""
+
+from llmgw_pulumi.program import run
+
+run()
