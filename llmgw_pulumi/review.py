@@ -30,6 +30,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
 from .text import printable
@@ -126,7 +127,7 @@ def natural(node_id: str) -> tuple[Any, ...]:
 # --------------------------------------------------------------------------- reading the preview
 
 
-def _kind(urn: str) -> str:
+def kind_of(urn: str) -> str:
     type_ = urn.split("::")[-2]
     return NODE_TYPE if type_.endswith(NODE_TYPE) and "$" not in type_ else type_.rsplit(":", 1)[-1]
 
@@ -135,7 +136,7 @@ def _node_of(urn: str) -> str:
     return urn.split("::")[-1]
 
 
-def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str]:
+def changed_inputs(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str]:
     """Input names whose value differs, a connection field by field (``connection.user``); unknowns count."""
     found = set()
     for key in set(old) | set(new):
@@ -159,7 +160,7 @@ def _norm(value: Any) -> Any:
     return value
 
 
-def _touches_node(changes: Iterable[str]) -> bool:
+def touches_node(changes: Iterable[str]) -> bool:
     return any(c not in NOT_NODE_CHANGES and not (c.startswith(f"{CONNECTION}.") and c.split(".", 1)[1] in OPERATOR_SIDE)
                for c in changes)
 
@@ -228,7 +229,7 @@ def review(preview: Mapping[str, Any], now: dt.datetime | None = None) -> FleetR
     nodes: dict[str, NodeReview] = {}
     stack = ""
     for urn, (steps, refreshed) in _steps_by_urn(preview.get("steps") or []).items():
-        kind, name = _kind(urn), _node_of(urn)
+        kind, name = kind_of(urn), _node_of(urn)
         if kind.endswith("Stack"):
             stack = urn.split("::")[0].removeprefix("urn:pulumi:")
             continue
@@ -264,7 +265,7 @@ def review(preview: Mapping[str, Any], now: dt.datetime | None = None) -> FleetR
 
 def _review_update(node: NodeReview, kind: str, old_in: Mapping[str, Any], old_out: Mapping[str, Any],
                    new_in: Mapping[str, Any], now: dt.datetime) -> None:
-    changes = _changed(old_in, new_in)
+    changes = changed_inputs(old_in, new_in)
     drift = old_in.get(DRIFT)
     drifted = tuple(sorted(printable(str(p)) for p in drift)) if isinstance(drift, Mapping) else ()
     node.repaired = tuple(sorted({*node.repaired, *drifted}))
@@ -275,10 +276,10 @@ def _review_update(node: NodeReview, kind: str, old_in: Mapping[str, Any], old_o
             node.upgrade = (str(old_in.get(VERSION)), str(new_in.get(VERSION)))
         if AGENT_YAML in changes and not drifted:
             node.config_lines = config_lines(old_in.get(AGENT_YAML), new_in.get(AGENT_YAML))
-        node.restart_gated = _touches_node(changes) or bool(drifted)
+        node.restart_gated = touches_node(changes) or bool(drifted)
     elif kind == IDENTITY:
         renewed = {CERT_PEM, KEY_PEM} & changes
-        node.restart_ungated = bool(renewed or drifted) and _touches_node(changes | set(drifted))
+        node.restart_ungated = bool(renewed or drifted) and touches_node(changes | set(drifted))
 
 
 def _diagnostic(nodes: Mapping[str, NodeReview], diag: Mapping[str, Any]) -> None:
@@ -291,7 +292,7 @@ def _diagnostic(nodes: Mapping[str, NodeReview], diag: Mapping[str, Any]) -> Non
     message = printable(" ".join(str(diag.get("message", "")).split()))
     if "policyName" in diag:
         return
-    if _kind(urn) == ENGINES:
+    if kind_of(urn) == ENGINES:
         if not any(p.split(" (fix: ")[0] in message for p in node.problems):
             node.problems.append(message.removeprefix("warning: "))
     elif "could not" in message or "unreachable" in message or "refused" in message or "timed out" in message:
@@ -419,7 +420,7 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO = sys.stdin, stdout: T
     parser = argparse.ArgumentParser(prog="python -m llmgw_pulumi.review", description=__doc__.splitlines()[0])
     parser.add_argument("preview", nargs="?", help="the JSON of `pulumi preview --json` (default: standard input)")
     args = parser.parse_args(argv)
-    text = open(args.preview).read() if args.preview else stdin.read()
+    text = Path(args.preview).read_text() if args.preview else stdin.read()
     try:
         preview = json.loads(text)
     except json.JSONDecodeError as e:
