@@ -24,12 +24,36 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
+from pulumi_policy.proxy import UnknownValueError
+
 from llmgw_pulumi import fleet_rules as rules
 from llmgw_pulumi import review
 
 LEVELS = {"advisory": EnforcementLevel.ADVISORY, "mandatory": EnforcementLevel.MANDATORY,
           "disabled": EnforcementLevel.DISABLED}
 STACK_CONFIG = rules.stack_config_from_env(os.environ.get("PULUMI_CONFIG"))
+
+
+def known(value: Any) -> Any:
+    """A plain copy of a resource's props, each value the preview cannot know yet as ``review.UNKNOWN`` (the SDK's
+    props raise when such a value is read)."""
+    if isinstance(value, Mapping):
+        out = {}
+        for key in value:
+            try:
+                out[key] = known(value[key])
+            except UnknownValueError:
+                out[key] = review.UNKNOWN
+        return out
+    if isinstance(value, (list, tuple)):
+        items = []
+        for i in range(len(value)):
+            try:
+                items.append(known(value[i]))
+            except UnknownValueError:
+                items.append(review.UNKNOWN)
+        return items
+    return value
 
 
 def schema(rule: rules.Rule) -> PolicyConfigSchema | None:
@@ -42,7 +66,7 @@ def schema(rule: rules.Rule) -> PolicyConfigSchema | None:
 def resource_policy(rule: rules.Rule, check: Callable[[str, Mapping[str, Any], Mapping[str, Any]], str | None]) \
         -> ResourceValidationPolicy:
     def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
-        message = check(review.kind_of(args.urn), args.props, args.get_config())
+        message = check(review.kind_of(args.urn), known(args.props), args.get_config())
         if message:
             report_violation(message, None)
 
@@ -67,7 +91,7 @@ def stack_policy(rule: rules.Rule, check: Callable[[list[rules.Resource], list[r
     def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
         if os.environ.get("PULUMI_DRY_RUN") != "true":
             return  # after `up` the deployment is the new state: the preview before it judged the change
-        planned = [rules.Resource(review.kind_of(r.urn), r.name, r.props, r.urn) for r in args.resources]
+        planned = [rules.Resource(review.kind_of(r.urn), r.name, known(r.props), r.urn) for r in args.resources]
         for urn, message in check(deployed(), planned, args.get_config()):
             report_violation(message, urn)
 
