@@ -379,7 +379,7 @@ def markdown(fleet: FleetReview) -> str:
         if canaries:
             lines.append(f"  1. canaries: {fold_ids(canaries)}")
         if rest:
-            lines.append(f"  {2 if canaries else 1}. then: {fold_ids(rest)}")
+            lines.append(f"  {2 if canaries else 1}. then, in any order: {fold_ids(rest)}")
     if outside:
         lines.append(f"- **without a rollout** ({len(outside)}): {fold_ids(outside)}")
     lines.append("")

@@ -23,7 +23,6 @@ from pulumi_policy import (
     StackValidationArgs,
     StackValidationPolicy,
 )
-
 from pulumi_policy.proxy import UnknownValueError
 
 from llmgw_pulumi import fleet_rules as rules

@@ -8,13 +8,12 @@ import json
 import re
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from llmgw_pulumi import review
-from tests.conftest import NEXT_RELEASE, REPO, RELEASE, ssh, stack_config
+from tests.conftest import NEXT_RELEASE, RELEASE, REPO, ssh, stack_config
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
@@ -207,7 +206,7 @@ def test_every_policy_rule_fails_a_preview_warns_when_advisory_and_passes_a_comp
     # Compliant: pinned, keys made on the nodes, short enough, signed, the same bump under a rollout, the removal
     # allowed.
     stack.set_config({**config, "agent": {**bump, "signingKey": cluster.release_signing_key},
-                      "certificate": {"validityHours": 720}, "rollout": {"maxParallel": 1, "canary": [a]},
+                      "certificate": {"validityHours": 720, "renewBeforeHours": 72}, "rollout": {"maxParallel": 1, "canary": [a]},
                       "nodes": [{"id": a, "address": fleet[0].addr, "hostKey": pins[a]},
                                 {"id": b, "address": fleet[1].addr, "hostKey": pins[b]}]})
     allowed = {**strict, "removal-allowed": {"enforcementLevel": "mandatory", "allowed": [c]}}
@@ -216,3 +215,69 @@ def test_every_policy_rule_fails_a_preview_warns_when_advisory_and_passes_a_comp
     assert passed.returncode == 0, out
     assert "✅ llmgw-fleet@v0.1.0" in out, out  # the pack ran: a positive control for the line below
     assert not re.search(r"\[(mandatory|advisory)\]", out), out
+
+
+def most_down_at_once(cluster: Any, nodes: list[str], since: float) -> int:
+    down: set[str] = set()
+    most = 0
+    for e in sorted(cluster.control_plane.events, key=lambda e: e.time):
+        if e.time < since or e.node_id not in nodes or e.outcome not in ("closed", "accepted"):
+            continue
+        (down.add if e.outcome == "closed" else down.discard)(e.node_id)
+        most = max(most, len(down))
+    return most
+
+
+def summary_line(summary: str, label: str) -> list[str]:
+    line = next((x for x in summary.splitlines() if x.strip().startswith(label)), "")
+    return expand(line)
+
+
+@pytest.mark.timeout(1800)
+def test_on_30_nodes_the_summary_of_a_bump_under_rollout_names_the_restarts_in_the_order_they_happen(
+        cluster, hosts, new_stack):
+    fleet = hosts(30)
+    ids = [h.hostname for h in fleet]
+    canaries, kept = [ids[17], ids[3]], ids[-2:]
+    config = stack_config(cluster, fleet, agent={"version": RELEASE, "releaseUrl": cluster.release_url,
+                                                 "signingKey": cluster.release_signing_key},
+                          rollout={"maxParallel": 3, "canary": canaries})
+    stack = new_stack(config)
+    venv_active(stack)
+    up = stack.up()
+    assert up.ok, up.output
+    assert cluster.control_plane.wait_for(ids, timeout=60)
+
+    # Every node but two (held back on the old release) gets the new one.
+    nodes = [{"id": h.hostname, "address": h.addr, **({"agent": {"version": RELEASE}} if h.hostname in kept else {})}
+             for h in fleet]
+    stack.set_config({**config, "agent": {**config["agent"], "version": NEXT_RELEASE}, "nodes": nodes})
+    previewed = ci(stack, "preview.sh", stack.name, "out")
+    assert previewed.returncode == 0, previewed.stdout + previewed.stderr
+    summary = (stack.work_dir / "out" / "summary.md").read_text()
+    print("\n" + summary)
+    bumped = [n for n in ids if n not in kept]
+    others = sorted((n for n in bumped if n not in canaries), key=review.natural)
+    assert row(summary, f"agent upgraded {RELEASE} → {NEXT_RELEASE}") == sorted(bumped, key=review.natural)
+    assert row(summary, "untouched") == sorted(kept, key=review.natural)
+    assert "**Agents that will restart: 28**" in summary and "(at most 3 at once)" in summary
+    assert summary_line(summary, "1. canaries:") == canaries
+    assert summary_line(summary, "2. then, in any order:") == others
+    assert "without a rollout" not in summary
+
+    t0 = time.time()
+    applied = ci(stack, "up.sh", stack.name)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert cluster.control_plane.wait_for(ids, timeout=60)
+    time.sleep(2)  # a restart the summary did not name would show up here
+    restarted = closed_since(cluster, ids, t0)
+    print("restarts as the control plane saw them:", restarted)
+    # Exactly the nodes named, in the summary's order: the canaries first (in the order the rollout names them),
+    # each back before any other went down, then the rest, never more than maxParallel down at once.
+    assert sorted(restarted[:2], key=canaries.index) == canaries and sorted(restarted[2:], key=review.natural) == others
+    events = [e for e in cluster.control_plane.events if e.time >= t0]
+    canaries_back = max(e.time for e in events if e.node_id in canaries and e.outcome == "accepted")
+    first_other_down = min(e.time for e in events if e.node_id in others and e.outcome == "closed")
+    assert canaries_back < first_other_down
+    assert most_down_at_once(cluster, ids, t0) <= 3
+    assert {h.hostname for h in fleet if h.read_file("/usr/local/bin/llmgw") == cluster_binary(NEXT_RELEASE)} == set(bumped)
