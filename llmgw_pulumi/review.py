@@ -55,6 +55,8 @@ NOT_NODE_CHANGES = frozenset({"__provider", "__urn", "pki_dir", "signer", "known
                               "release_sha256", "signing_key", "release_ca", "fetch", "ca_key_passphrase", DRIFT})
 """Inputs whose change alone does not touch the node (how certificates are signed, how a release is verified
 and carried, how updates are spread, what a refresh found)."""
+UNREADABLE = ("cannot reach", "could not be read", "its state is kept as it was")
+"""What the providers' warnings say when a refresh could not read a node."""
 REISSUE_WHY = {"expiry": "expiry", "ca": "CA rotation", "key": "key lost", "origin": "keyOrigin changed"}
 # ---------------------------------------------------------------------------
 
@@ -284,19 +286,17 @@ def _review_update(node: NodeReview, kind: str, old_in: Mapping[str, Any], old_o
 
 def _diagnostic(nodes: Mapping[str, NodeReview], diag: Mapping[str, Any]) -> None:
     urn = diag.get("urn")
-    if not isinstance(urn, str) or diag.get("severity") not in ("warning", "error"):
+    if not isinstance(urn, str) or diag.get("severity") not in ("warning", "error") or "policyName" in diag:
         return
     node = nodes.get(_node_of(urn))
     if node is None:
         return
-    message = printable(" ".join(str(diag.get("message", "")).split()))
-    if "policyName" in diag:
-        return
-    if kind_of(urn) == ENGINES:
-        if not any(p.split(" (fix: ")[0] in message for p in node.problems):
-            node.problems.append(message.removeprefix("warning: "))
-    elif "could not" in message or "unreachable" in message or "refused" in message or "timed out" in message:
-        node.unreadable.append(message.removeprefix("warning: "))
+    message = printable(" ".join(str(diag.get("message", "")).split())).removeprefix("warning: ")
+    if any(marker in message for marker in UNREADABLE):
+        if message not in node.unreadable:  # each of the node's resources says so
+            node.unreadable.append(message)
+    elif kind_of(urn) == ENGINES and not any(p.split(" (fix: ")[0] in message for p in node.problems):
+        node.problems.append(message)
 
 
 # --------------------------------------------------------------------------- writing the summary

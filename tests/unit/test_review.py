@@ -153,3 +153,14 @@ def test_release_verified_takes_pins_from_the_stack_config():
     assert "local build" in (fleet_rules.release_verified(review.AGENT, dev, {}, {}) or "")
     assert fleet_rules.release_verified(review.AGENT, dev, {}, {"allowDevBuild": True}) is None
     assert fleet_rules.stack_config_from_env(json.dumps({"llmgw:agent": json.dumps(pinned["llmgw:agent"])})) == pinned
+
+
+def test_a_node_that_could_not_be_read_is_said_once_and_not_as_an_engine_problem():
+    data = preview()
+    urn = next(s["urn"] for s in data["steps"] if s["urn"].endswith("EngineCheck::node14"))
+    said = "warning: node14: cannot reach deploy@10.0.0.9 over ssh after 10s; its state is kept as it was\n"
+    data["diagnostics"] += [{"urn": urn.replace("EngineCheck", kind), "message": said, "severity": "warning"}
+                            for kind in ("EngineCheck", "AgentInstall", "NodeIdentity")]
+    node = review.review(data, NOW).nodes["node14"]
+    assert node.unreadable == ["node14: cannot reach deploy@10.0.0.9 over ssh after 10s; its state is kept as it was"]
+    assert len(node.problems) == 1 and "vllm" in node.problems[0]
