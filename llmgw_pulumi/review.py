@@ -103,8 +103,6 @@ class NodeReview:
 class FleetReview:
     nodes: dict[str, NodeReview]
     stack: str = ""
-    policy: list[str] = field(default_factory=list)
-    """Policy violations the preview reported (already printable)."""
 
     def group(self, predicate: Any) -> list[str]:
         return sorted((n for n, r in self.nodes.items() if predicate(r)), key=natural)
@@ -260,9 +258,7 @@ def review(preview: Mapping[str, Any], now: dt.datetime | None = None) -> FleetR
                     node.problems.append(printable(f"{problem.get(PROBLEM)} (fix: {problem.get(HINT)})"))
     for diag in preview.get("diagnostics") or []:
         _diagnostic(nodes, diag)
-    policy = [printable(str(d.get("message", "")).strip()) for d in preview.get("diagnostics") or []
-              if "policyName" in d or str(d.get("prefix", "")).startswith("policy")]
-    return FleetReview(nodes, stack, policy)
+    return FleetReview(nodes, stack)
 
 
 def _review_update(node: NodeReview, kind: str, old_in: Mapping[str, Any], old_out: Mapping[str, Any],
@@ -286,7 +282,7 @@ def _review_update(node: NodeReview, kind: str, old_in: Mapping[str, Any], old_o
 
 def _diagnostic(nodes: Mapping[str, NodeReview], diag: Mapping[str, Any]) -> None:
     urn = diag.get("urn")
-    if not isinstance(urn, str) or diag.get("severity") not in ("warning", "error") or "policyName" in diag:
+    if not isinstance(urn, str) or diag.get("severity") not in ("warning", "error"):
         return
     node = nodes.get(_node_of(urn))
     if node is None:
@@ -345,8 +341,6 @@ def markdown(fleet: FleetReview) -> str:
     g = fleet.group
     total = len(fleet.nodes)
     lines = [f"### Fleet change{f' — `{printable(fleet.stack)}`' if fleet.stack else ''}: {total} nodes", ""]
-    if fleet.policy:
-        lines += [f"**Policy violations ({len(fleet.policy)}):**", *(f"- {p}" for p in fleet.policy[:MAX_PROBLEMS]), ""]
     upgrades: dict[tuple[str, str], list[str]] = defaultdict(list)
     for r in fleet.nodes.values():
         if r.upgrade:
@@ -416,9 +410,39 @@ def markdown(fleet: FleetReview) -> str:
     return "\n".join(lines)
 
 
+MAX_POLICY_LINES = 60
+
+
+def policy_verdict(cli_output: str) -> str:
+    """The ``Policies:`` block of a `pulumi preview --policy-pack` run, as Markdown (a preview's JSON holds no
+    policy results): each pack's verdict and every violation, under the resource it names."""
+    lines = printable(cli_output, keep="\n").splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == "Policies:"), None)
+    if start is None:
+        return "**Policies:** the policy preview printed no verdict (see the job's log)."
+    block = []
+    for line in lines[start + 1:]:
+        if line and not line.startswith(" "):
+            break
+        block.append(line)
+    while block and not block[-1].strip():
+        block.pop()
+    failed = any("\u274c" in line or "[mandatory]" in line for line in block)
+    shown = block[:MAX_POLICY_LINES]
+    if len(block) > MAX_POLICY_LINES:
+        shown.append(f"    ... {len(block) - MAX_POLICY_LINES} more lines")
+    verdict = "a mandatory rule is violated" if failed else "no mandatory rule is violated"
+    violations = sum(1 for line in block if "[advisory]" in line or "[mandatory]" in line)
+    return "\n".join([f"**Policies: {verdict}** ({violations} violations)", "",
+                      "<details><summary>the policy pack's report</summary>", "", "```",
+                      *(line.replace("`", "'") for line in shown), "```", "", "</details>"])
+
+
 def main(argv: Sequence[str] | None = None, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmgw_pulumi.review", description=__doc__.splitlines()[0])
     parser.add_argument("preview", nargs="?", help="the JSON of `pulumi preview --json` (default: standard input)")
+    parser.add_argument("--policy", metavar="FILE",
+                        help="the output of `pulumi preview --policy-pack ...`: its verdict is appended")
     args = parser.parse_args(argv)
     text = Path(args.preview).read_text() if args.preview else stdin.read()
     try:
@@ -428,6 +452,8 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO = sys.stdin, stdout: T
               "run `pulumi preview --json | python -m llmgw_pulumi.review`", file=sys.stderr)
         return 2
     stdout.write(markdown(review(preview)) + "\n")
+    if args.policy:
+        stdout.write(policy_verdict(Path(args.policy).read_text(errors="replace")) + "\n")
     return 0
 
 

@@ -134,7 +134,9 @@ def test_the_summary_of_a_real_preview_says_what_the_up_then_does(cluster, hosts
     assert (canaries, max_parallel) == ([up_.hostname], 1)
     assert then == sorted([cfg.hostname, drift.hostname], key=review.natural) and outside == [key.hostname]
     assert f"canaries: `{up_.hostname}`" in summary and f"**without a rollout** (1): `{key.hostname}`" in summary
-    problems = summary.split("**Standing problems:**")[1]
+    assert "**Policies: no mandatory rule is violated**" in summary  # the pack ran; host keys unpinned: advisory
+    assert f"[advisory]  host-keys-pinned  (pulumi-python:dynamic/llmgw:NodeIdentity: {new.hostname})" in summary
+    problems = summary.split("**Standing problems:**")[1].split("**Policies")[0]
     assert f"engines and hardware (1 nodes): `{idle.hostname}`" in problems and "/opt/none/bin/vllm" in problems
     assert f"could not be read (1 nodes): `{down.hostname}`" in problems, problems
 

@@ -164,3 +164,26 @@ def test_a_node_that_could_not_be_read_is_said_once_and_not_as_an_engine_problem
     node = review.review(data, NOW).nodes["node14"]
     assert node.unreadable == ["node14: cannot reach deploy@10.0.0.9 over ssh after 10s; its state is kept as it was"]
     assert len(node.problems) == 1 and "vllm" in node.problems[0]
+
+
+POLICY_RUN = """Previewing update (prod):
+ ~  pulumi-python:dynamic/llmgw:AgentInstall gpu-01 update
+Policies:
+    \u274c llmgw-fleet@v0.1.0 (local: /venv/llmgw_pulumi/policy)
+        - [mandatory]  release-verified  (pulumi-python:dynamic/llmgw:AgentInstall: gpu-01)
+          gpu-01: release v1.5.0 is installed from a checksums.txt nobody signed\x1b[2J
+
+Diagnostics:
+  pulumi:pulumi:Stack (llmgw-prod):
+"""
+
+
+def test_the_policy_verdict_is_the_cli_s_policies_block_folded_and_escaped():
+    verdict = review.policy_verdict(POLICY_RUN)
+    assert verdict.startswith("**Policies: a mandatory rule is violated** (1 violations)")
+    assert "[mandatory]  release-verified  (pulumi-python:dynamic/llmgw:AgentInstall: gpu-01)" in verdict
+    assert "\x1b" not in verdict and "\\x1b[2J" in verdict
+    assert "Diagnostics" not in verdict and "Previewing" not in verdict
+    passed = POLICY_RUN.replace("\u274c", "\u2705").replace("[mandatory]", "[advisory]")
+    assert review.policy_verdict(passed).startswith("**Policies: no mandatory rule is violated** (1 violations)")
+    assert "printed no verdict" in review.policy_verdict("error: could not load the policy pack")
