@@ -128,8 +128,11 @@ def test_rollout_required_counts_running_agents_that_restart():
     assert fleet_rules.rollout_required(deployed, bumped, {"maxRestarts": 2}) == []
     governed = [agent(r.name, version="v2", rollout={"max_parallel": 1}) for r in deployed]
     assert fleet_rules.rollout_required(deployed, governed, {}) == []
-    # A new node is onboarded, not restarted; an output the node reported is not a change.
-    assert fleet_rules.rollout_required(deployed[:1], [agent("a", node_state={"x": 1}), agent("n", version="v2")], {}) == []
+    # A new node is onboarded, not restarted; an output the node reported (an unchanged resource's props are its
+    # outputs) is not a change.
+    recorded = fleet_rules.Resource(review.AGENT, "a", deployed[0].props, deployed[0].urn, frozenset({"node_state"}))
+    assert fleet_rules.restarting_agents([recorded], [agent("a", node_state={"x": 1}), agent("n", version="v2")]) == []
+    assert fleet_rules.restarting_agents([recorded], [agent("a", version="v2", node_state={"x": 1})])
 
 
 def test_removal_allowed_names_each_removed_node_not_listed():
