@@ -231,8 +231,17 @@ def most_down_at_once(cluster: Any, nodes: list[str], since: float) -> int:
 
 
 def summary_line(summary: str, label: str) -> list[str]:
-    line = next((x for x in summary.splitlines() if x.strip().startswith(label)), "")
-    return expand(line)
+    """The ids the summary's line starting with ``label`` names, with its folded list (the lines down to
+    ``</details>``) when it has one."""
+    lines = summary.splitlines()
+    at = next((i for i, x in enumerate(lines) if x.strip().startswith(label)), None)
+    if at is None:
+        return []
+    text = lines[at]
+    if "<details>" in text:
+        end = next(i for i in range(at, len(lines)) if "</details>" in lines[i])
+        text = "\n".join(lines[at:end + 1])
+    return expand(text)
 
 
 @pytest.mark.timeout(1800)
