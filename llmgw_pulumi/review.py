@@ -371,7 +371,7 @@ def markdown(fleet: FleetReview) -> str:
         limit = f"at most {max_parallel} at once" if max_parallel else "no limit on how many at once"
         lines.append(f"- under `llmgw:rollout` ({limit}), in this order:")
         if canaries:
-            lines.append(f"  1. canaries: {fold_ids(canaries)}")
+            lines.append(f"  1. the canaries, in any order: {fold_ids(canaries)}")
         if rest:
             lines.append(f"  {2 if canaries else 1}. then, in any order: {fold_ids(rest)}")
     if outside:
