@@ -28,7 +28,7 @@ import json
 import re
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -104,7 +104,8 @@ class FleetReview:
     nodes: dict[str, NodeReview]
     stack: str = ""
 
-    def group(self, predicate: Any) -> list[str]:
+    def group(self, predicate: Callable[[NodeReview], bool]) -> list[str]:
+        """The ids of the nodes ``predicate`` holds for, in natural order."""
         return sorted((n for n, r in self.nodes.items() if predicate(r)), key=natural)
 
     def restart_order(self) -> tuple[list[str], list[str], list[str], int | None]:
