@@ -5,6 +5,7 @@
 #   - the Python virtualenv .venv with the package and its pinned dependencies
 #   - the Pulumi engine, built from Go modules (scripts/engine.sh)
 #   - the Debian rootfs the test hosts boot (lab/rootfs.sh)
+#   - actionlint, which checks examples/ci (scripts/actionlint.sh)
 # With --bench, also what only the benchmark needs (scripts/bench-tools.sh:
 # toxiproxy-server and matplotlib); the benchmark runs that script itself too.
 set -euo pipefail
@@ -33,11 +34,12 @@ want=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "python virtualenv .venv"
   python3 -m venv .venv
-  PIP_CACHE_DIR=$LLMGW_CACHE/pip .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]' >&2
+  PIP_CACHE_DIR=$LLMGW_CACHE/pip .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,policy]' >&2
   echo "$want" > "$stamp"
 fi
 
 scripts/engine.sh >/dev/null
+scripts/actionlint.sh >/dev/null
 lab/rootfs.sh >/dev/null
 if [ "${1:-}" = --bench ]; then scripts/bench-tools.sh >/dev/null; fi
 say "ready in $(( $(date +%s) - t0 ))s"

@@ -1,0 +1,195 @@
+"""The fleet's rules, checked by the policy pack (llmgw_pulumi/policy, `pulumi preview --policy-pack`): pure.
+
+Each rule takes plain data (a resource's inputs, the stack's config, the last
+deployment's resources) and its parameters, and returns the violations, each a
+message that names the node and says how to comply. The policy pack only wires
+them to pulumi-policy; the names of the inputs read are the summary's
+(``llmgw_pulumi.review``), kept in one place there.
+
+The engine gives a policy pack the new state only: the rules that compare with
+what is deployed (restarts, removals) get the last deployment's resources
+from ``pulumi stack export``, which the pack runs (see its ``__main__.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import review
+
+KEY_ORIGIN_OPERATOR = "operator"
+HOST_KEY, VALIDITY_HOURS, SIGNING_KEY, BINARY_PATH = "host_key", "validity_hours", "signing_key", "binary_path"
+NODE_ID = "node_id"
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    description: str
+    enforcement: str
+    """The default enforcement level ("advisory", "mandatory" or "disabled"); the policy config file overrides it."""
+    params: Mapping[str, tuple[str, Any, str]]
+    """Parameter -> (JSON schema type, default, what it means)."""
+
+
+HOST_KEYS_PINNED = Rule("host-keys-pinned", "Every node's SSH host key is pinned (hostKey), not trusted on first use.",
+                        "advisory", {})
+NO_OPERATOR_KEYS = Rule("no-operator-keys", "No node's key is made on the operator's side (keyOrigin: operator).",
+                        "mandatory", {})
+CERTIFICATE_VALIDITY = Rule("certificate-validity", "Client certificates are valid for at most maxHours.", "mandatory",
+                            {"maxHours": ("number", 8760, "the longest validityHours allowed")})
+RELEASE_VERIFIED = Rule("release-verified", "Every agent release is verified: a signing key or sha256 pins are configured.",
+                        "mandatory", {"allowDevBuild": ("boolean", False, "allow `agent.binary`, a local build copied as is")})
+ROLLOUT_REQUIRED = Rule("rollout-required", "llmgw:rollout is set when more than maxRestarts running agents would restart.",
+                        "mandatory", {"maxRestarts": ("integer", 1, "restarts allowed without a rollout")})
+REMOVAL_ALLOWED = Rule("removal-allowed", "No node is removed unless its id is in the allowed list.", "mandatory",
+                       {"allowed": ("array", [], "node ids that this change may remove")})
+RULES = (HOST_KEYS_PINNED, NO_OPERATOR_KEYS, CERTIFICATE_VALIDITY, RELEASE_VERIFIED, ROLLOUT_REQUIRED, REMOVAL_ALLOWED)
+
+
+def param(rule: Rule, config: Mapping[str, Any], name: str) -> Any:
+    """A rule's parameter from its policy config, or its default."""
+    return config.get(name, rule.params[name][1])
+
+
+def _known(value: Any) -> bool:
+    return value is not None and value != review.UNKNOWN and value != ""
+
+
+# --------------------------------------------------------------------------- one resource at a time (its new inputs)
+
+
+def host_key_pinned(kind: str, inputs: Mapping[str, Any]) -> str | None:
+    if kind != review.IDENTITY:
+        return None
+    connection = inputs.get(review.CONNECTION)
+    if isinstance(connection, Mapping) and _known(connection.get(HOST_KEY)):
+        return None
+    node = inputs.get(NODE_ID, "?")
+    return (f"{node}: its SSH host key is not pinned, so the first key seen is trusted. "
+            f"Pin it: set hostKey on node {node} in llmgw:nodes (`ssh-keyscan -t ed25519 ADDRESS`, checked against "
+            "the machine's console, or the key `pulumi stack export` recorded for it)")
+
+
+def no_operator_key(kind: str, inputs: Mapping[str, Any]) -> str | None:
+    if kind != review.CERTIFICATE or inputs.get(review.KEY_ORIGIN) != KEY_ORIGIN_OPERATOR:
+        return None
+    node = inputs.get(NODE_ID, "?")
+    return (f"{node}: keyOrigin: operator makes its private key here and keeps it in state. Remove keyOrigin from "
+            f"node {node} in llmgw:nodes (the node makes its own key with openssl) or install openssl on it")
+
+
+def certificate_validity(kind: str, inputs: Mapping[str, Any], config: Mapping[str, Any]) -> str | None:
+    hours, most = inputs.get(VALIDITY_HOURS), param(CERTIFICATE_VALIDITY, config, "maxHours")
+    if kind != review.CERTIFICATE or not isinstance(hours, (int, float)) or hours <= most:
+        return None
+    node = inputs.get(NODE_ID, "?")
+    return (f"{node}: its certificate would be valid for {hours:g} hours, more than the {most:g} this stack allows. "
+            f"Set llmgw:certificate.validityHours (or the node's certificate.validityHours) to at most {most:g}")
+
+
+def release_verified(kind: str, inputs: Mapping[str, Any], stack_config: Mapping[str, Any],
+                     config: Mapping[str, Any]) -> str | None:
+    """A release needs a signing key (an input) or sha256 pins (in stack config: top-level or the node's agent)."""
+    if kind != review.AGENT:
+        return None
+    node = str(inputs.get(NODE_ID, "?"))
+    if _known(inputs.get(BINARY_PATH)):
+        if param(RELEASE_VERIFIED, config, "allowDevBuild"):
+            return None
+        return (f"{node}: its agent is a local build (agent.binary), copied unverified. Deploy a release with "
+                "agent.signingKey or agent.sha256, or allow dev builds in the policy config (allowDevBuild: true)")
+    if _known(inputs.get(SIGNING_KEY)) or _pinned(stack_config, node):
+        return None
+    return (f"{node}: release {inputs.get(review.VERSION)} is installed from a checksums.txt nobody signed. "
+            "Set llmgw:agent.signingKey (the release signing key) or pin llmgw:agent.sha256 per architecture")
+
+
+def _pinned(stack_config: Mapping[str, Any], node: str) -> bool:
+    agents = [stack_config.get("llmgw:agent")]
+    nodes = stack_config.get("llmgw:nodes")
+    for entry in nodes if isinstance(nodes, list) else []:
+        if isinstance(entry, Mapping) and entry.get("id") == node:
+            agents.append(entry.get("agent"))
+    return any(isinstance(a, Mapping) and isinstance(a.get("sha256"), Mapping) and a["sha256"] for a in agents)
+
+
+def stack_config_from_env(text: str | None) -> dict[str, Any]:
+    """The stack's config as the language host passes it to a policy pack (PULUMI_CONFIG: values as JSON text)."""
+    raw = json.loads(text) if text else {}
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        try:
+            out[key] = json.loads(value) if isinstance(value, str) else value
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+# --------------------------------------------------------------------------- the stack against its last deployment
+
+
+@dataclass(frozen=True)
+class Resource:
+    kind: str
+    """``review``'s kind: AgentInstall, Node, ..."""
+    name: str
+    props: Mapping[str, Any]
+    urn: str = ""
+    output_only: frozenset[str] = frozenset()
+    """Of a deployed resource: the names among its outputs that are not inputs (what the node reported)."""
+
+
+def resources_of(deployment: Mapping[str, Any]) -> list[Resource]:
+    """The resources of `pulumi stack export`'s ``deployment`` (their inputs)."""
+    found = []
+    for r in deployment.get("resources") or []:
+        urn = r.get("urn")
+        if isinstance(urn, str) and "::" in urn:
+            inputs, outputs = r.get("inputs") or {}, r.get("outputs") or {}
+            found.append(Resource(review.kind_of(urn), urn.split("::")[-1], inputs, urn, frozenset(outputs) - set(inputs)))
+    return found
+
+
+def restarting_agents(deployed: Iterable[Resource], planned: Iterable[Resource]) -> list[Resource]:
+    """The planned AgentInstalls of running agents whose change restarts them.
+
+    A planned resource's props are what the engine gives a stack policy: the new inputs of one that changes, the
+    recorded outputs of one that does not (its inputs and what the node reported, left out of the comparison).
+    """
+    before = {r.name: r for r in deployed if r.kind == review.AGENT}
+    restarting = []
+    for r in planned:
+        old = before.get(r.name)
+        if r.kind != review.AGENT or old is None:
+            continue
+        new = {k: v for k, v in r.props.items() if k not in old.output_only}
+        if review.touches_node(review.changed_inputs(old.props, new)):
+            restarting.append(r)
+    return restarting
+
+
+def rollout_required(deployed: Sequence[Resource], planned: Sequence[Resource], config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(urn, message) when more than maxRestarts agents restart and no llmgw:rollout governs them."""
+    restarting = [r for r in restarting_agents(deployed, planned) if not isinstance(r.props.get(review.ROLLOUT), Mapping)]
+    most = int(param(ROLLOUT_REQUIRED, config, "maxRestarts"))
+    if len(restarting) <= most:
+        return []
+    names = ", ".join(sorted((r.name for r in restarting), key=review.natural))
+    return [(r.urn, f"{r.name}: {len(restarting)} running agents would restart at once ({names}), more than the {most} "
+             "this stack allows without a rollout. Set llmgw:rollout, e.g. {maxParallel: 2, canary: [" + restarting[0].name
+             + "]}, so canaries go first and at most maxParallel restart at once") for r in restarting]
+
+
+def removal_allowed(deployed: Sequence[Resource], planned: Sequence[Resource], config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(urn, message) for each node deployed, absent from the program, and not in the allowed list."""
+    allowed = set(param(REMOVAL_ALLOWED, config, "allowed") or [])
+    present = {r.name for r in planned if r.kind == review.NODE_TYPE}
+    removed = sorted((r for r in deployed if r.kind == review.NODE_TYPE and r.name not in present and r.name not in allowed),
+                     key=lambda r: review.natural(r.name))
+    return [(r.urn, f"{r.name}: this change removes the node (its agent is stopped, its identity deleted). If that is "
+             f"meant, add \"{r.name}\" to the removal-allowed rule's allowed list in the policy config; otherwise "
+             f"put node {r.name} back in llmgw:nodes") for r in removed]

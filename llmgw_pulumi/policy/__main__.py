@@ -1,0 +1,112 @@
+"""The llmgw policy pack: each rule of llmgw_pulumi.fleet_rules as a pulumi-policy policy.
+
+Per stack, a policy config file (``pulumi preview --policy-pack-config FILE``)
+sets each rule's enforcement level and parameters:
+``{"certificate-validity": {"enforcementLevel": "mandatory", "maxHours": 720}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyConfigSchema,
+    PolicyPack,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+from pulumi_policy.proxy import UnknownValueError
+
+from llmgw_pulumi import fleet_rules as rules
+from llmgw_pulumi import review
+
+LEVELS = {"advisory": EnforcementLevel.ADVISORY, "mandatory": EnforcementLevel.MANDATORY,
+          "disabled": EnforcementLevel.DISABLED}
+STACK_CONFIG = rules.stack_config_from_env(os.environ.get("PULUMI_CONFIG"))
+
+
+def known(value: Any) -> Any:
+    """A plain copy of a resource's props, each value the preview cannot know yet as ``review.UNKNOWN`` (the SDK's
+    props raise when such a value is read)."""
+    if isinstance(value, Mapping):
+        out = {}
+        for key in value:
+            try:
+                out[key] = known(value[key])
+            except UnknownValueError:
+                out[key] = review.UNKNOWN
+        return out
+    if isinstance(value, (list, tuple)):
+        items = []
+        for i in range(len(value)):
+            try:
+                items.append(known(value[i]))
+            except UnknownValueError:
+                items.append(review.UNKNOWN)
+        return items
+    return value
+
+
+def schema(rule: rules.Rule) -> PolicyConfigSchema | None:
+    if not rule.params:
+        return None
+    return PolicyConfigSchema({name: {"type": type_, "default": default, "description": what}
+                               for name, (type_, default, what) in rule.params.items()})
+
+
+def resource_policy(rule: rules.Rule, check: Callable[[str, Mapping[str, Any], Mapping[str, Any]], str | None]) \
+        -> ResourceValidationPolicy:
+    def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+        message = check(review.kind_of(args.urn), known(args.props), args.get_config())
+        if message:
+            report_violation(message, None)
+
+    return ResourceValidationPolicy(name=rule.name, description=rule.description, validate=validate,
+                                    enforcement_level=LEVELS[rule.enforcement], config_schema=schema(rule))
+
+
+def deployed() -> list[rules.Resource]:
+    """The stack's last deployment (`pulumi stack export`): the engine gives a policy pack only the new state."""
+    stack = "/".join(os.environ.get(k, "") for k in ("PULUMI_ORGANIZATION", "PULUMI_PROJECT", "PULUMI_STACK"))
+    if not os.environ.get("PULUMI_ORGANIZATION"):
+        stack = "organization/" + stack.lstrip("/")  # a file backend names no organization
+    done = subprocess.run(["pulumi", "stack", "export", "--stack", stack, "--non-interactive"],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"llmgw policy pack: `pulumi stack export --stack {stack}` failed: {done.stderr.strip()}")
+    return rules.resources_of(json.loads(done.stdout).get("deployment") or {})
+
+
+def stack_policy(rule: rules.Rule, check: Callable[[list[rules.Resource], list[rules.Resource], Mapping[str, Any]],
+                                                  list[tuple[str, str]]]) -> StackValidationPolicy:
+    def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+        if os.environ.get("PULUMI_DRY_RUN") != "true":
+            return  # after `up` the deployment is the new state: the preview before it judged the change
+        planned = [rules.Resource(review.kind_of(r.urn), r.name, known(r.props), r.urn) for r in args.resources]
+        for urn, message in check(deployed(), planned, args.get_config()):
+            report_violation(message, urn)
+
+    return StackValidationPolicy(name=rule.name, description=rule.description, validate=validate,
+                                 enforcement_level=LEVELS[rule.enforcement], config_schema=schema(rule))
+
+
+PolicyPack(
+    name="llmgw-fleet",
+    policies=[
+        resource_policy(rules.HOST_KEYS_PINNED, lambda kind, props, _: rules.host_key_pinned(kind, props)),
+        resource_policy(rules.NO_OPERATOR_KEYS, lambda kind, props, _: rules.no_operator_key(kind, props)),
+        resource_policy(rules.CERTIFICATE_VALIDITY, rules.certificate_validity),
+        resource_policy(rules.RELEASE_VERIFIED,
+                        lambda kind, props, config: rules.release_verified(kind, props, STACK_CONFIG, config)),
+        stack_policy(rules.ROLLOUT_REQUIRED, rules.rollout_required),
+        stack_policy(rules.REMOVAL_ALLOWED, rules.removal_allowed),
+    ],
+)

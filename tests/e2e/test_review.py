@@ -1,0 +1,294 @@
+"""Reviewing a fleet change (issue 20) under the real CLI, on real hosts: the summary of real previews checked
+against what the following `up` did (restarts the control plane saw, serials, files), the policy pack failing,
+warning and passing previews, and the CI example's own commands (examples/ci/*.sh) run as the workflow runs them."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from llmgw_pulumi import review
+from tests.conftest import NEXT_RELEASE, RELEASE, REPO, ssh, stack_config
+
+pytestmark = [pytest.mark.hosts, pytest.mark.engine]
+
+CI = REPO / "examples" / "ci"
+PACK = REPO / "llmgw_pulumi" / "policy"
+
+
+def venv_active(stack: Any) -> None:
+    """The project's venv first on PATH, as the workflow leaves it: the policy pack runs in its python3."""
+    stack.env["PATH"] = f"{REPO / '.venv' / 'bin'}:{stack.env['PATH']}"
+
+
+def ci(stack: Any, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """One of examples/ci's scripts, in the stack's project directory, as the workflow runs it."""
+    return subprocess.run([str(CI / script), *args], cwd=stack.work_dir, env=stack.env, capture_output=True, text=True)
+
+
+def policy_config(stack: Any, rules: dict[str, Any]) -> None:
+    (stack.work_dir / "stacks" / f"policy.{stack.name}.json").write_text(json.dumps(rules))
+
+
+def policy_preview(stack: Any, rules: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """`pulumi preview --policy-pack` with this policy config, as an operator types it."""
+    config = stack.work_dir / "policy.json"
+    config.write_text(json.dumps(rules))
+    return stack.cli("preview", "--stack", stack.name, "--policy-pack", str(PACK), "--policy-pack-config", str(config),
+                     check=False)
+
+
+def closed_since(cluster: Any, nodes: list[str], since: float) -> list[str]:
+    """The nodes whose agent stream closed since ``since`` (an agent restarting), in the order the control plane saw."""
+    seen: list[str] = []
+    for e in sorted(cluster.control_plane.events, key=lambda e: e.time):
+        if e.time >= since and e.node_id in nodes and e.outcome == "closed" and e.node_id not in seen:
+            seen.append(e.node_id)
+    return seen
+
+
+def serials(stack: Any) -> dict[str, str]:
+    return {r["urn"].split("::")[-1]: r["outputs"]["serial"] for r in stack.export()["resources"]
+            if r["type"].endswith("ClientCertificate")}
+
+
+def host_keys(stack: Any) -> dict[str, str]:
+    return {r["urn"].split("::")[-1]: r["outputs"]["host_key"] for r in stack.export()["resources"]
+            if r["type"].endswith("NodeIdentity")}
+
+
+def expand(ids: str) -> list[str]:
+    """The node ids a summary line names, its ranges (gpu-01..03) expanded; a folded list counts once, in full."""
+    if "<details>" in ids:
+        ids = ids.split("</summary>", 1)[1]
+    out: list[str] = []
+    for token in re.findall(r"`([^`]+)`", ids):
+        m = re.fullmatch(r"(.*?)(\d+)\.\.(\d+)", token)
+        if m:
+            width = len(m.group(2))
+            out += [f"{m.group(1)}{n:0{width}d}" for n in range(int(m.group(2)), int(m.group(3)) + 1)]
+        else:
+            out.append(token)
+    return out
+
+
+def row(summary: str, what: str) -> list[str]:
+    """The ids of one row of the summary's table (``| what | n | ids |``); [] when the row is absent."""
+    for line in summary.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0] == what:
+            ids = expand(cells[2])
+            assert int(cells[1]) == len(ids), line
+            return ids
+    return []
+
+
+def test_the_summary_of_a_real_preview_says_what_the_up_then_does(cluster, hosts, new_stack):
+    fleet = hosts(8)
+    up_, cfg, key, drift, gone, idle, down, new = fleet
+    ids = [h.hostname for h in fleet]
+    nodes = [{"id": h.hostname, "address": h.addr} for h in fleet[:-1]]
+    nodes[ids.index(idle.hostname)]["engines"] = {"vllm": {"bin": "/opt/none/bin/vllm"}}
+    config = stack_config(cluster, fleet, nodes=nodes, ssh={"user": "deploy", "privateKeyPath": str(cluster.ssh_key_path),
+                                                             "wait": 10},
+                          agent={"version": RELEASE, "releaseUrl": cluster.release_url,
+                                 "signingKey": cluster.release_signing_key},
+                          rollout={"maxParallel": 1, "canary": [up_.hostname]})
+    stack = new_stack(config)
+    venv_active(stack)
+    first = ci(stack, "up.sh", stack.name)  # the merge job's command, with the policy pack
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "host-keys-pinned" in first.stdout and "advisory" in first.stdout, first.stdout  # a warning, not a failure
+    assert cluster.control_plane.wait_for(ids[:-1], timeout=30)
+
+    # One change of every kind at once, and what a refresh finds on the nodes.
+    changed = [dict(n) for n in nodes if n["id"] != gone.hostname] + [{"id": new.hostname, "address": new.addr}]
+    changed[ids.index(up_.hostname)]["agent"] = {"version": NEXT_RELEASE}
+    changed[ids.index(cfg.hostname)]["mgmtAddr"] = "10.1.0.9"
+    assert ssh(key, cluster, "sudo rm /etc/llmgw/agent-key.pem")[0] == 0
+    assert ssh(drift, cluster, "echo 'log_level: debug' | sudo tee -a /etc/llmgw/agent.yaml")[0] == 0
+    down.stop()
+    stack.set_config({**config, "nodes": changed})
+    policy_config(stack, {"removal-allowed": {"allowed": [gone.hostname]}})
+    before = serials(stack)
+
+    previewed = ci(stack, "preview.sh", stack.name, "out")  # the pull request job's command
+    assert previewed.returncode == 0, previewed.stdout + previewed.stderr
+    summary = (stack.work_dir / "out" / "summary.md").read_text()
+    print("\n" + summary)
+    assert row(summary, "onboarded") == [new.hostname]
+    assert row(summary, f"agent upgraded {RELEASE} → {NEXT_RELEASE}") == [up_.hostname]
+    assert row(summary, "config changed") == [cfg.hostname]
+    assert "+ mgmt_addr: 10.1.0.9" in summary
+    assert row(summary, "certificate re-issued (key lost)") == [key.hostname]
+    assert row(summary, "files repaired after drift") == sorted([key.hostname, drift.hostname], key=review.natural)
+    assert row(summary, "removed") == [gone.hostname]
+    assert row(summary, "untouched") == sorted([idle.hostname, down.hostname], key=review.natural)
+    fleet_review = review.review(json.loads((stack.work_dir / "out" / "preview.json").read_text()))
+    canaries, then, outside, max_parallel = fleet_review.restart_order()
+    assert (canaries, max_parallel) == ([up_.hostname], 1)
+    assert then == sorted([cfg.hostname, drift.hostname], key=review.natural) and outside == [key.hostname]
+    assert f"the canaries, in any order: `{up_.hostname}`" in summary and f"**without a rollout** (1): `{key.hostname}`" in summary
+    assert "**Policies: no mandatory rule is violated**" in summary  # the pack ran; host keys unpinned: advisory
+    assert f"[advisory]  host-keys-pinned  (pulumi-python:dynamic/llmgw:NodeIdentity: {new.hostname})" in summary
+    problems = summary.split("**Standing problems:**")[1].split("**Policies")[0]
+    assert f"engines and hardware (1 nodes): `{idle.hostname}`" in problems and "/opt/none/bin/vllm" in problems
+    assert f"could not be read (1 nodes): `{down.hostname}`" in problems, problems
+
+    t0 = time.time()
+    applied = ci(stack, "up.sh", stack.name)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    live = [h.hostname for h in fleet if h not in (gone, down)]
+    assert cluster.control_plane.wait_for(live, timeout=30)
+    time.sleep(2)  # the last restarted agents' reconnections are in; a restart the summary missed would show here
+    restarted = closed_since(cluster, [h.hostname for h in fleet], t0)
+    assert set(restarted) == {up_.hostname, cfg.hostname, drift.hostname, key.hostname, gone.hostname}, restarted
+    assert restarted.index(up_.hostname) < min(restarted.index(cfg.hostname), restarted.index(drift.hostname))
+    after = serials(stack)
+    assert {n for n in before if n in after and before[n] != after[n]} == {key.hostname}
+    assert new.hostname in after
+    assert up_.read_file("/usr/local/bin/llmgw") == cluster_binary(NEXT_RELEASE)
+    assert b"log_level: debug" not in (drift.read_file("/etc/llmgw/agent.yaml") or b"")
+    assert b"mgmt_addr: 10.1.0.9" in (cfg.read_file("/etc/llmgw/agent.yaml") or b"")
+    assert key.read_file("/etc/llmgw/agent-key.pem") is not None
+    assert gone.read_file("/etc/llmgw/agent.pem") is None
+
+
+def cluster_binary(version: str) -> bytes:
+    from lab.doubles.llmgw import build_llmgw
+    return build_llmgw(version)
+
+
+def test_every_policy_rule_fails_a_preview_warns_when_advisory_and_passes_a_compliant_one(cluster, hosts, new_stack):
+    fleet = hosts(3)
+    a, b, c = (h.hostname for h in fleet)
+    config = stack_config(cluster, fleet)
+    stack = new_stack(config)
+    venv_active(stack)
+    up = stack.up()
+    assert up.ok, up.output
+    pins = host_keys(stack)
+    bump = {"version": NEXT_RELEASE, "releaseUrl": cluster.release_url}
+
+    # Violating: no pins, an operator-made key, long certificates, an unsigned release, two agents restarting
+    # without a rollout, a node removed that nobody allowed.
+    stack.set_config({**config, "agent": bump, "certificate": {"validityHours": 8760},
+                      "nodes": [{"id": a, "address": fleet[0].addr, "keyOrigin": "operator"},
+                                {"id": b, "address": fleet[1].addr}]})
+    messages = {
+        "host-keys-pinned": f"{a}: its SSH host key is not pinned",
+        "no-operator-keys": f"{a}: keyOrigin: operator makes its private key here",
+        "certificate-validity": f"{b}: its certificate would be valid for 8760 hours, more than the 720",
+        "release-verified": f"{b}: release {NEXT_RELEASE} is installed from a checksums.txt nobody signed",
+        "rollout-required": "2 running agents would restart at once",
+        "removal-allowed": f"{c}: this change removes the node",
+    }
+    strict = {name: {"enforcementLevel": "mandatory"} for name in messages}
+    strict["certificate-validity"]["maxHours"] = 720
+    failed = policy_preview(stack, strict)
+    out = failed.stdout + failed.stderr
+    print(out)
+    assert failed.returncode != 0, out
+    for name, message in messages.items():
+        assert re.search(rf"\[mandatory\]\s+{name}\s", out), (name, out)
+        assert message in out, (name, out)
+
+    advisory = {name: {**level, "enforcementLevel": "advisory"} for name, level in strict.items()}
+    warned = policy_preview(stack, advisory)
+    out = warned.stdout + warned.stderr
+    assert warned.returncode == 0, out
+    for name, message in messages.items():
+        assert re.search(rf"\[advisory\]\s+{name}\s", out) and message in out, (name, out)
+
+    # Compliant: pinned, keys made on the nodes, short enough, signed, the same bump under a rollout, the removal
+    # allowed.
+    stack.set_config({**config, "agent": {**bump, "signingKey": cluster.release_signing_key},
+                      "certificate": {"validityHours": 720, "renewBeforeHours": 72}, "rollout": {"maxParallel": 1, "canary": [a]},
+                      "nodes": [{"id": a, "address": fleet[0].addr, "hostKey": pins[a]},
+                                {"id": b, "address": fleet[1].addr, "hostKey": pins[b]}]})
+    allowed = {**strict, "removal-allowed": {"enforcementLevel": "mandatory", "allowed": [c]}}
+    passed = policy_preview(stack, allowed)
+    out = passed.stdout + passed.stderr
+    assert passed.returncode == 0, out
+    assert "✅ llmgw-fleet@v0.1.0" in out, out  # the pack ran: a positive control for the line below
+    assert not re.search(r"\[(mandatory|advisory)\]", out), out
+
+
+def most_down_at_once(cluster: Any, nodes: list[str], since: float) -> int:
+    down: set[str] = set()
+    most = 0
+    for e in sorted(cluster.control_plane.events, key=lambda e: e.time):
+        if e.time < since or e.node_id not in nodes or e.outcome not in ("closed", "accepted"):
+            continue
+        (down.add if e.outcome == "closed" else down.discard)(e.node_id)
+        most = max(most, len(down))
+    return most
+
+
+def summary_line(summary: str, label: str) -> list[str]:
+    """The ids the summary's line starting with ``label`` names, with its folded list (the lines down to
+    ``</details>``) when it has one."""
+    lines = summary.splitlines()
+    at = next((i for i, x in enumerate(lines) if x.strip().startswith(label)), None)
+    if at is None:
+        return []
+    text = lines[at]
+    if "<details>" in text:
+        end = next(i for i in range(at, len(lines)) if "</details>" in lines[i])
+        text = "\n".join(lines[at:end + 1])
+    return expand(text)
+
+
+@pytest.mark.timeout(1800)
+def test_on_30_nodes_the_summary_of_a_bump_under_rollout_names_the_restarts_in_the_order_they_happen(
+        cluster, hosts, new_stack):
+    fleet = hosts(30)
+    ids = [h.hostname for h in fleet]
+    canaries, kept = [ids[17], ids[3]], ids[-2:]
+    config = stack_config(cluster, fleet, agent={"version": RELEASE, "releaseUrl": cluster.release_url,
+                                                 "signingKey": cluster.release_signing_key},
+                          rollout={"maxParallel": 3, "canary": canaries})
+    stack = new_stack(config)
+    venv_active(stack)
+    up = stack.up()
+    assert up.ok, up.output
+    assert cluster.control_plane.wait_for(ids, timeout=60)
+
+    # Every node but two (held back on the old release) gets the new one.
+    nodes = [{"id": h.hostname, "address": h.addr, **({"agent": {"version": RELEASE}} if h.hostname in kept else {})}
+             for h in fleet]
+    stack.set_config({**config, "agent": {**config["agent"], "version": NEXT_RELEASE}, "nodes": nodes})
+    previewed = ci(stack, "preview.sh", stack.name, "out")
+    assert previewed.returncode == 0, previewed.stdout + previewed.stderr
+    summary = (stack.work_dir / "out" / "summary.md").read_text()
+    print("\n" + summary)
+    bumped = [n for n in ids if n not in kept]
+    others = sorted((n for n in bumped if n not in canaries), key=review.natural)
+    assert row(summary, f"agent upgraded {RELEASE} → {NEXT_RELEASE}") == sorted(bumped, key=review.natural)
+    assert row(summary, "untouched") == sorted(kept, key=review.natural)
+    assert "**Agents that will restart: 28**" in summary and "(at most 3 at once)" in summary
+    assert sorted(summary_line(summary, "1. the canaries, in any order:")) == sorted(canaries)
+    assert summary_line(summary, "2. then, in any order:") == others
+    assert "without a rollout" not in summary
+
+    t0 = time.time()
+    applied = ci(stack, "up.sh", stack.name)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert cluster.control_plane.wait_for(ids, timeout=60)
+    time.sleep(2)  # a restart the summary did not name would show up here
+    restarted = closed_since(cluster, ids, t0)
+    print("restarts as the control plane saw them:", restarted)
+    # Exactly the nodes named, in the summary's order: the canaries first (between them in any order),
+    # each back before any other went down, then the rest, never more than maxParallel down at once.
+    assert sorted(restarted[:2], key=canaries.index) == canaries and sorted(restarted[2:], key=review.natural) == others
+    events = [e for e in cluster.control_plane.events if e.time >= t0]
+    canaries_back = max(e.time for e in events if e.node_id in canaries and e.outcome == "accepted")
+    first_other_down = min(e.time for e in events if e.node_id in others and e.outcome == "closed")
+    assert canaries_back < first_other_down
+    assert most_down_at_once(cluster, ids, t0) <= 3
+    assert {h.hostname for h in fleet if h.read_file("/usr/local/bin/llmgw") == cluster_binary(NEXT_RELEASE)} == set(bumped)

@@ -1,0 +1,192 @@
+"""The fleet change summary (llmgw_pulumi.review) and the fleet rules (llmgw_pulumi.fleet_rules), pure.
+
+The fixture is a real preview (`pulumi preview --json --diff --refresh` of a 5-node lab stack, trimmed of stack
+traces and provider payloads): node10 upgraded, node11 reconfigured, node12's key deleted on the node, node13
+removed, node14 untouched with a missing engine. tests/e2e/test_review.py checks the summary against real `up`s;
+these check what a real preview cannot easily hold (expiry, a rotated CA, 1,000 nodes, hostile node text).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from llmgw_pulumi import fleet_rules, review
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "review" / "change.json"
+NOW = dt.datetime(2026, 12, 1, 12, 10, tzinfo=dt.UTC)
+
+
+def preview() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(FIXTURE.read_text())
+    return loaded
+
+
+def step(data: dict[str, Any], kind: str, node: str) -> dict[str, Any]:
+    return next(s for s in data["steps"] if s["urn"].endswith(f"{kind}::{node}") and s["op"] != "refresh")
+
+
+def test_the_real_preview_is_read_node_by_node():
+    fleet = review.review(preview(), NOW)
+    n = fleet.nodes
+    assert set(n) == {"node10", "node11", "node12", "node13", "node14"}
+    assert n["node10"].upgrade == ("v1.4.2", "v1.5.0") and n["node10"].restart_gated and not n["node10"].config_lines
+    assert n["node11"].config_lines == ("+ mgmt_addr: 10.1.0.9",) and n["node11"].restart_gated
+    assert n["node12"].certificate == ("key lost",) and n["node12"].repaired == ("/etc/llmgw/agent-key.pem",)
+    assert n["node12"].restart_ungated and not n["node12"].restart_gated
+    assert n["node13"].removed and not n["node13"].restarts
+    assert n["node14"].untouched and n["node14"].problems == [
+        "vllm is configured at /opt/none/vllm, which does not exist on node14 "
+        "(fix: install vllm there, or fix engines.vllm in the stack config)"]
+    assert fleet.restart_order() == (["node10"], ["node11"], ["node12"], 2)
+
+
+def test_expiry_and_a_rotated_ca_are_told_apart():
+    data = preview()
+    cert = step(data, "ClientCertificate", "node12")
+    cert["oldState"]["outputs"]["node_key"] = "held"
+    assert review.review(data, NOW).nodes["node12"].certificate == ()
+    cert["oldState"]["outputs"]["not_after"] = (NOW + dt.timedelta(hours=100)).isoformat()  # renewBeforeHours 720
+    assert review.review(data, NOW).nodes["node12"].certificate == ("expiry",)
+    cert["newState"]["inputs"]["ca_fingerprint"] = "another"
+    assert review.review(data, NOW).nodes["node12"].certificate == ("expiry", "CA rotation")
+    summary = review.markdown(review.review(data, NOW))
+    assert "| certificate renewed (expiry) | 1 | `node12` |" in summary
+    assert "| certificate re-issued (CA rotation) | 1 | `node12` |" in summary
+
+
+def test_an_operator_side_change_restarts_nothing():
+    data = preview()
+    agent = step(data, "AgentInstall", "node11")
+    agent["newState"]["inputs"] = {**agent["oldState"]["inputs"],
+                                   "connection": {**agent["oldState"]["inputs"]["connection"], "user": "other"}}
+    node = review.review(data, NOW).nodes["node11"]
+    assert not node.restarts and not node.config_lines and node.untouched
+
+
+def test_a_thousand_nodes_fit_about_one_screen():
+    data = preview()
+    base = [s for s in data["steps"] if s["urn"].endswith("::node10") and s["op"] != "refresh"]
+    steps = []
+    for i in range(1000):
+        for s in base:
+            s = copy.deepcopy(s)
+            s["urn"] = s["urn"].replace("::node10", f"::gpu-{3 * i:04d}")  # no runs to shorten
+            steps.append(s)
+    fleet = review.review({"steps": steps}, NOW)
+    canaries, then, outside, _ = fleet.restart_order()
+    assert len(then) == 1000 and not canaries and not outside  # node10's rollout names node10 as its canary
+    summary = review.markdown(fleet)
+    print(summary)
+    visible = summary.split("<details>")[0] + "".join(part.split("</details>", 1)[-1] for part in summary.split("<details>")[1:])
+    assert len(visible.splitlines()) <= 40 and len(visible) < 2500, visible  # about one screen, unfolded
+    folded = summary.split("<details>")[1]
+    assert all(f"`gpu-{3 * i:04d}`" in folded for i in range(1000))  # the folded list names every node
+
+
+def test_what_came_from_a_node_is_printed_escaped():
+    data = preview()
+    engines = next(s for s in data["steps"] if s["urn"].endswith("EngineCheck::node14"))
+    engines["newState"]["outputs"]["problems"] = [{"problem": "vllm \x1b[2J\x1b[1;1Hall good\u202e", "hint": "x\ny"}]
+    agent = step(data, "AgentInstall", "node11")
+    agent["newState"]["inputs"]["agent_yaml"] += "hostname: evil\x1b]0;pwned\x07\n"
+    out = io.StringIO()
+    assert review.main([], stdin=io.StringIO(json.dumps(data)), stdout=out) == 0
+    text = out.getvalue()
+    assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text
+    assert "\\x1b[2J" in text and "\\u202e" in text and "x\\ny" in text and "hostname: evil\\x1b]0;pwned\\x07" in text
+
+
+def test_input_that_is_not_a_preview_gets_a_clear_error(capsys):
+    assert review.main([], stdin=io.StringIO("Previewing update (prod):"), stdout=io.StringIO()) == 2
+    assert "run `pulumi preview --json | python -m llmgw_pulumi.review`" in capsys.readouterr().err
+
+
+def test_id_ranges_fold_only_runs_of_one_prefix_and_width():
+    assert review._ranges(["a1", "a2", "a3", "a5", "b6", "b7", "gpu-9", "gpu-10", "gpu-11", "gpu-12"]) == [
+        "a1..3", "a5", "b6", "b7", "gpu-9", "gpu-10..12"]
+    assert review._ranges(["x", "node10", "node11", "node12"]) == ["x", "node10..12"]
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+def agent(name: str, **props: Any) -> fleet_rules.Resource:
+    return fleet_rules.Resource(review.AGENT, name, {"node_id": name, "version": "v1", **props}, f"urn::AgentInstall::{name}")
+
+
+def test_rollout_required_counts_running_agents_that_restart():
+    deployed = [agent("a"), agent("b"), agent("c")]
+    bumped = [agent("a", version="v2"), agent("b", version="v2"), agent("c")]
+    violations = fleet_rules.rollout_required(deployed, bumped, {})
+    assert [urn for urn, _ in violations] == ["urn::AgentInstall::a", "urn::AgentInstall::b"]
+    assert "2 running agents would restart at once (a, b)" in violations[0][1] and "Set llmgw:rollout" in violations[0][1]
+    assert fleet_rules.rollout_required(deployed, bumped, {"maxRestarts": 2}) == []
+    governed = [agent(r.name, version="v2", rollout={"max_parallel": 1}) for r in deployed]
+    assert fleet_rules.rollout_required(deployed, governed, {}) == []
+    # A new node is onboarded, not restarted; an output the node reported (an unchanged resource's props are its
+    # outputs) is not a change.
+    recorded = fleet_rules.Resource(review.AGENT, "a", deployed[0].props, deployed[0].urn, frozenset({"node_state"}))
+    assert fleet_rules.restarting_agents([recorded], [agent("a", node_state={"x": 1}), agent("n", version="v2")]) == []
+    assert fleet_rules.restarting_agents([recorded], [agent("a", version="v2", node_state={"x": 1})])
+
+
+def test_removal_allowed_names_each_removed_node_not_listed():
+    def node(name: str) -> fleet_rules.Resource:
+        return fleet_rules.Resource(review.NODE_TYPE, name, {}, f"urn::llmgw:index:Node::{name}")
+
+    deployed, planned = [node("a"), node("b"), node("c")], [node("a")]
+    assert [m.split(":")[0] for _, m in fleet_rules.removal_allowed(deployed, planned, {})] == ["b", "c"]
+    assert [m.split(":")[0] for _, m in fleet_rules.removal_allowed(deployed, planned, {"allowed": ["b"]})] == ["c"]
+
+
+def test_release_verified_takes_pins_from_the_stack_config():
+    props = {"node_id": "a", "version": "v1.4.2"}
+    assert fleet_rules.release_verified(review.AGENT, props, {}, {})
+    assert fleet_rules.release_verified(review.AGENT, {**props, "signing_key": "ssh-ed25519 AAAA"}, {}, {}) is None
+    pinned = {"llmgw:agent": {"sha256": {"amd64": "00" * 32}}}
+    assert fleet_rules.release_verified(review.AGENT, props, pinned, {}) is None
+    per_node = {"llmgw:nodes": [{"id": "a", "agent": {"sha256": {"amd64": "00" * 32}}}]}
+    assert fleet_rules.release_verified(review.AGENT, props, per_node, {}) is None
+    dev = {**props, "binary_path": "/tmp/llmgw"}
+    assert "local build" in (fleet_rules.release_verified(review.AGENT, dev, {}, {}) or "")
+    assert fleet_rules.release_verified(review.AGENT, dev, {}, {"allowDevBuild": True}) is None
+    assert fleet_rules.stack_config_from_env(json.dumps({"llmgw:agent": json.dumps(pinned["llmgw:agent"])})) == pinned
+
+
+def test_a_node_that_could_not_be_read_is_said_once_and_not_as_an_engine_problem():
+    data = preview()
+    urn = next(s["urn"] for s in data["steps"] if s["urn"].endswith("EngineCheck::node14"))
+    said = "warning: node14: cannot reach deploy@10.0.0.9 over ssh after 10s; its state is kept as it was\n"
+    data["diagnostics"] += [{"urn": urn.replace("EngineCheck", kind), "message": said, "severity": "warning"}
+                            for kind in ("EngineCheck", "AgentInstall", "NodeIdentity")]
+    node = review.review(data, NOW).nodes["node14"]
+    assert node.unreadable == ["node14: cannot reach deploy@10.0.0.9 over ssh after 10s; its state is kept as it was"]
+    assert len(node.problems) == 1 and "vllm" in node.problems[0]
+
+
+POLICY_RUN = """Previewing update (prod):
+ ~  pulumi-python:dynamic/llmgw:AgentInstall gpu-01 update
+Policies:
+    \u274c llmgw-fleet@v0.1.0 (local: /venv/llmgw_pulumi/policy)
+        - [mandatory]  release-verified  (pulumi-python:dynamic/llmgw:AgentInstall: gpu-01)
+          gpu-01: release v1.5.0 is installed from a checksums.txt nobody signed\x1b[2J
+
+Diagnostics:
+  pulumi:pulumi:Stack (llmgw-prod):
+"""
+
+
+def test_the_policy_verdict_is_the_cli_s_policies_block_folded_and_escaped():
+    verdict = review.policy_verdict(POLICY_RUN)
+    assert verdict.startswith("**Policies: a mandatory rule is violated** (1 violations)")
+    assert "[mandatory]  release-verified  (pulumi-python:dynamic/llmgw:AgentInstall: gpu-01)" in verdict
+    assert "\x1b" not in verdict and "\\x1b[2J" in verdict
+    assert "Diagnostics" not in verdict and "Previewing" not in verdict
+    passed = POLICY_RUN.replace("\u274c", "\u2705").replace("[mandatory]", "[advisory]")
+    assert review.policy_verdict(passed).startswith("**Policies: no mandatory rule is violated** (1 violations)")
+    assert "printed no verdict" in review.policy_verdict("error: could not load the policy pack")
