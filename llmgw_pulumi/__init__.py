@@ -10,13 +10,15 @@ A program of your own builds nodes with
 every error it may raise is importable from here.
 """
 
-from importlib.metadata import PackageNotFoundError
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _dist_version
 
 from .errors import (
     AgentStartError,
     AuthenticationError,
     AuthorityError,
+    CertificatePolicyError,
+    CertificateRequestError,
     ChecksumMismatchError,
     ConfigError,
     EngineWillNotRunError,
@@ -24,13 +26,21 @@ from .errors import (
     LlmgwError,
     NodeBusyError,
     NodeDiskFullError,
+    NodeKeyMissingError,
+    NodeLockUnavailableError,
+    NoKeygenError,
     ReleaseFetchError,
     ReleaseSignatureError,
     ReleaseVersionError,
     RemoteCommandError,
+    RolloutStoppedError,
+    SignedCertificateError,
+    SignerError,
+    StackConfigError,
     SudoUnavailableError,
     UnreachableError,
     UnsafeDirectoryError,
+    WaitExpired,
 )
 from .node import ConnectionArgs, Node, NodeArgs
 from .providers.agent import AgentInstall, AgentInstallArgs
@@ -38,19 +48,23 @@ from .providers.certificate import ClientCertificate, ClientCertificateArgs
 from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
 from .specs import AgentSettings, Discovery, Fabric
-from .stack_config import StackConfigError
 
 try:
     __version__: str = _dist_version("llmgw-pulumi")
-except PackageNotFoundError:  # imported from a source tree that was never installed
+except _PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"
 
 __all__ = [
-    "AgentInstall", "AgentInstallArgs", "AgentSettings", "AgentStartError", "AuthenticationError", "AuthorityError",
-    "ChecksumMismatchError", "ClientCertificate", "ClientCertificateArgs", "ConfigError", "ConnectionArgs",
-    "Discovery", "EngineCheck", "EngineCheckArgs", "EngineWillNotRunError", "Fabric", "HostKeyChangedError",
-    "LlmgwError", "Node",
-    "NodeArgs", "NodeBusyError", "NodeDiskFullError", "NodeIdentity", "NodeIdentityArgs", "ReleaseFetchError",
-    "ReleaseSignatureError", "ReleaseVersionError", "RemoteCommandError", "StackConfigError", "SudoUnavailableError",
-    "UnreachableError", "UnsafeDirectoryError",
+    # the component, its resources and their Args
+    "Node", "NodeArgs", "ConnectionArgs", "AgentSettings", "Discovery", "Fabric",
+    "ClientCertificate", "ClientCertificateArgs", "NodeIdentity", "NodeIdentityArgs",
+    "AgentInstall", "AgentInstallArgs", "EngineCheck", "EngineCheckArgs",
+    # every error (errors.__all__, in the order of its hierarchy)
+    "LlmgwError", "ConfigError", "StackConfigError", "AuthorityError", "CertificateRequestError",
+    "CertificatePolicyError", "SignerError", "SignedCertificateError", "UnreachableError", "WaitExpired",
+    "HostKeyChangedError", "AuthenticationError", "SudoUnavailableError", "ReleaseFetchError", "ChecksumMismatchError",
+    "ReleaseSignatureError", "ReleaseVersionError", "UnsafeDirectoryError", "NodeDiskFullError", "NodeBusyError",
+    "NodeLockUnavailableError", "NoKeygenError", "NodeKeyMissingError", "AgentStartError", "EngineWillNotRunError",
+    "RolloutStoppedError", "RemoteCommandError",
+    "__version__",
 ]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import validate
-from .errors import ConfigError, LlmgwError
+from .errors import StackConfigError as StackConfigError  # raised by parse; its home is errors
 from .specs import (
     FABRIC_SCHEMA,
     AgentSettings,
@@ -158,21 +158,6 @@ class StackSpec:
     """llmgw:rollout, when given (without its directory: the program adds it)."""
     signer: SignerConfig | None = None
     """llmgw:signer; None: pkiDir, the default."""
-
-
-class StackConfigError(ConfigError):
-    """Every problem in the stack config at once, printed as a list (a pulumi.RunError: no traceback)."""
-
-    def __init__(self, problems: list[tuple[str, str, str, str]]) -> None:
-        self.problems = problems
-        self.field = "llmgw:*"
-        LlmgwError.__init__(self, "", problems_text(problems), "")
-
-
-def problems_text(problems: list[tuple[str, str, str, str]]) -> str:
-    """'stack config has N problems:' and one entry per (node, field, problem, fix), with its fix below."""
-    head = f"stack config has {len(problems)} problem{'s' if len(problems) != 1 else ''}:"
-    return "\n".join([head, *(f"  {node}: {name}: {problem}\n    fix: {fix}" for node, name, problem, fix in problems)])
 
 
 def _unknown_keys(given: Mapping[str, Any], valid: Collection[str], where: str, what: str, p: Problems) -> None:

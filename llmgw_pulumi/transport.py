@@ -56,10 +56,10 @@ from .errors import (
     RemoteCommandError,
     SudoUnavailableError,
     UnreachableError,
+    WaitExpired,
     host_key_fix,
 )
-from .remote import Script
-from .runner import Result
+from .remote import Result, Script
 from .specs import Connection
 
 log = logging.getLogger(__name__)
@@ -291,10 +291,6 @@ def _feed(chan: paramiko.Channel, data: bytes) -> None:
 UNREACHABLE_MEMORY = 30.0
 """Seconds a node that could not be reached is reported unreachable at once, without waiting again:
 a refresh of a machine that is gone costs one wait, not one per resource."""
-
-
-class WaitExpired(UnreachableError):
-    """The node did not answer SSH within its wait: remembered by the pool, so it is not waited for again at once."""
 
 
 class Endpoint(Protocol):
