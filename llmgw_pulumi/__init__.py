@@ -13,6 +13,7 @@ every error it may raise is importable from here.
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _dist_version
 
+from .agent_settings import AgentSettings, BinarySource, Discovery, Fabric
 from .errors import (
     AgentStartError,
     AuthenticationError,
@@ -47,7 +48,6 @@ from .providers.agent import AgentInstall, AgentInstallArgs
 from .providers.certificate import ClientCertificate, ClientCertificateArgs
 from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
-from .specs import AgentSettings, Discovery, Fabric
 
 try:
     __version__: str = _dist_version("llmgw-pulumi")
@@ -56,7 +56,7 @@ except _PackageNotFoundError:  # imported from a source tree that was never inst
 
 __all__ = [
     # the component, its resources and their Args
-    "Node", "NodeArgs", "ConnectionArgs", "AgentSettings", "Discovery", "Fabric",
+    "Node", "NodeArgs", "ConnectionArgs", "AgentSettings", "Discovery", "Fabric", "BinarySource",
     "ClientCertificate", "ClientCertificateArgs", "NodeIdentity", "NodeIdentityArgs",
     "AgentInstall", "AgentInstallArgs", "EngineCheck", "EngineCheckArgs",
     # every error (errors.__all__, in the order of its hierarchy)

@@ -55,19 +55,9 @@ class NodeArgs:
     """The default signer's directory (ca.pem, ca-key.pem); None with ``signer``."""
     settings: AgentSettings
     """What agent.yaml says: servers, and the overrides given (mgmt_addr, fabrics, discovery, engines...)."""
-    version: pulumi.Input[str]
-    release_url: pulumi.Input[str] | None = None
-    binary_path: pulumi.Input[str] | None = None
-    binary_sha256: pulumi.Input[str] | None = None
-    release_sha256: pulumi.Input[Mapping[str, str]] | None = None
-    """A release's approved sha256 by architecture (llmgw_pulumi.release.approve); None: approved by the provider
-    when it installs (from checksums.txt over https, signed by ``signing_key`` when given)."""
-    signing_key: pulumi.Input[str] | None = None
-    """The OpenSSH public key a release's checksums.txt must be signed with (``ssh-ed25519 AAAA...``)."""
-    release_ca: pulumi.Input[str] | None = None
-    """The release server's CA bundle (PEM) on the operator's machine; None: the system's trust store."""
-    fetch: pulumi.Input[str] | None = None
-    """``node`` (None: each node downloads the release) or ``operator`` (downloaded here, pushed over SSH)."""
+    binary: BinarySource
+    """Where /usr/local/bin/llmgw comes from: a release (version, release_url, and how it is verified:
+    release_sha256, signing_key, release_ca, fetch) or a local build (binary_path, binary_sha256)."""
     validity_hours: pulumi.Input[float] | None = None
     renew_before_hours: pulumi.Input[float] | None = None
     fail_on_engine_problems: pulumi.Input[bool] | None = None
@@ -120,15 +110,10 @@ class Node(pulumi.ComponentResource):
         # Every later connection expects the host key NodeIdentity saw (or was given).
         known_host_key = self.identity.host_key
 
-        # The spec types are typed for known values; in Args any of them may be a pulumi Output.
-        binary = BinarySource(version=args.version, release_url=args.release_url,  # type: ignore[arg-type]
-                              binary_path=args.binary_path, binary_sha256=args.binary_sha256,  # type: ignore[arg-type]
-                              release_sha256=args.release_sha256, signing_key=args.signing_key,  # type: ignore[arg-type]
-                              release_ca=args.release_ca, fetch=args.fetch)  # type: ignore[arg-type]
         self.agent = AgentInstall(name, AgentInstallArgs(
             node_id=args.node_id, connection=conn, known_host_key=known_host_key,
             known_jump_host_keys=self.identity.jump_host_keys, hostname=self.identity.hostname,
-            settings=args.settings, binary=binary, rollout=args.rollout,
+            settings=args.settings, binary=args.binary, rollout=args.rollout,
         ), child)
 
         self.engine_check = EngineCheck(name, EngineCheckArgs(

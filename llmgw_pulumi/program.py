@@ -21,7 +21,7 @@ from pulumi.runtime import config as runtime_config
 from . import fleet, release, rollout, signer, stack_config, validate
 from .errors import ConfigError, LlmgwError
 from .node import Node, NodeArgs, engine_problems
-from .specs import Rollout
+from .specs import BinarySource, Rollout
 
 CONFIG_NAMESPACE = "llmgw"
 
@@ -109,9 +109,9 @@ def ssh_credentials(spec: stack_config.StackSpec, secrets: dict[str, pulumi.Outp
     return {**credentials, "private_key_path": str(path)}
 
 
-def agent_inputs(source: stack_config.AgentSource, dry_run: bool | None = None) -> dict[str, Any]:
-    """AgentInstall's binary inputs (version, release_url, binary_path, binary_sha256, and for a release how it is
-    verified: release_sha256, signing_key, release_ca, fetch) from a configured source.
+def agent_inputs(source: BinarySource, dry_run: bool | None = None) -> BinarySource:
+    """AgentInstall's binary (version, release_url, binary_path, binary_sha256, and for a release how it is
+    verified: release_sha256, signing_key, release_ca, fetch) from the source the stack config gives.
 
     A release's digests are approved here (llmgw_pulumi.release.approve): from the pins, without any network;
     otherwise from its checksums.txt, fetched over https (and its signature checked) once per release and run
@@ -119,18 +119,17 @@ def agent_inputs(source: stack_config.AgentSource, dry_run: bool | None = None) 
     leaves them out (the diff does not compare them, so an unchanged version shows no change).
     """
     version, release_url, binary_path, binary_sha = source.version, source.release_url, None, None
-    if source.binary:
-        binary_path, version, binary_sha = local_binary(source.binary)
+    if source.binary_path:
+        binary_path, version, binary_sha = local_binary(source.binary_path)
         if validate.RELEASE_TAG.match(version):
             binary_path = binary_sha = None  # a release build: downloaded and verified like any release
             if not release_url:
                 raise ConfigError("llmgw", "agent.releaseUrl", f"the local binary is release {version}, which nodes download",
                                   "give agent.releaseUrl")
-    inputs: dict[str, Any] = {"version": version, "release_url": release_url, "binary_path": binary_path,
-                              "binary_sha256": binary_sha}
-    if binary_path is not None or version is None or release_url is None:
-        return inputs
-    pins = tuple(sorted((arch, digest.lower()) for arch, digest in (source.sha256 or {}).items()))
+    copied = BinarySource(version=version, release_url=release_url, binary_path=binary_path, binary_sha256=binary_sha)
+    if binary_path is not None or not version or release_url is None:
+        return copied
+    pins = tuple(sorted((arch, digest.lower()) for arch, digest in (source.release_sha256 or {}).items()))
     ca_file = os.path.abspath(os.path.expanduser(source.release_ca)) if source.release_ca else None
     signing_key = validate.normalise_host_key(source.signing_key) if source.signing_key else None
     approved = release.Release(release_url.rstrip("/"), version, signing_key, pins, ca_file)
@@ -141,7 +140,8 @@ def agent_inputs(source: stack_config.AgentSource, dry_run: bool | None = None) 
         digests = release.approve(approved)
         if not dry_run:
             pulumi.log.info(f"llmgw {version}: the sha256 of {', '.join(sorted(digests))} approved {approved.how}")
-    return {**inputs, "release_sha256": digests, "signing_key": signing_key, "release_ca": ca_file, "fetch": source.fetch}
+    return dataclasses.replace(copied, release_sha256=digests, signing_key=signing_key, release_ca=ca_file,
+                               fetch=source.fetch)
 
 
 def rollout_plan(spec: stack_config.StackSpec) -> Rollout | None:
@@ -223,8 +223,8 @@ class Plan:
     """What the program registers, every config value resolved and checked (``plan()``)."""
 
     spec: stack_config.StackSpec
-    agents: dict[str, dict[str, Any]]
-    """Per node id: AgentInstall's binary inputs (see agent_inputs)."""
+    agents: dict[str, BinarySource]
+    """Per node id: AgentInstall's binary (see agent_inputs)."""
     credentials: dict[str, Any]
     """The connection's key fields (see ssh_credentials)."""
     pki_dir: str | None
@@ -245,8 +245,8 @@ def plan() -> Plan:
     spec = stack_config.parse(raw, has_secret_key=stack_config.SECRET_KEY in secrets, secret_keys=secret_names,
                               has_agent=bool(os.environ.get("SSH_AUTH_SOCK")),
                               has_ca_key=stack_config.CA_KEY in secrets)
-    stack_agent = agent_inputs(spec.agent) if any(n.agent is None for n in spec.nodes) else {}
-    agents = {n.node_id: agent_inputs(n.agent) if n.agent else stack_agent for n in spec.nodes}
+    stack_agent = functools.cache(lambda: agent_inputs(spec.agent))  # once, and only when a node uses it
+    agents = {n.node_id: agent_inputs(n.agent) if n.agent else stack_agent() for n in spec.nodes}
     pki_dir = os.path.abspath(os.path.expanduser(spec.pki_dir)) if spec.pki_dir else None
     return Plan(spec, agents, ssh_credentials(spec, secrets), pki_dir, rollout_plan(spec),
                 signer_inputs(spec.signer), secrets.get(stack_config.CA_KEY) if _signs_with_ca_key(spec) else None,
@@ -302,7 +302,6 @@ def register(stack_plan: Plan) -> dict[str, Node]:
     # Canaries are registered first, so that the engine reaches their updates before the others'.
     canaries = stack_plan.rollout.canaries if stack_plan.rollout else ()
     for n in sorted(spec.nodes, key=lambda n: n.node_id not in canaries):
-        agent = stack_plan.agents[n.node_id]
         nodes[n.node_id] = Node(n.node_id, NodeArgs(
             node_id=n.node_id,
             connection=dataclasses.replace(n.connection, **stack_plan.credentials),
@@ -310,7 +309,7 @@ def register(stack_plan: Plan) -> dict[str, Node]:
             signer=stack_plan.signer,
             ca_key=stack_plan.ca_key,
             settings=n.settings,
-            **agent,
+            binary=stack_plan.agents[n.node_id],
             validity_hours=spec.validity_hours,
             renew_before_hours=spec.renew_before_hours,
             fail_on_engine_problems=n.fail_on_engine_problems,

@@ -35,25 +35,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import validate
+from .agent_settings import FABRIC_SCHEMA, collect_fabric
 from .errors import StackConfigError as StackConfigError  # raised by parse; its home is errors
+from .schema import Problems, Schema, Spelling, build, collect_fields, collect_one, config_schema, renamed
 from .specs import (
-    FABRIC_SCHEMA,
     AgentSettings,
     BinarySource,
     CertificateSpec,
     Connection,
     EngineCheckSpec,
-    Problems,
     Rollout,
-    Schema,
-    build,
     check_renewal,
-    collect_fabric,
-    collect_fields,
-    collect_one,
-    config_schema,
     hops_as_given,
-    renamed,
 )
 
 # Which of a spec's settings each part of the stack config holds; their keys and validation are the spec's.
@@ -108,29 +101,14 @@ def key_paths(schema: Schema = SCHEMA, prefix: str = "") -> set[str]:
 
 
 @dataclass(frozen=True)
-class AgentSource:
-    version: str | None
-    release_url: str | None
-    binary: str | None
-    sha256: Mapping[str, str] | None = None
-    """agent.sha256: arch -> the pinned sha256 of this version's binaries."""
-    signing_key: str | None = None
-    """agent.signingKey: the OpenSSH public key checksums.txt must be signed with."""
-    release_ca: str | None = None
-    """agent.releaseCa: the release server's CA bundle on this machine (as given: ~ is expanded by the program)."""
-    fetch: str | None = None
-    """agent.fetch: node (None) or operator."""
-
-
-@dataclass(frozen=True)
 class NodeConfig:
     node_id: str
     connection: Connection
     """How to reach the node, without the SSH key: the program adds it."""
     settings: AgentSettings
     fail_on_engine_problems: bool = False
-    agent: AgentSource | None = None
-    """This node's own agent source (e.g. a canary on a newer release); None: the stack's."""
+    agent: BinarySource | None = None
+    """This node's own binary source (e.g. a canary on a newer release); None: the stack's."""
     key_origin: str = CertificateSpec.key_origin
     """Where the node's key pair is made (``keyOrigin``): on the node, or on the operator's machine."""
 
@@ -149,7 +127,7 @@ class SignerConfig:
 @dataclass(frozen=True)
 class StackSpec:
     pki_dir: str | None
-    agent: AgentSource
+    agent: BinarySource
     ssh_private_key_path: str | None
     validity_hours: float
     renew_before_hours: float
@@ -176,7 +154,7 @@ def _mapping(value: Any, name: str, p: Problems) -> Mapping[str, Any]:
     return value
 
 
-def _agent_source(value: Any, name: str, p: Problems, fallback: AgentSource | None = None) -> AgentSource:
+def _agent_source(value: Any, name: str, p: Problems, fallback: BinarySource | None = None) -> BinarySource:
     """{version, releaseUrl, ...} for a release, or {binary} for a local build (whose --version decides).
 
     A node's own agent settings fall back to the stack's: releaseUrl, signingKey, releaseCa and fetch always;
@@ -190,36 +168,35 @@ def _agent_source(value: Any, name: str, p: Problems, fallback: AgentSource | No
         inherited = {"releaseUrl": fallback.release_url, "signingKey": fallback.signing_key,
                      "releaseCa": fallback.release_ca, "fetch": fallback.fetch}
         if "version" not in agent and "binary" not in agent:
-            inherited.update(version=fallback.version, binary=fallback.binary)
+            inherited.update(version=fallback.version or None, binary=fallback.binary_path)
         if agent.get("version", fallback.version) == fallback.version and "binary" not in agent:
-            inherited["sha256"] = fallback.sha256
+            inherited["sha256"] = fallback.release_sha256
     given = {**{k: v for k, v in inherited.items() if v is not None}, **agent}
-    BinarySource.collect(given, p, config=True, prefix=f"{name}.")
+    BinarySource.collect(given, p, prefix=f"{name}.")
     binary = given.get("binary")
     if binary is not None:
         # A path on this machine, made absolute by the program: `~/src/llmgw/llmgw` is fine.
         p.check(f"{name}.binary", binary, lambda v: validate.local_path(v, "path of the local llmgw build"))
-    return AgentSource(version=given.get("version"), release_url=given.get("releaseUrl"), binary=binary,
-                       sha256=given.get("sha256"), signing_key=given.get("signingKey"),
-                       release_ca=given.get("releaseCa"), fetch=given.get("fetch"))
+    # As given: the program reads a local build's version, expands ~ and approves the digests.
+    return BinarySource(**{"version": "", **renamed(BinarySource, given)})
 
 
-def _check_node(raw: Mapping[str, Any], p: Problems, stack_agent: AgentSource) -> AgentSource | None:
+def _check_node(raw: Mapping[str, Any], p: Problems, stack_agent: BinarySource) -> BinarySource | None:
     """Validate one node's settings by the specs' own fields; returns its own agent source, if any."""
     _unknown_keys(raw, NODE_SCHEMA, "", "a node setting", p)
     p.check("id", raw.get("id"), validate.node_id)
-    collect_fields(Connection, raw, p, config=True, only=NODE_CONNECTION_FIELDS)
-    collect_fields(AgentSettings, raw, p, config=True, partial=True)
-    collect_fields(EngineCheckSpec, raw, p, config=True, partial=True)
-    collect_fields(CertificateSpec, raw, p, config=True, partial=True, only=NODE_CERTIFICATE_FIELDS)
+    collect_fields(Connection, raw, p, only=NODE_CONNECTION_FIELDS)
+    collect_fields(AgentSettings, raw, p, partial=True)
+    collect_fields(EngineCheckSpec, raw, p, partial=True)
+    collect_fields(CertificateSpec, raw, p, partial=True, only=NODE_CERTIFICATE_FIELDS)
     if "fabric" in raw:
         if "fabrics" in raw:
             p.add("fabric", "is given together with fabrics", "use fabric for one fabric, or fabrics for several")
-        collect_fabric(raw["fabric"], p, "fabric", True)
+        collect_fabric(raw["fabric"], p, "fabric")
     return _agent_source(raw["agent"], "agent", p, fallback=stack_agent) if "agent" in raw else None
 
 
-def _node(raw: Mapping[str, Any], agent: AgentSource | None, config: Mapping[str, Any], ssh: Mapping[str, Any],
+def _node(raw: Mapping[str, Any], agent: BinarySource | None, config: Mapping[str, Any], ssh: Mapping[str, Any],
           cert: Mapping[str, Any]) -> NodeConfig:
     """A valid node's typed settings; those it does not give are the stack's."""
     given = {"servers": config.get("servers"), **raw}
@@ -243,7 +220,7 @@ def _rollout(value: Any, node_ids: list[Any], p: Problems) -> Rollout | None:
     rollout = _mapping(value, "rollout", p)
     _unknown_keys(rollout, ROLLOUT_SCHEMA, "rollout", "a rollout setting", p)
     before = len(p.items)
-    collect_fields(Rollout, rollout, p, config=True, prefix="rollout.")
+    collect_fields(Rollout, rollout, p, prefix="rollout.")
     canaries = rollout.get("canary", [])
     for node in [canaries] if isinstance(canaries, str) else canaries if isinstance(canaries, list) else []:
         if isinstance(node, str) and validate.node_id(node) is None and node not in node_ids:
@@ -294,19 +271,19 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
     ssh-agent is there to log in with, so no key need be configured.
     """
     everyone: list[tuple[str, str, str, str]] = []
-    top = Problems("llmgw")
+    top = Problems("llmgw", Spelling.STACK_CONFIG)
     _unknown_keys({**config, **dict.fromkeys(secret_keys)}, SCHEMA, "", "a setting of this project", top)
     # A setting held as a secret is not read: say so, rather than that it is missing.
     unread = [key for key in secret_keys if key in SCHEMA and key not in SECRET_KEYS]
     signer = _signer(config.get("signer"), has_ca_key=CA_KEY in secret_keys or has_ca_key, p=top)
     if signer is None or signer.kind == "pkiDir":
-        collect_one(CertificateSpec, "pki_dir", config, top, config=True)  # required with the default signer
-    collect_fields(AgentSettings, config, top, config=True, only=["servers"])
-    collect_fields(EngineCheckSpec, config, top, config=True)
+        collect_one(CertificateSpec, "pki_dir", config, top)  # required with the default signer
+    collect_fields(AgentSettings, config, top, only=["servers"])
+    collect_fields(EngineCheckSpec, config, top)
     agent = _agent_source(config.get("agent"), "agent", top)
     ssh = _mapping(config.get("ssh"), "ssh", top)
     _unknown_keys(ssh, SSH_SCHEMA, "ssh", "an ssh setting", top)
-    collect_fields(Connection, ssh, top, config=True, prefix="ssh.", only=SSH_FIELDS)
+    collect_fields(Connection, ssh, top, prefix="ssh.", only=SSH_FIELDS)
     if ssh.get("privateKeyPath"):  # made absolute by the program: `~/.ssh/id_ed25519` is fine
         top.check("ssh.privateKeyPath", ssh["privateKeyPath"], lambda v: validate.local_path(v, "path of the SSH private key"))
     if not has_secret_key and not has_agent and not ssh.get("privateKeyPath"):
@@ -315,8 +292,8 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
                 "or run Pulumi with SSH_AUTH_SOCK pointing at an ssh-agent holding the key")
     cert = _mapping(config.get("certificate"), "certificate", top)
     _unknown_keys(cert, CERTIFICATE_SCHEMA, "certificate", "a certificate setting", top)
-    collect_fields(CertificateSpec, cert, top, config=True, prefix="certificate.", only=CERTIFICATE_FIELDS)
-    check_renewal(cert, top, config=True, prefix="certificate.")
+    collect_fields(CertificateSpec, cert, top, prefix="certificate.", only=CERTIFICATE_FIELDS)
+    check_renewal(cert, top, prefix="certificate.")
     everyone += [("llmgw", *item) for item in top if re.split(r"[.\[]", item[0])[0] not in unread]
     everyone += [("llmgw", key, f"is set as a secret, but only {', '.join(SECRET_KEYS[:-1])} and {SECRET_KEYS[-1]} are read as secrets",
                   f"set it again without --secret: `pulumi config set llmgw:{key} ...`") for key in unread]
@@ -326,13 +303,13 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
         if "nodes" not in unread:
             everyone.append(("llmgw", "nodes", "is empty or missing", "list the nodes to onboard: - {id: gpu-01, address: 10.0.0.11}"))
         raw_nodes = []
-    valid: list[tuple[Mapping[str, Any], AgentSource | None]] = []
+    valid: list[tuple[Mapping[str, Any], BinarySource | None]] = []
     seen_ids: dict[str, int] = {}
     seen_addrs: dict[tuple[str, Any], str] = {}
     for i, raw in enumerate(raw_nodes):
         # An invalid id (newlines, quotes...) would make a confusing label: use the position instead.
         good_id = isinstance(raw, Mapping) and validate.node_id(raw.get("id")) is None
-        p = Problems(f"node {raw['id']}" if good_id else f"nodes[{i}]")
+        p = Problems(f"node {raw['id']}" if good_id else f"nodes[{i}]", Spelling.STACK_CONFIG)
         if not isinstance(raw, Mapping):
             p.add("", "is not a mapping", "write each node as {id: ..., address: ...}")
             everyone += [(p.node, *item) for item in p]
@@ -351,7 +328,7 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
         node_agent = _check_node(raw, p, agent)
         everyone += [(p.node, *item) for item in p]
         valid.append((raw, node_agent))
-    rollout_problems = Problems("llmgw")
+    rollout_problems = Problems("llmgw", Spelling.STACK_CONFIG)
     rollout = _rollout(config.get("rollout"), [raw.get("id") for raw, _ in valid], rollout_problems)
     everyone += [("llmgw", *item) for item in rollout_problems]
     if everyone:

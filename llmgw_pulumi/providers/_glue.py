@@ -31,6 +31,7 @@ from ..desired import NodeFile
 from ..errors import LlmgwError
 from ..remote import Exit
 from ..runner import Runner
+from ..schema import replace_keys
 from ..specs import Connection, Problems, is_unknown
 from ..text import printable
 from . import _diagnostics
@@ -47,7 +48,7 @@ READ_WAIT = 15.0
 def for_read(conn: Any) -> Any:
     """The connection as read() uses it: waiting at most READ_WAIT for the node."""
     return dataclasses.replace(conn, wait=min(conn.wait, READ_WAIT))
-CONNECTION_REPLACE_KEYS = ("host", "port")
+CONNECTION_REPLACE_KEYS = replace_keys(Connection)
 """A different address or port is a different machine: its resources are replaced, not updated."""
 
 
