@@ -43,11 +43,12 @@ from .errors import (
     UnsafeDirectoryError,
     WaitExpired,
 )
-from .node import ConnectionArgs, Node, NodeArgs
+from .node import ConnectionArgs, Node, NodeArgs, node_settings
 from .providers.agent import AgentInstall, AgentInstallArgs
 from .providers.certificate import ClientCertificate, ClientCertificateArgs
 from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
+from .schema import SettingInfo
 
 try:
     __version__: str = _dist_version("llmgw-pulumi")
@@ -57,6 +58,8 @@ except _PackageNotFoundError:  # imported from a source tree that was never inst
 __all__ = [
     # the component, its resources and their Args
     "Node", "NodeArgs", "ConnectionArgs", "AgentSettings", "Discovery", "Fabric", "BinarySource",
+    # every setting of a node, described (for schemas in other languages)
+    "node_settings", "SettingInfo",
     "ClientCertificate", "ClientCertificateArgs", "NodeIdentity", "NodeIdentityArgs",
     "AgentInstall", "AgentInstallArgs", "EngineCheck", "EngineCheckArgs",
     # every error (errors.__all__, in the order of its hierarchy)

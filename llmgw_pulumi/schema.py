@@ -328,6 +328,34 @@ def describe(cls: type, path: tuple[str, ...] = ()) -> list[SettingInfo]:
     return out
 
 
+def declared_in(spec: type, name: str | None = None, *, config: str | None = None, **default: Any) -> Any:
+    """A field of an Args class that is ``spec``'s setting ``name``, declared there (None: all of ``spec``'s
+    settings, nested under this field, whose stack-config mapping is ``config``, when it has one)."""
+    return field(metadata={"declared_in": (spec, name, config)}, **default)
+
+
+def describe_args(cls: type) -> list[SettingInfo]:
+    """Every setting of the Args dataclass ``cls``, as ``describe`` lists a spec's: each field's declaration is
+    where ``declared_in`` points (a field without one says its own ``doc`` and ``secret`` in its metadata)."""
+    out: list[SettingInfo] = []
+    for f in fields(cls):
+        spec, name, config = f.metadata.get("declared_in", (None, None, None))
+        if spec is None:
+            out.append(SettingInfo(path=(f.name,), config_key=None, type=str(f.type), default=f.default,
+                                   doc=f.metadata.get("doc", ""), nested=False, secret=f.metadata.get("secret", False),
+                                   replaces=False, agent_yaml=None))
+        elif name is None:
+            doc = (spec.__doc__ or "").strip().split("\n")[0]
+            out.append(SettingInfo(path=(f.name,), config_key=config, type=spec.__name__,
+                                   default=REQUIRED if _required(f) else f.default, doc=doc, nested=True,
+                                   secret=False, replaces=False, agent_yaml=None))
+            out += describe(spec, (f.name,))
+        else:
+            (info,) = (i for i in describe(spec) if i.path == (name,))
+            out.append(dataclasses.replace(info, path=(f.name,)))
+    return out
+
+
 # --------------------------------------------------------------------------- specs as inputs
 
 
