@@ -13,36 +13,9 @@ every error it may raise is importable from here.
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _dist_version
 
+from . import errors
 from .agent_settings import AgentSettings, BinarySource, Discovery, Fabric
-from .errors import (
-    AgentStartError,
-    AuthenticationError,
-    AuthorityError,
-    CertificatePolicyError,
-    CertificateRequestError,
-    ChecksumMismatchError,
-    ConfigError,
-    EngineWillNotRunError,
-    HostKeyChangedError,
-    LlmgwError,
-    NodeBusyError,
-    NodeDiskFullError,
-    NodeKeyMissingError,
-    NodeLockUnavailableError,
-    NoKeygenError,
-    ReleaseFetchError,
-    ReleaseSignatureError,
-    ReleaseVersionError,
-    RemoteCommandError,
-    RolloutStoppedError,
-    SignedCertificateError,
-    SignerError,
-    StackConfigError,
-    SudoUnavailableError,
-    UnreachableError,
-    UnsafeDirectoryError,
-    WaitExpired,
-)
+from .errors import *  # noqa: F403 - every error, as errors.__all__ lists them (its hierarchy)
 from .node import ConnectionArgs, Node, NodeArgs, node_settings
 from .providers.agent import AgentInstall, AgentInstallArgs
 from .providers.certificate import ClientCertificate, ClientCertificateArgs
@@ -62,12 +35,6 @@ __all__ = [
     "node_settings", "SettingInfo",
     "ClientCertificate", "ClientCertificateArgs", "NodeIdentity", "NodeIdentityArgs",
     "AgentInstall", "AgentInstallArgs", "EngineCheck", "EngineCheckArgs",
-    # every error (errors.__all__, in the order of its hierarchy)
-    "LlmgwError", "ConfigError", "StackConfigError", "AuthorityError", "CertificateRequestError",
-    "CertificatePolicyError", "SignerError", "SignedCertificateError", "UnreachableError", "WaitExpired",
-    "HostKeyChangedError", "AuthenticationError", "SudoUnavailableError", "ReleaseFetchError", "ChecksumMismatchError",
-    "ReleaseSignatureError", "ReleaseVersionError", "UnsafeDirectoryError", "NodeDiskFullError", "NodeBusyError",
-    "NodeLockUnavailableError", "NoKeygenError", "NodeKeyMissingError", "AgentStartError", "EngineWillNotRunError",
-    "RolloutStoppedError", "RemoteCommandError",
     "__version__",
 ]
+__all__ += errors.__all__
