@@ -49,28 +49,47 @@ from .specs import (
     hops_as_given,
 )
 
-# Which of a spec's settings each part of the stack config holds; their keys and validation are the spec's.
-SSH_FIELDS = ("user", "wait", "port", "jump")
-NODE_CONNECTION_FIELDS = ("host", "port", "user", "host_key", "jump")
-VALIDITY_FIELDS = ("validity_hours", "renew_before_hours")
-CERTIFICATE_FIELDS = (*VALIDITY_FIELDS, "key_origin")
-NODE_CERTIFICATE_FIELDS = ("key_origin",)
+
+@dataclass(frozen=True)
+class Part:
+    """Which of a spec's settings one mapping of the stack config holds; their keys and validation are the spec's."""
+
+    spec: type
+    fields: tuple[str, ...] | None = None
+    """By input name; None: every setting of the spec that has a stack-config key."""
+    partial: bool = False
+    """A setting it does not give falls back to the stack's (so none is required here)."""
+
+    def collect(self, values: Mapping[str, Any], problems: Problems, prefix: str = "") -> None:
+        collect_fields(self.spec, values, problems, prefix=prefix, only=self.fields, partial=self.partial)
+
+
+def parts_schema(*parts: Part) -> dict[str, Any]:
+    """The stack-config keys of ``parts``, with their sub-settings."""
+    return {key: sub for part in parts for key, sub in config_schema(part.spec, part.fields).items()}
+
+
+TOP_PARTS = (Part(AgentSettings, ("servers",)), Part(EngineCheckSpec))
+"""What llmgw:* itself holds (besides the mappings below, the signer and the nodes)."""
+SSH_PART = Part(Connection, ("user", "wait", "port", "jump"))
+"""llmgw:ssh: how every node is reached, unless it says otherwise (and privateKeyPath, read by the program)."""
+CERTIFICATE_PART = Part(CertificateSpec, ("validity_hours", "renew_before_hours", "key_origin"))
+"""llmgw:certificate."""
+NODE_PARTS = (Part(Connection, ("host", "port", "user", "host_key", "jump")), Part(AgentSettings, partial=True),
+              Part(EngineCheckSpec, partial=True), Part(CertificateSpec, ("key_origin",), partial=True))
+"""One entry of llmgw:nodes (besides its id, fabric and agent): what it does not give is the stack's."""
 
 AGENT_SCHEMA: Schema = config_schema(BinarySource)
-SSH_SCHEMA: Schema = {**config_schema(Connection, SSH_FIELDS), "privateKeyPath": None}
-CERTIFICATE_SCHEMA: Schema = config_schema(CertificateSpec, CERTIFICATE_FIELDS)
+SSH_SCHEMA: Schema = {**parts_schema(SSH_PART), "privateKeyPath": None}
+CERTIFICATE_SCHEMA: Schema = parts_schema(CERTIFICATE_PART)
 ROLLOUT_SCHEMA: Schema = config_schema(Rollout)
-NODE_SCHEMA: Schema = {
-    "id": None, **config_schema(Connection, NODE_CONNECTION_FIELDS), **config_schema(AgentSettings),
-    "fabric": FABRIC_SCHEMA, **config_schema(EngineCheckSpec), "agent": AGENT_SCHEMA,
-    **config_schema(CertificateSpec, NODE_CERTIFICATE_FIELDS),
-}
+NODE_SCHEMA: Schema = {"id": None, **parts_schema(*NODE_PARTS), "fabric": FABRIC_SCHEMA, "agent": AGENT_SCHEMA}
 SIGNER_SCHEMA: Schema = {"kind": None, "ca": None, "command": None, "timeoutSeconds": None, "maxParallel": None}
 SCHEMA: Schema = {
     "pkiDir": None, "signer": SIGNER_SCHEMA, "caKey": None, "servers": None, "agent": AGENT_SCHEMA,
     "ssh": SSH_SCHEMA, "sshPrivateKey": None, "sshKeyPassphrase": None, "caKeyPassphrase": None,
     "certificate": CERTIFICATE_SCHEMA,
-    **config_schema(EngineCheckSpec), "rollout": ROLLOUT_SCHEMA, "nodes": [NODE_SCHEMA],
+    **parts_schema(*TOP_PARTS), "rollout": ROLLOUT_SCHEMA, "nodes": [NODE_SCHEMA],
 }
 """Every setting of the llmgw namespace; anything else in a stack's config is refused by name."""
 SECRET_KEY = "sshPrivateKey"
@@ -185,10 +204,8 @@ def _check_node(raw: Mapping[str, Any], p: Problems, stack_agent: BinarySource) 
     """Validate one node's settings by the specs' own fields; returns its own agent source, if any."""
     _unknown_keys(raw, NODE_SCHEMA, "", "a node setting", p)
     p.check("id", raw.get("id"), validate.node_id)
-    collect_fields(Connection, raw, p, only=NODE_CONNECTION_FIELDS)
-    collect_fields(AgentSettings, raw, p, partial=True)
-    collect_fields(EngineCheckSpec, raw, p, partial=True)
-    collect_fields(CertificateSpec, raw, p, partial=True, only=NODE_CERTIFICATE_FIELDS)
+    for part in NODE_PARTS:
+        part.collect(raw, p)
     if "fabric" in raw:
         if "fabrics" in raw:
             p.add("fabric", "is given together with fabrics", "use fabric for one fabric, or fabrics for several")
@@ -278,12 +295,12 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
     signer = _signer(config.get("signer"), has_ca_key=CA_KEY in secret_keys or has_ca_key, p=top)
     if signer is None or signer.kind == "pkiDir":
         collect_one(CertificateSpec, "pki_dir", config, top)  # required with the default signer
-    collect_fields(AgentSettings, config, top, only=["servers"])
-    collect_fields(EngineCheckSpec, config, top)
+    for part in TOP_PARTS:
+        part.collect(config, top)
     agent = _agent_source(config.get("agent"), "agent", top)
     ssh = _mapping(config.get("ssh"), "ssh", top)
     _unknown_keys(ssh, SSH_SCHEMA, "ssh", "an ssh setting", top)
-    collect_fields(Connection, ssh, top, prefix="ssh.", only=SSH_FIELDS)
+    SSH_PART.collect(ssh, top, "ssh.")
     if ssh.get("privateKeyPath"):  # made absolute by the program: `~/.ssh/id_ed25519` is fine
         top.check("ssh.privateKeyPath", ssh["privateKeyPath"], lambda v: validate.local_path(v, "path of the SSH private key"))
     if not has_secret_key and not has_agent and not ssh.get("privateKeyPath"):
@@ -292,7 +309,7 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
                 "or run Pulumi with SSH_AUTH_SOCK pointing at an ssh-agent holding the key")
     cert = _mapping(config.get("certificate"), "certificate", top)
     _unknown_keys(cert, CERTIFICATE_SCHEMA, "certificate", "a certificate setting", top)
-    collect_fields(CertificateSpec, cert, top, prefix="certificate.", only=CERTIFICATE_FIELDS)
+    CERTIFICATE_PART.collect(cert, top, "certificate.")
     check_renewal(cert, top, prefix="certificate.")
     everyone += [("llmgw", *item) for item in top if re.split(r"[.\[]", item[0])[0] not in unread]
     everyone += [("llmgw", key, f"is set as a secret, but only {', '.join(SECRET_KEYS[:-1])} and {SECRET_KEYS[-1]} are read as secrets",
