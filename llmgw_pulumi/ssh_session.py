@@ -1,6 +1,6 @@
 """An authenticated SSH connection to one node, running scripts as root (``sudo -n`` for another user).
 
-llmgw_pulumi.transport makes and pools these; a ``Session`` is the ``runner.Runner`` a provider runs scripts in.
+llmgw_pulumi.transport makes and pools these; a ``Session`` is the ``sessions.Runner`` a provider runs scripts in.
 """
 
 from __future__ import annotations

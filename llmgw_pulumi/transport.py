@@ -18,7 +18,7 @@
   key that differs from the expected one is refused, naming both fingerprints.
 - Root: when the user is not root every script runs under ``sudo -n``; a sudo
   that wants a password, or a user without sudo, is a clear error.
-- Reuse: a ``Pool`` (the provider process's ``runner.Nodes``) keeps one
+- Reuse: a ``Pool`` (the provider process's ``sessions.Nodes``) keeps one
   connection per (route, user, key), so all resources of one node share one
   SSH handshake per deployment; a connection idle for ``IDLE_SECONDS`` is
   closed by the pool's reaper.
@@ -186,7 +186,7 @@ PoolKey = tuple[str, ...]
 
 
 class Pool:
-    """The SSH connections of one provider process (its ``runner.Nodes``).
+    """The SSH connections of one provider process (its ``sessions.Nodes``).
 
     One connection per route (jump hosts and node) and credentials, handed to
     every resource of that node; a jump host's connection carries every node

@@ -9,7 +9,7 @@ tests/fakenode.py runs the real scripts against a directory on the test
 machine, so the providers' create, update, read and delete run in seconds,
 without root and without SSH.
 
-Imports run one way: ``remote`` (Script, Result) <- ``runner`` <- ``transport``
+Imports run one way: ``remote`` (Script, Result) <- ``sessions`` <- ``transport``
 (imported by ``current`` on first use); ``transport`` never imports this module.
 """
 
