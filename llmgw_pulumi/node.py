@@ -36,13 +36,14 @@ from typing import Any
 
 import pulumi
 
+from .agent_settings import AgentSettings, BinarySource
 from .providers.agent import AgentInstall, AgentInstallArgs
 from .providers.certificate import ClientCertificate, ClientCertificateArgs
 from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
 from .schema import SettingInfo, declared_in, describe_args
 from .shards import PACKAGE, provider_for
-from .specs import KEY_ORIGIN_NODE, AgentSettings, BinarySource, CertificateSpec, Connection, EngineCheckSpec, Rollout
+from .specs import KEY_ORIGIN_NODE, CertificateSpec, Connection, EngineCheckSpec, Rollout
 
 ConnectionArgs = Connection
 """How to reach the node over SSH: host, user, port, private_key (made secret) or private_key_path, host_key, wait."""

@@ -19,9 +19,10 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from . import fleet, release, rollout, signer, stack_config, validate
+from .agent_settings import BinarySource
 from .errors import ConfigError, LlmgwError
 from .node import Node, NodeArgs, engine_problems
-from .specs import BinarySource, Rollout
+from .specs import Rollout
 
 CONFIG_NAMESPACE = "llmgw"
 

@@ -35,12 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import validate
-from .agent_settings import FABRIC_SCHEMA, collect_fabric
+from .agent_settings import FABRIC_SCHEMA, AgentSettings, BinarySource, collect_fabric
 from .errors import StackConfigError as StackConfigError  # raised by parse; its home is errors
 from .schema import Problems, Schema, Spelling, build, collect_fields, collect_one, config_schema, renamed
 from .specs import (
-    AgentSettings,
-    BinarySource,
     CertificateSpec,
     Connection,
     EngineCheckSpec,
