@@ -10,47 +10,31 @@ A program of your own builds nodes with
 every error it may raise is importable from here.
 """
 
-from importlib.metadata import PackageNotFoundError
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _dist_version
 
-from .errors import (
-    AgentStartError,
-    AuthenticationError,
-    AuthorityError,
-    ChecksumMismatchError,
-    ConfigError,
-    EngineWillNotRunError,
-    HostKeyChangedError,
-    LlmgwError,
-    NodeBusyError,
-    NodeDiskFullError,
-    ReleaseFetchError,
-    ReleaseSignatureError,
-    ReleaseVersionError,
-    RemoteCommandError,
-    SudoUnavailableError,
-    UnreachableError,
-    UnsafeDirectoryError,
-)
-from .node import ConnectionArgs, Node, NodeArgs
+from . import errors
+from .agent_settings import AgentSettings, BinarySource, Discovery, Fabric
+from .errors import *  # noqa: F403 - every error, as errors.__all__ lists them (its hierarchy)
+from .node import ConnectionArgs, Node, NodeArgs, node_settings
 from .providers.agent import AgentInstall, AgentInstallArgs
 from .providers.certificate import ClientCertificate, ClientCertificateArgs
 from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
-from .specs import AgentSettings, Discovery, Fabric
-from .stack_config import StackConfigError
+from .schema import SettingInfo
 
 try:
     __version__: str = _dist_version("llmgw-pulumi")
-except PackageNotFoundError:  # imported from a source tree that was never installed
+except _PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"
 
 __all__ = [
-    "AgentInstall", "AgentInstallArgs", "AgentSettings", "AgentStartError", "AuthenticationError", "AuthorityError",
-    "ChecksumMismatchError", "ClientCertificate", "ClientCertificateArgs", "ConfigError", "ConnectionArgs",
-    "Discovery", "EngineCheck", "EngineCheckArgs", "EngineWillNotRunError", "Fabric", "HostKeyChangedError",
-    "LlmgwError", "Node",
-    "NodeArgs", "NodeBusyError", "NodeDiskFullError", "NodeIdentity", "NodeIdentityArgs", "ReleaseFetchError",
-    "ReleaseSignatureError", "ReleaseVersionError", "RemoteCommandError", "StackConfigError", "SudoUnavailableError",
-    "UnreachableError", "UnsafeDirectoryError",
+    # the component, its resources and their Args
+    "Node", "NodeArgs", "ConnectionArgs", "AgentSettings", "Discovery", "Fabric", "BinarySource",
+    # every setting of a node, described (for schemas in other languages)
+    "node_settings", "SettingInfo",
+    "ClientCertificate", "ClientCertificateArgs", "NodeIdentity", "NodeIdentityArgs",
+    "AgentInstall", "AgentInstallArgs", "EngineCheck", "EngineCheckArgs",
+    "__version__",
 ]
+__all__ += errors.__all__

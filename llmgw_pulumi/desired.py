@@ -18,7 +18,8 @@ from enum import Enum
 
 import yaml
 
-from .specs import ENGINE_KEYS, AgentSettings
+from .agent_settings import AgentSettings
+from .schema import agent_yaml_entries
 
 IDENTITY_DIR = "/etc/llmgw"
 CA_PATH = "/etc/llmgw/ca.pem"
@@ -143,27 +144,17 @@ def agent_files(agent_yaml: str, unit: str) -> list[File]:
 
 
 def agent_config(node_id: str, settings: AgentSettings, hostname: str) -> dict[str, object]:
-    """The agent.yaml document as data: only what the node cannot find out for itself (SPEC step 6)."""
-    doc: dict[str, object] = {}
-    if len(settings.servers) == 1:
-        doc["server"] = settings.servers[0]
-    else:
-        doc["servers"] = list(settings.servers)
-    doc["tls"] = {"ca": CA_PATH, "cert": CERT_PATH, "key": KEY_PATH}
+    """The agent.yaml document as data: only what the node cannot find out for itself (SPEC step 6).
+
+    Each setting is where its declaration says (``agent_yaml``, llmgw_pulumi.agent_settings), in declared
+    order; the TLS paths and the node id (when the hostname is not it) follow the control planes.
+    """
+    options = agent_yaml_entries(settings)
+    servers: dict[str, object] = {key: options.pop(key) for key in ("server", "servers") if key in options}
+    doc: dict[str, object] = {**servers, "tls": {"ca": CA_PATH, "cert": CERT_PATH, "key": KEY_PATH}}
     if hostname != node_id:
         doc["node_id"] = node_id
-    if settings.mgmt_addr:
-        doc["mgmt_addr"] = settings.mgmt_addr
-    if settings.mgmt_interface:
-        doc["mgmt_interface"] = settings.mgmt_interface
-    if settings.fabrics:
-        doc["fabrics"] = [{"name": f.name, "hcas": list(f.hcas)} for f in settings.fabrics]
-    discovery = settings.discovery.overrides()
-    if discovery:
-        doc["discovery"] = discovery
-    if settings.engines:
-        doc["engines"] = {name: {ENGINE_KEYS[name]: path} for name, path in settings.engines.items()}
-    return doc
+    return {**doc, **options}
 
 
 def config_first_line(node_id: str) -> str:

@@ -16,6 +16,36 @@ Fix texts name settings as the stack config spells them (``llmgw:ssh.wait``,
 ``hostKey``) and, where a program builds nodes itself, as the Args field
 (``ConnectionArgs.wait``); tests/unit/test_fix_texts.py checks that each
 exists.
+
+The hierarchy (``__all__`` is this list; tests/unit/test_public_api.py keeps it and the tree true)::
+
+    LlmgwError
+    ├── ConfigError                 (also a pulumi.RunError: printed without a traceback)
+    │   └── StackConfigError        every problem of the stack config at once
+    ├── AuthorityError              the cluster CA
+    ├── CertificateRequestError     the node's CSR
+    ├── CertificatePolicyError      a certificate just signed here
+    ├── SignerError                 the configured signer
+    ├── SignedCertificateError      what the signer returned
+    ├── UnreachableError            SSH to the node
+    │   └── WaitExpired             ... within its wait (remembered by the pool)
+    ├── HostKeyChangedError
+    ├── AuthenticationError
+    ├── SudoUnavailableError
+    ├── ReleaseFetchError           the release, its verification
+    ├── ChecksumMismatchError
+    ├── ReleaseSignatureError
+    ├── ReleaseVersionError
+    ├── UnsafeDirectoryError        on the node
+    ├── NodeDiskFullError
+    ├── NodeBusyError
+    ├── NodeLockUnavailableError
+    ├── NoKeygenError
+    ├── NodeKeyMissingError
+    ├── AgentStartError
+    ├── EngineWillNotRunError
+    ├── RolloutStoppedError
+    └── RemoteCommandError          anything else a node's command did
 """
 
 from __future__ import annotations
@@ -23,6 +53,15 @@ from __future__ import annotations
 from pulumi import RunError
 
 from .text import printable
+
+__all__ = [
+    "LlmgwError", "ConfigError", "StackConfigError", "AuthorityError", "CertificateRequestError",
+    "CertificatePolicyError", "SignerError", "SignedCertificateError", "UnreachableError", "WaitExpired",
+    "HostKeyChangedError", "AuthenticationError", "SudoUnavailableError", "ReleaseFetchError", "ChecksumMismatchError",
+    "ReleaseSignatureError", "ReleaseVersionError", "UnsafeDirectoryError", "NodeDiskFullError", "NodeBusyError",
+    "NodeLockUnavailableError", "NoKeygenError", "NodeKeyMissingError", "AgentStartError", "EngineWillNotRunError",
+    "RolloutStoppedError", "RemoteCommandError",
+]
 
 
 class LlmgwError(Exception):
@@ -60,6 +99,21 @@ class ConfigError(LlmgwError, RunError):
         super().__init__(node, f"{field}: {problem}", fix)
 
 
+class StackConfigError(ConfigError):
+    """Every problem in the stack config at once, printed as a list (a pulumi.RunError: no traceback)."""
+
+    def __init__(self, problems: list[tuple[str, str, str, str]]) -> None:
+        self.problems = problems
+        self.field = "llmgw:*"
+        LlmgwError.__init__(self, "", problems_text(problems), "")
+
+
+def problems_text(problems: list[tuple[str, str, str, str]]) -> str:
+    """'stack config has N problems:' and one entry per (node, field, problem, fix), with its fix below."""
+    head = f"stack config has {len(problems)} problem{'s' if len(problems) != 1 else ''}:"
+    return "\n".join([head, *(f"  {node}: {name}: {problem}\n    fix: {fix}" for node, name, problem, fix in problems)])
+
+
 class AuthorityError(LlmgwError, fix="create one with 'llmgw ctl cert init-ca --dir <pki dir>', "
                                      "or point llmgw:pkiDir (NodeArgs.pki_dir) at the right directory"):
     """The cluster CA is missing, unreadable, mismatched or expired."""
@@ -68,6 +122,10 @@ class AuthorityError(LlmgwError, fix="create one with 'llmgw ctl cert init-ca --
 class UnreachableError(LlmgwError, fix="check the address, that sshd runs and that nothing filters the SSH port; "
                                        "raise llmgw:ssh.wait (ConnectionArgs.wait) for slow boots"):
     """No SSH connection could be made before the wait deadline."""
+
+
+class WaitExpired(UnreachableError):
+    """The node did not answer SSH within its wait: remembered by the pool, so it is not waited for again at once."""
 
 
 def host_key_fix(key_type: str | None = None, presented: str | None = None) -> str:

@@ -31,17 +31,19 @@ chosen by a hash of the node id (see ``llmgw_pulumi.shards``); give
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
 
+from .agent_settings import AgentSettings, BinarySource
 from .providers.agent import AgentInstall, AgentInstallArgs
 from .providers.certificate import ClientCertificate, ClientCertificateArgs
 from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
+from .schema import SettingInfo, declared_in, describe_args
 from .shards import PACKAGE, provider_for
-from .specs import KEY_ORIGIN_NODE, AgentSettings, BinarySource, Connection, Rollout
+from .specs import KEY_ORIGIN_NODE, CertificateSpec, Connection, EngineCheckSpec, Rollout
 
 ConnectionArgs = Connection
 """How to reach the node over SSH: host, user, port, private_key (made secret) or private_key_path, host_key, wait."""
@@ -49,38 +51,42 @@ ConnectionArgs = Connection
 
 @dataclass
 class NodeArgs:
-    node_id: pulumi.Input[str]
-    connection: ConnectionArgs
-    pki_dir: pulumi.Input[str] | None
+    """One node's settings. Each field is declared once, where ``declared_in`` points (``node_settings`` lists
+    them all, with their stack-config keys, types, defaults and docs)."""
+
+    node_id: pulumi.Input[str] = declared_in(CertificateSpec, "node_id")
+    connection: ConnectionArgs = declared_in(Connection)
+    """How to reach the node over SSH (its stack config: the node's address, port, hostKey... and llmgw:ssh)."""
+    pki_dir: pulumi.Input[str] | None = declared_in(CertificateSpec, "pki_dir")
     """The default signer's directory (ca.pem, ca-key.pem); None with ``signer``."""
-    settings: AgentSettings
+    settings: AgentSettings = declared_in(AgentSettings)
     """What agent.yaml says: servers, and the overrides given (mgmt_addr, fabrics, discovery, engines...)."""
-    version: pulumi.Input[str]
-    release_url: pulumi.Input[str] | None = None
-    binary_path: pulumi.Input[str] | None = None
-    binary_sha256: pulumi.Input[str] | None = None
-    release_sha256: pulumi.Input[Mapping[str, str]] | None = None
-    """A release's approved sha256 by architecture (llmgw_pulumi.release.approve); None: approved by the provider
-    when it installs (from checksums.txt over https, signed by ``signing_key`` when given)."""
-    signing_key: pulumi.Input[str] | None = None
-    """The OpenSSH public key a release's checksums.txt must be signed with (``ssh-ed25519 AAAA...``)."""
-    release_ca: pulumi.Input[str] | None = None
-    """The release server's CA bundle (PEM) on the operator's machine; None: the system's trust store."""
-    fetch: pulumi.Input[str] | None = None
-    """``node`` (None: each node downloads the release) or ``operator`` (downloaded here, pushed over SSH)."""
-    validity_hours: pulumi.Input[float] | None = None
-    renew_before_hours: pulumi.Input[float] | None = None
-    fail_on_engine_problems: pulumi.Input[bool] | None = None
-    key_origin: str | None = None
+    binary: BinarySource = declared_in(BinarySource, config="agent")
+    """Where /usr/local/bin/llmgw comes from: a release (version, release_url, and how it is verified:
+    release_sha256, signing_key, release_ca, fetch) or a local build (binary_path, binary_sha256)."""
+    validity_hours: pulumi.Input[float] | None = declared_in(CertificateSpec, "validity_hours", default=None)
+    renew_before_hours: pulumi.Input[float] | None = declared_in(CertificateSpec, "renew_before_hours", default=None)
+    fail_on_engine_problems: pulumi.Input[bool] | None = declared_in(EngineCheckSpec, "fail_on_problems", default=None)
+    key_origin: str | None = declared_in(CertificateSpec, "key_origin", default=None)
     """Where the node's key pair is made: ``node`` (the default: it never leaves the node) or ``operator``."""
-    signer: Mapping[str, Any] | None = None
+    signer: Mapping[str, Any] | None = declared_in(CertificateSpec, "signer", default=None)
     """How certificates are signed (ClientCertificateArgs.signer; llmgw_pulumi.signer); None: from pki_dir."""
-    ca_key: pulumi.Input[str] | None = None
-    """Signer caKey: the CA key PEM, a secret (never recorded in state)."""
-    rollout: Rollout | None = None
+    ca_key: pulumi.Input[str] | None = field(default=None, metadata={
+        "doc": "Signer caKey: the CA key PEM, a secret (never recorded in state).", "secret": True})
+    rollout: Rollout | None = declared_in(Rollout, config="rollout", default=None)
     """How updates of running agents are spread over the stack (see llmgw_pulumi.rollout); None: not gated."""
-    ca_key_passphrase: pulumi.Input[str] | None = None
+    ca_key_passphrase: pulumi.Input[str] | None = declared_in(CertificateSpec, "ca_key_passphrase", default=None)
     """The passphrase of an encrypted ca-key.pem (made a secret); None: the CA key is not encrypted."""
+
+
+def node_settings() -> list[SettingInfo]:
+    """Every setting of one node (``NodeArgs``), depth first: path by input names, stack-config key, type,
+    default, doc, whether it nests others, is secret, replaces the node's resources, and its agent.yaml key.
+
+    The stable description a component schema for other languages is generated from (docs/operations.md,
+    "The settings' schema"): entries may be added, none is renamed or removed without a note in the changelog.
+    """
+    return describe_args(NodeArgs)
 
 
 def engine_problems(problems: list[dict[str, str]] | None) -> list[dict[str, str]]:
@@ -120,15 +126,10 @@ class Node(pulumi.ComponentResource):
         # Every later connection expects the host key NodeIdentity saw (or was given).
         known_host_key = self.identity.host_key
 
-        # The spec types are typed for known values; in Args any of them may be a pulumi Output.
-        binary = BinarySource(version=args.version, release_url=args.release_url,  # type: ignore[arg-type]
-                              binary_path=args.binary_path, binary_sha256=args.binary_sha256,  # type: ignore[arg-type]
-                              release_sha256=args.release_sha256, signing_key=args.signing_key,  # type: ignore[arg-type]
-                              release_ca=args.release_ca, fetch=args.fetch)  # type: ignore[arg-type]
         self.agent = AgentInstall(name, AgentInstallArgs(
             node_id=args.node_id, connection=conn, known_host_key=known_host_key,
             known_jump_host_keys=self.identity.jump_host_keys, hostname=self.identity.hostname,
-            settings=args.settings, binary=binary, rollout=args.rollout,
+            settings=args.settings, binary=args.binary, rollout=args.rollout,
         ), child)
 
         self.engine_check = EngineCheck(name, EngineCheckArgs(

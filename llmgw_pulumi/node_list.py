@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 from . import stack_config, validate
-from .specs import Schema
+from .schema import Schema
 
 NAMESPACE = "llmgw"
 CONFIG_KEY = "inventory"

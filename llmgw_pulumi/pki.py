@@ -6,14 +6,8 @@ them on the machine running Pulumi: the CA key never goes anywhere else, and
 never into state (it is read from the PKI dir at issue time, not passed as an
 input; its passphrase, when it is encrypted, is a secret input).
 
-The policy is written once, as pure functions of what is checked:
-
-- ``key_problem``: only P-256, P-384, P-521, Ed25519 and RSA of at least
-  ``MIN_RSA_BITS`` bits are signed for;
-- ``check_node_certificate``: a node certificate is signed by the cluster CA,
-  has CN = node id, the key asked for, BasicConstraints CA:FALSE (critical),
-  KeyUsage digitalSignature only (critical), ExtendedKeyUsage clientAuth only,
-  and is valid now and no longer than its CA (and than the validity asked).
+The policy is written once, as pure functions of what is checked, in llmgw_pulumi.cert_policy
+(``key_problem``, ``check_node_certificate``, ``requested_key``).
 
 ``issue`` checks what it just signed with it; ``adoptable`` checks the
 certificate a node already holds with it before keeping that certificate. A
@@ -36,10 +30,17 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, ExtensionOID, NameOID
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from .errors import AuthorityError, CertificatePolicyError, CertificateRequestError, SignedCertificateError
+from .cert_policy import KEY_FIX as KEY_FIX
+from .cert_policy import MIN_RSA_BITS as MIN_RSA_BITS
+from .cert_policy import PublicKey as PublicKey
+from .cert_policy import check_node_certificate as check_node_certificate
+from .cert_policy import key_problem as key_problem
+from .cert_policy import refuse_weak, sign_hash
+from .cert_policy import requested_key as requested_key
+from .errors import AuthorityError, CertificatePolicyError, SignedCertificateError
 from .signer import CLOCK_SKEW, SigningRequest
 
 log = logging.getLogger(__name__)
@@ -155,42 +156,8 @@ def load_authority(pki_dir: str, node: str, now: dt.datetime | None = None, pass
     return Authority(cert=cert, key=key)
 
 
-def _sign_hash(key: object) -> hashes.HashAlgorithm | None:
-    return None if isinstance(key, ed25519.Ed25519PrivateKey) else hashes.SHA256()
-
-
-PublicKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey | ed25519.Ed25519PublicKey
-"""The public keys a node's key pair may have (and ``key_problem`` narrows further)."""
-
-CURVES = {"secp256r1": "P-256", "secp384r1": "P-384", "secp521r1": "P-521"}
-"""The elliptic curves signed for, by the name cryptography gives them: the NIST prime curves of 256 bits and more."""
-MIN_RSA_BITS = 2048
-KEY_FIX = ("give the node a P-256, P-384 or P-521 (ECDSA), Ed25519, or RSA key of at least 2048 bits: "
-           "`pulumi up --replace` on its ClientCertificate has node-key.sh make a P-256 pair")
 # CLOCK_SKEW (from llmgw_pulumi.signer): how far a node's clock may be behind: certificates start this much in the
 # past (and a signer's clock may be this much ahead of ours).
-
-
-def key_problem(key: object) -> str | None:
-    """None for a public key this CA signs for; otherwise what the key is, and why it is not signed for."""
-    if isinstance(key, ec.EllipticCurvePublicKey):
-        if key.curve.name in CURVES:
-            return None
-        return f"an EC key on curve {key.curve.name}, which is not one of P-256, P-384, P-521"
-    if isinstance(key, rsa.RSAPublicKey):
-        if key.key_size >= MIN_RSA_BITS:
-            return None
-        return f"an RSA key of {key.key_size} bits, fewer than {MIN_RSA_BITS}"
-    if isinstance(key, ed25519.Ed25519PublicKey):
-        return None
-    kind = type(key).__name__.removesuffix("PublicKey").lstrip("_") or "unknown"
-    return f"a {kind} key, which is not one of P-256, P-384, P-521, Ed25519 or RSA"
-
-
-def _refuse_weak(key: object, node_id: str, whose: str) -> None:
-    weak = key_problem(key)
-    if weak:
-        raise CertificateRequestError(node_id, f"{whose} is {weak}: it is not signed for", KEY_FIX)
 
 
 def issue(authority: Authority, node_id: str, validity: dt.timedelta, now: dt.datetime,
@@ -207,7 +174,7 @@ def issue(authority: Authority, node_id: str, validity: dt.timedelta, now: dt.da
     """
     key = None if public_key is not None else ec.generate_private_key(ec.SECP256R1())
     subject_key = public_key if public_key is not None else key.public_key()  # type: ignore[union-attr]
-    _refuse_weak(subject_key, node_id, "the key to certify")
+    refuse_weak(subject_key, node_id, "the key to certify")
     not_before = now - CLOCK_SKEW  # tolerate small clock skew on the node
     not_after = min(now + validity, authority.cert.not_valid_after_utc)
     cert = (
@@ -228,7 +195,7 @@ def issue(authority: Authority, node_id: str, validity: dt.timedelta, now: dt.da
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(subject_key), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(authority.key.public_key()), critical=False)  # type: ignore[attr-defined]
-        .sign(authority.key, _sign_hash(authority.key))  # type: ignore[arg-type]
+        .sign(authority.key, sign_hash(authority.key))  # type: ignore[arg-type]
     )
     problems = check_node_certificate(cert, authority.cert, node_id, subject_key, now, validity)
     if problems:
@@ -242,130 +209,6 @@ def issue(authority: Authority, node_id: str, validity: dt.timedelta, now: dt.da
 
 # --------------------------------------------------------------------------- the node certificate policy
 
-OTHER_KEY_USAGES = ("content_commitment", "key_encipherment", "data_encipherment", "key_agreement", "key_cert_sign",
-                    "crl_sign")
-"""KeyUsage bits a node certificate must not have (``encipher_only``/``decipher_only`` need ``key_agreement``)."""
-KNOWN_CRITICAL = (ExtensionOID.BASIC_CONSTRAINTS, ExtensionOID.KEY_USAGE, ExtensionOID.EXTENDED_KEY_USAGE)
-"""Extensions a node certificate may mark critical: a verifier must refuse a critical extension it does not know."""
-WEAK_HASHES = (hashes.SHA1, hashes.MD5)
-PURPOSE_NAMES = {
-    ExtendedKeyUsageOID.CLIENT_AUTH: "clientAuth", ExtendedKeyUsageOID.SERVER_AUTH: "serverAuth",
-    ExtendedKeyUsageOID.CODE_SIGNING: "codeSigning", ExtendedKeyUsageOID.EMAIL_PROTECTION: "emailProtection",
-    ExtendedKeyUsageOID.TIME_STAMPING: "timeStamping", ExtendedKeyUsageOID.OCSP_SIGNING: "OCSPSigning",
-    ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE: "anyExtendedKeyUsage",
-}
-"""How OpenSSL names the extended key usages a problem may mention; any other is shown by its OID."""
-
-
-def _extension(extensions: x509.Extensions, kind: type[x509.ExtensionType]) -> x509.Extension[x509.ExtensionType] | None:
-    try:
-        return extensions.get_extension_for_class(kind)
-    except x509.ExtensionNotFound:
-        return None
-
-
-def _extension_problems(extensions: x509.Extensions) -> list[str]:
-    """BasicConstraints CA:FALSE (critical), KeyUsage digitalSignature only (critical), ExtendedKeyUsage clientAuth
-    only, and no other critical extension."""
-    problems = []
-    constraints = _extension(extensions, x509.BasicConstraints)
-    if constraints is None:
-        problems.append("it has no BasicConstraints extension (CA:FALSE)")
-    else:
-        if constraints.value.ca:  # type: ignore[attr-defined]
-            problems.append("its BasicConstraints say CA:TRUE: it could sign certificates")
-        if not constraints.critical:
-            problems.append("its BasicConstraints extension is not critical")
-    usage = _extension(extensions, x509.KeyUsage)
-    if usage is None:
-        problems.append("it has no KeyUsage extension (digitalSignature)")
-    else:
-        if not usage.value.digital_signature:  # type: ignore[attr-defined]
-            problems.append("its KeyUsage does not allow digitalSignature")
-        extra = [name for name in OTHER_KEY_USAGES if getattr(usage.value, name)]
-        if extra:
-            problems.append(f"its KeyUsage also allows {', '.join(extra)}")
-        if not usage.critical:
-            problems.append("its KeyUsage extension is not critical")
-    purposes = _extension(extensions, x509.ExtendedKeyUsage)
-    if purposes is None:
-        problems.append("it has no ExtendedKeyUsage extension (clientAuth)")
-    elif list(purposes.value) != [ExtendedKeyUsageOID.CLIENT_AUTH]:  # type: ignore[call-overload]
-        names = ", ".join(PURPOSE_NAMES.get(oid, oid.dotted_string) for oid in purposes.value)  # type: ignore[attr-defined]
-        problems.append(f"its ExtendedKeyUsage is {names or 'empty'}, not clientAuth only")
-    unknown = [ext.oid.dotted_string for ext in extensions if ext.critical and ext.oid not in KNOWN_CRITICAL]
-    if unknown:
-        problems.append(f"it has critical extensions this policy does not know: {', '.join(unknown)}")
-    return problems
-
-
-def _validity_problems(cert: x509.Certificate, ca: x509.Certificate, now: dt.datetime,
-                       validity: dt.timedelta | None) -> list[str]:
-    problems = []
-    begins, ends = cert.not_valid_before_utc, cert.not_valid_after_utc
-    if begins > now + CLOCK_SKEW:
-        problems.append(f"it is not valid before {begins:%Y-%m-%d %H:%M:%S} UTC (now {now:%Y-%m-%d %H:%M:%S})")
-    if ends <= now:
-        problems.append(f"it expired on {ends:%Y-%m-%d %H:%M:%S} UTC")
-    if ends > ca.not_valid_after_utc:
-        problems.append(f"it is valid until {ends:%Y-%m-%d %H:%M:%S} UTC, after its CA "
-                        f"({ca.not_valid_after_utc:%Y-%m-%d %H:%M:%S})")
-    if validity is not None and ends > now + validity + CLOCK_SKEW:
-        problems.append(f"it is valid until {ends:%Y-%m-%d %H:%M:%S} UTC, longer than the "
-                        f"{validity.total_seconds() / 3600:g} h asked")
-    return problems
-
-
-def check_node_certificate(cert: x509.Certificate, ca: x509.Certificate, node_id: str, public_key: object | None,
-                           now: dt.datetime, validity: dt.timedelta | None = None) -> list[str]:
-    """What is wrong with ``cert`` as the client certificate of ``node_id``: [] when nothing is.
-
-    Pure: the policy of every node certificate, whoever signed it. It must be
-    signed by ``ca`` (ca.pem), name ``node_id`` as its only common name,
-    certify ``public_key`` (the key requested; None: any key) with a key the
-    policy allows (``key_problem``), carry BasicConstraints CA:FALSE
-    (critical), KeyUsage digitalSignature only (critical) and
-    ExtendedKeyUsage clientAuth only, mark no other extension critical, use
-    no SHA-1/MD5 signature, be valid at ``now`` (it may begin up to
-    CLOCK_SKEW later: its signer's clock may be that far ahead) and end no
-    later than its CA (and, with ``validity``, than ``now + validity +
-    CLOCK_SKEW``).
-    """
-    problems = []
-    try:
-        digest = cert.signature_hash_algorithm
-    except UnsupportedAlgorithm:
-        digest = None
-    if isinstance(digest, WEAK_HASHES):
-        problems.append(f"it is signed with {digest.name}, which is broken")  # and cannot be verified here at all
-    else:
-        try:
-            cert.verify_directly_issued_by(ca)
-        except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):
-            problems.append(f"it is not signed by the cluster CA ({ca.subject.rfc4514_string()})")
-    if cert.version != x509.Version.v3:
-        problems.append(f"it is an X.509 {cert.version.name} certificate, not v3")
-    names = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
-    if names != [node_id]:
-        problems.append(f"its common name is {', '.join(map(repr, names)) or 'missing'}, not {node_id!r}")
-    try:
-        key: object = cert.public_key()
-    except (ValueError, UnsupportedAlgorithm):
-        problems.append("its public key cannot be read")
-    else:
-        weak = key_problem(key)
-        if weak:
-            problems.append(f"its key is {weak}")
-        if public_key is not None and key != public_key:
-            problems.append("its key is not the key it was asked for")
-    try:
-        extensions = cert.extensions
-    except ValueError:
-        problems.append("its extensions cannot be parsed (one is given twice, or malformed)")
-    else:
-        problems += _extension_problems(extensions)
-    return problems + _validity_problems(cert, ca, now, validity)
-
 
 def verify_issued(ca_pem: str, cert_pem: str) -> bool:
     """Was cert_pem signed by the CA in ca_pem? (How a test checks what a node holds.)"""
@@ -376,27 +219,6 @@ def verify_issued(ca_pem: str, cert_pem: str) -> bool:
     except (ValueError, TypeError, InvalidSignature):
         return False
     return True
-
-
-def requested_key(csr_pem: str, node_id: str) -> PublicKey:
-    """The public key of the CSR a node made for itself, once its signature proves the node holds the private key
-    and the policy allows its kind (``key_problem``).
-
-    Only the key is taken from the request: the certificate's subject, usage
-    and validity are the operator's (``issue``), whatever the request asks for.
-    """
-    try:
-        csr = x509.load_pem_x509_csr(csr_pem.encode())
-    except ValueError:
-        raise CertificateRequestError(node_id, "the node returned something that is not a PEM certificate signing request") from None
-    try:
-        key = csr.public_key()
-    except UnsupportedAlgorithm:
-        raise CertificateRequestError(node_id, "the node's key is of a kind this policy does not know", KEY_FIX) from None
-    if not csr.is_signature_valid:
-        raise CertificateRequestError(node_id, "the node's certificate signing request is not signed by its own key")
-    _refuse_weak(key, node_id, "the node's key")
-    return key  # type: ignore[return-value]
 
 
 def spki_b64(cert_pem: str) -> str:

@@ -19,6 +19,7 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from . import fleet, node_list, release, rollout, signer, stack_config, validate
+from .agent_settings import BinarySource
 from .errors import ConfigError, LlmgwError
 from .node import Node, NodeArgs, engine_problems
 from .specs import Rollout
@@ -109,9 +110,9 @@ def ssh_credentials(spec: stack_config.StackSpec, secrets: dict[str, pulumi.Outp
     return {**credentials, "private_key_path": str(path)}
 
 
-def agent_inputs(source: stack_config.AgentSource, dry_run: bool | None = None) -> dict[str, Any]:
-    """AgentInstall's binary inputs (version, release_url, binary_path, binary_sha256, and for a release how it is
-    verified: release_sha256, signing_key, release_ca, fetch) from a configured source.
+def agent_inputs(source: BinarySource, dry_run: bool | None = None) -> BinarySource:
+    """AgentInstall's binary (version, release_url, binary_path, binary_sha256, and for a release how it is
+    verified: release_sha256, signing_key, release_ca, fetch) from the source the stack config gives.
 
     A release's digests are approved here (llmgw_pulumi.release.approve): from the pins, without any network;
     otherwise from its checksums.txt, fetched over https (and its signature checked) once per release and run
@@ -119,18 +120,17 @@ def agent_inputs(source: stack_config.AgentSource, dry_run: bool | None = None) 
     leaves them out (the diff does not compare them, so an unchanged version shows no change).
     """
     version, release_url, binary_path, binary_sha = source.version, source.release_url, None, None
-    if source.binary:
-        binary_path, version, binary_sha = local_binary(source.binary)
+    if source.binary_path:
+        binary_path, version, binary_sha = local_binary(source.binary_path)
         if validate.RELEASE_TAG.match(version):
             binary_path = binary_sha = None  # a release build: downloaded and verified like any release
             if not release_url:
                 raise ConfigError("llmgw", "agent.releaseUrl", f"the local binary is release {version}, which nodes download",
                                   "give agent.releaseUrl")
-    inputs: dict[str, Any] = {"version": version, "release_url": release_url, "binary_path": binary_path,
-                              "binary_sha256": binary_sha}
-    if binary_path is not None or version is None or release_url is None:
-        return inputs
-    pins = tuple(sorted((arch, digest.lower()) for arch, digest in (source.sha256 or {}).items()))
+    copied = BinarySource(version=version, release_url=release_url, binary_path=binary_path, binary_sha256=binary_sha)
+    if binary_path is not None or not version or release_url is None:
+        return copied
+    pins = tuple(sorted((arch, digest.lower()) for arch, digest in (source.release_sha256 or {}).items()))
     ca_file = os.path.abspath(os.path.expanduser(source.release_ca)) if source.release_ca else None
     signing_key = validate.normalise_host_key(source.signing_key) if source.signing_key else None
     approved = release.Release(release_url.rstrip("/"), version, signing_key, pins, ca_file)
@@ -141,10 +141,11 @@ def agent_inputs(source: stack_config.AgentSource, dry_run: bool | None = None) 
         digests = release.approve(approved)
         if not dry_run:
             pulumi.log.info(f"llmgw {version}: the sha256 of {', '.join(sorted(digests))} approved {approved.how}")
-    return {**inputs, "release_sha256": digests, "signing_key": signing_key, "release_ca": ca_file, "fetch": source.fetch}
+    return dataclasses.replace(copied, release_sha256=digests, signing_key=signing_key, release_ca=ca_file,
+                               fetch=source.fetch)
 
 
-def rollout_plan(spec: stack_config.StackSpec) -> Rollout | None:
+def stack_rollout(spec: stack_config.StackSpec) -> Rollout | None:
     """llmgw:rollout with this stack's coordination directory; for `pulumi up` (not a preview), a new run started.
 
     The directory is the same at every run of the stack from this checkout, so
@@ -190,7 +191,7 @@ def run() -> None:
     language host then adds "an unhandled error occurred: program exited with
     non-zero exit code: 1". Logged, then exiting with
     LANGUAGE_HOST_SHOWN_EXIT, the list of problems stands alone. Every
-    ConfigError, and every release error of the operator's side, is raised by ``plan()``, before any
+    ConfigError, and every release error of the operator's side, is raised by ``resolve()``, before any
     resource exists.
 
     The Python SDK records, in the state of every resource, the program's
@@ -206,30 +207,30 @@ def run() -> None:
     registered, and every URN, is the same as registering it here.
     """
     try:
-        stack_plan = plan()
+        registration = resolve()
     except LlmgwError as exc:  # bad config, or a release that is not the operator's (llmgw_pulumi.release)
         pulumi.log.error(str(exc))
         raise SystemExit(LANGUAGE_HOST_SHOWN_EXIT) from None
 
     async def register_from_the_loop() -> None:
-        register(stack_plan)
+        register(registration)
 
     registered = asyncio.ensure_future(register_from_the_loop())
     pulumi.run(lambda: registered)
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
-    """What the program registers, every config value resolved and checked (``plan()``)."""
+class Registration:
+    """What the program registers, every config value resolved and checked (``resolve()``)."""
 
     spec: stack_config.StackSpec
-    agents: dict[str, dict[str, Any]]
-    """Per node id: AgentInstall's binary inputs (see agent_inputs)."""
+    agents: dict[str, BinarySource]
+    """Per node id: AgentInstall's binary (see agent_inputs)."""
     credentials: dict[str, Any]
     """The connection's key fields (see ssh_credentials)."""
     pki_dir: str | None
     rollout: Rollout | None
-    """llmgw:rollout with this stack's coordination directory (see rollout_plan), or None."""
+    """llmgw:rollout with this stack's coordination directory (see stack_rollout), or None."""
     signer: dict[str, Any] | None = None
     """ClientCertificate's ``signer`` input (see signer_inputs); None: pkiDir."""
     ca_key: pulumi.Output[str] | None = None
@@ -238,7 +239,7 @@ class Plan:
     """The llmgw:caKeyPassphrase secret (an encrypted ca-key.pem), or None."""
 
 
-def plan() -> Plan:
+def resolve() -> Registration:
     """Read and check this stack's config. Bad config raises a ConfigError (StackConfigError for the
     stack config's own problems); nothing is registered."""
     raw, secret_names, secrets = _read_config()
@@ -246,10 +247,10 @@ def plan() -> Plan:
     spec = node_list.parse(raw, Path.cwd(), pulumi.get_stack(), has_secret_key=stack_config.SECRET_KEY in secrets,
                            secret_keys=secret_names, has_agent=bool(os.environ.get("SSH_AUTH_SOCK")),
                            has_ca_key=stack_config.CA_KEY in secrets)
-    stack_agent = agent_inputs(spec.agent) if any(n.agent is None for n in spec.nodes) else {}
-    agents = {n.node_id: agent_inputs(n.agent) if n.agent else stack_agent for n in spec.nodes}
+    stack_agent = functools.cache(lambda: agent_inputs(spec.agent))  # once, and only when a node uses it
+    agents = {n.node_id: agent_inputs(n.agent) if n.agent else stack_agent() for n in spec.nodes}
     pki_dir = os.path.abspath(os.path.expanduser(spec.pki_dir)) if spec.pki_dir else None
-    return Plan(spec, agents, ssh_credentials(spec, secrets), pki_dir, rollout_plan(spec),
+    return Registration(spec, agents, ssh_credentials(spec, secrets), pki_dir, stack_rollout(spec),
                 signer_inputs(spec.signer), secrets.get(stack_config.CA_KEY) if _signs_with_ca_key(spec) else None,
                 secrets.get(stack_config.CA_PASSPHRASE_KEY))
 
@@ -293,31 +294,30 @@ def signer_inputs(given: stack_config.SignerConfig | None) -> dict[str, Any] | N
 
 def main() -> dict[str, Node]:
     """Onboard the nodes of this stack's config. Bad config raises StackConfigError before any resource exists."""
-    return register(plan())
+    return register(resolve())
 
 
-def register(stack_plan: Plan) -> dict[str, Node]:
+def register(registration: Registration) -> dict[str, Node]:
     """One Node per configured node, and the stack outputs: each node's, nextSteps and fleet."""
-    spec = stack_plan.spec
+    spec = registration.spec
     nodes: dict[str, Node] = {}
     # Canaries are registered first, so that the engine reaches their updates before the others'.
-    canaries = stack_plan.rollout.canaries if stack_plan.rollout else ()
+    canaries = registration.rollout.canaries if registration.rollout else ()
     for n in sorted(spec.nodes, key=lambda n: n.node_id not in canaries):
-        agent = stack_plan.agents[n.node_id]
         nodes[n.node_id] = Node(n.node_id, NodeArgs(
             node_id=n.node_id,
-            connection=dataclasses.replace(n.connection, **stack_plan.credentials),
-            pki_dir=stack_plan.pki_dir,
-            signer=stack_plan.signer,
-            ca_key=stack_plan.ca_key,
+            connection=dataclasses.replace(n.connection, **registration.credentials),
+            pki_dir=registration.pki_dir,
+            signer=registration.signer,
+            ca_key=registration.ca_key,
             settings=n.settings,
-            **agent,
+            binary=registration.agents[n.node_id],
             validity_hours=spec.validity_hours,
             renew_before_hours=spec.renew_before_hours,
             fail_on_engine_problems=n.fail_on_engine_problems,
             key_origin=n.key_origin,
-            rollout=stack_plan.rollout,
-            ca_key_passphrase=stack_plan.ca_key_passphrase,
+            rollout=registration.rollout,
+            ca_key_passphrase=registration.ca_key_passphrase,
         ))  # each node runs in its shard's provider process (llmgw_pulumi.shards)
     for n in spec.nodes:
         pulumi.export(n.node_id, node_output(nodes[n.node_id]))

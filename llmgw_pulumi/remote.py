@@ -107,6 +107,15 @@ class Script:
         return shlex.join(argv)
 
 
+@dataclass(frozen=True)
+class Result:
+    """How a script ended on the node: its exit status and what it printed."""
+
+    rc: int
+    stdout: str
+    stderr: str = field(repr=False)
+
+
 def _mode(mode: int) -> str:
     return f"{mode:04o}"
 

@@ -35,49 +35,59 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import validate
-from .errors import ConfigError, LlmgwError
+from .agent_settings import FABRIC_SCHEMA, AgentSettings, BinarySource, collect_fabric
+from .errors import StackConfigError as StackConfigError  # raised by parse; its home is errors
+from .schema import Problems, Schema, Spelling, build, collect_fields, collect_one, config_schema, renamed
 from .specs import (
-    FABRIC_SCHEMA,
-    AgentSettings,
-    BinarySource,
     CertificateSpec,
     Connection,
     EngineCheckSpec,
-    Problems,
     Rollout,
-    Schema,
-    build,
     check_renewal,
-    collect_fabric,
-    collect_fields,
-    collect_one,
-    config_schema,
     hops_as_given,
-    renamed,
 )
 
-# Which of a spec's settings each part of the stack config holds; their keys and validation are the spec's.
-SSH_FIELDS = ("user", "wait", "port", "jump")
-NODE_CONNECTION_FIELDS = ("host", "port", "user", "host_key", "jump")
-VALIDITY_FIELDS = ("validity_hours", "renew_before_hours")
-CERTIFICATE_FIELDS = (*VALIDITY_FIELDS, "key_origin")
-NODE_CERTIFICATE_FIELDS = ("key_origin",)
+
+@dataclass(frozen=True)
+class Part:
+    """Which of a spec's settings one mapping of the stack config holds; their keys and validation are the spec's."""
+
+    spec: type
+    fields: tuple[str, ...] | None = None
+    """By input name; None: every setting of the spec that has a stack-config key."""
+    partial: bool = False
+    """A setting it does not give falls back to the stack's (so none is required here)."""
+
+    def collect(self, values: Mapping[str, Any], problems: Problems, prefix: str = "") -> None:
+        collect_fields(self.spec, values, problems, prefix=prefix, only=self.fields, partial=self.partial)
+
+
+def parts_schema(*parts: Part) -> dict[str, Any]:
+    """The stack-config keys of ``parts``, with their sub-settings."""
+    return {key: sub for part in parts for key, sub in config_schema(part.spec, part.fields).items()}
+
+
+TOP_PARTS = (Part(AgentSettings, ("servers",)), Part(EngineCheckSpec))
+"""What llmgw:* itself holds (besides the mappings below, the signer and the nodes)."""
+SSH_PART = Part(Connection, ("user", "wait", "port", "jump"))
+"""llmgw:ssh: how every node is reached, unless it says otherwise (and privateKeyPath, read by the program)."""
+CERTIFICATE_PART = Part(CertificateSpec, ("validity_hours", "renew_before_hours", "key_origin"))
+"""llmgw:certificate."""
+NODE_PARTS = (Part(Connection, ("host", "port", "user", "host_key", "jump")), Part(AgentSettings, partial=True),
+              Part(EngineCheckSpec, partial=True), Part(CertificateSpec, ("key_origin",), partial=True))
+"""One entry of llmgw:nodes (besides its id, fabric and agent): what it does not give is the stack's."""
 
 AGENT_SCHEMA: Schema = config_schema(BinarySource)
-SSH_SCHEMA: Schema = {**config_schema(Connection, SSH_FIELDS), "privateKeyPath": None}
-CERTIFICATE_SCHEMA: Schema = config_schema(CertificateSpec, CERTIFICATE_FIELDS)
+SSH_SCHEMA: Schema = {**parts_schema(SSH_PART), "privateKeyPath": None}
+CERTIFICATE_SCHEMA: Schema = parts_schema(CERTIFICATE_PART)
 ROLLOUT_SCHEMA: Schema = config_schema(Rollout)
-NODE_SCHEMA: Schema = {
-    "id": None, **config_schema(Connection, NODE_CONNECTION_FIELDS), **config_schema(AgentSettings),
-    "fabric": FABRIC_SCHEMA, **config_schema(EngineCheckSpec), "agent": AGENT_SCHEMA,
-    **config_schema(CertificateSpec, NODE_CERTIFICATE_FIELDS),
-}
+NODE_SCHEMA: Schema = {"id": None, **parts_schema(*NODE_PARTS), "fabric": FABRIC_SCHEMA, "agent": AGENT_SCHEMA}
 SIGNER_SCHEMA: Schema = {"kind": None, "ca": None, "command": None, "timeoutSeconds": None, "maxParallel": None}
 SCHEMA: Schema = {
     "pkiDir": None, "signer": SIGNER_SCHEMA, "caKey": None, "servers": None, "agent": AGENT_SCHEMA,
     "ssh": SSH_SCHEMA, "sshPrivateKey": None, "sshKeyPassphrase": None, "caKeyPassphrase": None,
     "certificate": CERTIFICATE_SCHEMA,
-    **config_schema(EngineCheckSpec), "rollout": ROLLOUT_SCHEMA, "nodes": [NODE_SCHEMA],
+    **parts_schema(*TOP_PARTS), "rollout": ROLLOUT_SCHEMA, "nodes": [NODE_SCHEMA],
     "inventory": None,  # a node list file (YAML or CSV) instead of llmgw:nodes: llmgw_pulumi.node_list
 }
 """Every setting of the llmgw namespace; anything else in a stack's config is refused by name."""
@@ -109,29 +119,14 @@ def key_paths(schema: Schema = SCHEMA, prefix: str = "") -> set[str]:
 
 
 @dataclass(frozen=True)
-class AgentSource:
-    version: str | None
-    release_url: str | None
-    binary: str | None
-    sha256: Mapping[str, str] | None = None
-    """agent.sha256: arch -> the pinned sha256 of this version's binaries."""
-    signing_key: str | None = None
-    """agent.signingKey: the OpenSSH public key checksums.txt must be signed with."""
-    release_ca: str | None = None
-    """agent.releaseCa: the release server's CA bundle on this machine (as given: ~ is expanded by the program)."""
-    fetch: str | None = None
-    """agent.fetch: node (None) or operator."""
-
-
-@dataclass(frozen=True)
 class NodeConfig:
     node_id: str
     connection: Connection
     """How to reach the node, without the SSH key: the program adds it."""
     settings: AgentSettings
     fail_on_engine_problems: bool = False
-    agent: AgentSource | None = None
-    """This node's own agent source (e.g. a canary on a newer release); None: the stack's."""
+    agent: BinarySource | None = None
+    """This node's own binary source (e.g. a canary on a newer release); None: the stack's."""
     key_origin: str = CertificateSpec.key_origin
     """Where the node's key pair is made (``keyOrigin``): on the node, or on the operator's machine."""
 
@@ -150,7 +145,7 @@ class SignerConfig:
 @dataclass(frozen=True)
 class StackSpec:
     pki_dir: str | None
-    agent: AgentSource
+    agent: BinarySource
     ssh_private_key_path: str | None
     validity_hours: float
     renew_before_hours: float
@@ -159,21 +154,6 @@ class StackSpec:
     """llmgw:rollout, when given (without its directory: the program adds it)."""
     signer: SignerConfig | None = None
     """llmgw:signer; None: pkiDir, the default."""
-
-
-class StackConfigError(ConfigError):
-    """Every problem in the stack config at once, printed as a list (a pulumi.RunError: no traceback)."""
-
-    def __init__(self, problems: list[tuple[str, str, str, str]]) -> None:
-        self.problems = problems
-        self.field = "llmgw:*"
-        LlmgwError.__init__(self, "", problems_text(problems), "")
-
-
-def problems_text(problems: list[tuple[str, str, str, str]]) -> str:
-    """'stack config has N problems:' and one entry per (node, field, problem, fix), with its fix below."""
-    head = f"stack config has {len(problems)} problem{'s' if len(problems) != 1 else ''}:"
-    return "\n".join([head, *(f"  {node}: {name}: {problem}\n    fix: {fix}" for node, name, problem, fix in problems)])
 
 
 def _unknown_keys(given: Mapping[str, Any], valid: Collection[str], where: str, what: str, p: Problems) -> None:
@@ -192,7 +172,7 @@ def _mapping(value: Any, name: str, p: Problems) -> Mapping[str, Any]:
     return value
 
 
-def _agent_source(value: Any, name: str, p: Problems, fallback: AgentSource | None = None) -> AgentSource:
+def _agent_source(value: Any, name: str, p: Problems, fallback: BinarySource | None = None) -> BinarySource:
     """{version, releaseUrl, ...} for a release, or {binary} for a local build (whose --version decides).
 
     A node's own agent settings fall back to the stack's: releaseUrl, signingKey, releaseCa and fetch always;
@@ -206,36 +186,33 @@ def _agent_source(value: Any, name: str, p: Problems, fallback: AgentSource | No
         inherited = {"releaseUrl": fallback.release_url, "signingKey": fallback.signing_key,
                      "releaseCa": fallback.release_ca, "fetch": fallback.fetch}
         if "version" not in agent and "binary" not in agent:
-            inherited.update(version=fallback.version, binary=fallback.binary)
+            inherited.update(version=fallback.version or None, binary=fallback.binary_path)
         if agent.get("version", fallback.version) == fallback.version and "binary" not in agent:
-            inherited["sha256"] = fallback.sha256
+            inherited["sha256"] = fallback.release_sha256
     given = {**{k: v for k, v in inherited.items() if v is not None}, **agent}
-    BinarySource.collect(given, p, config=True, prefix=f"{name}.")
+    BinarySource.collect(given, p, prefix=f"{name}.")
     binary = given.get("binary")
     if binary is not None:
         # A path on this machine, made absolute by the program: `~/src/llmgw/llmgw` is fine.
         p.check(f"{name}.binary", binary, lambda v: validate.local_path(v, "path of the local llmgw build"))
-    return AgentSource(version=given.get("version"), release_url=given.get("releaseUrl"), binary=binary,
-                       sha256=given.get("sha256"), signing_key=given.get("signingKey"),
-                       release_ca=given.get("releaseCa"), fetch=given.get("fetch"))
+    # As given: the program reads a local build's version, expands ~ and approves the digests.
+    return BinarySource(**{"version": "", **renamed(BinarySource, given)})
 
 
-def _check_node(raw: Mapping[str, Any], p: Problems, stack_agent: AgentSource) -> AgentSource | None:
+def _check_node(raw: Mapping[str, Any], p: Problems, stack_agent: BinarySource) -> BinarySource | None:
     """Validate one node's settings by the specs' own fields; returns its own agent source, if any."""
     _unknown_keys(raw, NODE_SCHEMA, "", "a node setting", p)
     p.check("id", raw.get("id"), validate.node_id)
-    collect_fields(Connection, raw, p, config=True, only=NODE_CONNECTION_FIELDS)
-    collect_fields(AgentSettings, raw, p, config=True, partial=True)
-    collect_fields(EngineCheckSpec, raw, p, config=True, partial=True)
-    collect_fields(CertificateSpec, raw, p, config=True, partial=True, only=NODE_CERTIFICATE_FIELDS)
+    for part in NODE_PARTS:
+        part.collect(raw, p)
     if "fabric" in raw:
         if "fabrics" in raw:
             p.add("fabric", "is given together with fabrics", "use fabric for one fabric, or fabrics for several")
-        collect_fabric(raw["fabric"], p, "fabric", True)
+        collect_fabric(raw["fabric"], p, "fabric")
     return _agent_source(raw["agent"], "agent", p, fallback=stack_agent) if "agent" in raw else None
 
 
-def _node(raw: Mapping[str, Any], agent: AgentSource | None, config: Mapping[str, Any], ssh: Mapping[str, Any],
+def _node(raw: Mapping[str, Any], agent: BinarySource | None, config: Mapping[str, Any], ssh: Mapping[str, Any],
           cert: Mapping[str, Any]) -> NodeConfig:
     """A valid node's typed settings; those it does not give are the stack's."""
     given = {"servers": config.get("servers"), **raw}
@@ -259,7 +236,7 @@ def _rollout(value: Any, node_ids: list[Any], p: Problems) -> Rollout | None:
     rollout = _mapping(value, "rollout", p)
     _unknown_keys(rollout, ROLLOUT_SCHEMA, "rollout", "a rollout setting", p)
     before = len(p.items)
-    collect_fields(Rollout, rollout, p, config=True, prefix="rollout.")
+    collect_fields(Rollout, rollout, p, prefix="rollout.")
     canaries = rollout.get("canary", [])
     for node in [canaries] if isinstance(canaries, str) else canaries if isinstance(canaries, list) else []:
         if isinstance(node, str) and validate.node_id(node) is None and node not in node_ids:
@@ -311,19 +288,19 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
     was written, when not in llmgw:nodes (``file line N``, from llmgw_pulumi.node_list), named in its problems.
     """
     everyone: list[tuple[str, str, str, str]] = []
-    top = Problems("llmgw")
+    top = Problems("llmgw", Spelling.STACK_CONFIG)
     _unknown_keys({**config, **dict.fromkeys(secret_keys)}, SCHEMA, "", "a setting of this project", top)
     # A setting held as a secret is not read: say so, rather than that it is missing.
     unread = [key for key in secret_keys if key in SCHEMA and key not in SECRET_KEYS]
     signer = _signer(config.get("signer"), has_ca_key=CA_KEY in secret_keys or has_ca_key, p=top)
     if signer is None or signer.kind == "pkiDir":
-        collect_one(CertificateSpec, "pki_dir", config, top, config=True)  # required with the default signer
-    collect_fields(AgentSettings, config, top, config=True, only=["servers"])
-    collect_fields(EngineCheckSpec, config, top, config=True)
+        collect_one(CertificateSpec, "pki_dir", config, top)  # required with the default signer
+    for part in TOP_PARTS:
+        part.collect(config, top)
     agent = _agent_source(config.get("agent"), "agent", top)
     ssh = _mapping(config.get("ssh"), "ssh", top)
     _unknown_keys(ssh, SSH_SCHEMA, "ssh", "an ssh setting", top)
-    collect_fields(Connection, ssh, top, config=True, prefix="ssh.", only=SSH_FIELDS)
+    SSH_PART.collect(ssh, top, "ssh.")
     if ssh.get("privateKeyPath"):  # made absolute by the program: `~/.ssh/id_ed25519` is fine
         top.check("ssh.privateKeyPath", ssh["privateKeyPath"], lambda v: validate.local_path(v, "path of the SSH private key"))
     if not has_secret_key and not has_agent and not ssh.get("privateKeyPath"):
@@ -332,8 +309,8 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
                 "or run Pulumi with SSH_AUTH_SOCK pointing at an ssh-agent holding the key")
     cert = _mapping(config.get("certificate"), "certificate", top)
     _unknown_keys(cert, CERTIFICATE_SCHEMA, "certificate", "a certificate setting", top)
-    collect_fields(CertificateSpec, cert, top, config=True, prefix="certificate.", only=CERTIFICATE_FIELDS)
-    check_renewal(cert, top, config=True, prefix="certificate.")
+    CERTIFICATE_PART.collect(cert, top, "certificate.")
+    check_renewal(cert, top, prefix="certificate.")
     everyone += [("llmgw", *item) for item in top if re.split(r"[.\[]", item[0])[0] not in unread]
     everyone += [("llmgw", key, f"is set as a secret, but only {', '.join(SECRET_KEYS[:-1])} and {SECRET_KEYS[-1]} are read as secrets",
                   f"set it again without --secret: `pulumi config set llmgw:{key} ...`") for key in unread]
@@ -343,7 +320,7 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
         if "nodes" not in unread:
             everyone.append(("llmgw", "nodes", "is empty or missing", "list the nodes to onboard: - {id: gpu-01, address: 10.0.0.11}"))
         raw_nodes = []
-    valid: list[tuple[Mapping[str, Any], AgentSource | None]] = []
+    valid: list[tuple[Mapping[str, Any], BinarySource | None]] = []
 
     def where(i: int) -> str:
         return origins[i] if i < len(origins) else f"nodes[{i}]"
@@ -353,7 +330,8 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
     for i, raw in enumerate(raw_nodes):
         # An invalid id (newlines, quotes...) would make a confusing label: use the position instead.
         good_id = isinstance(raw, Mapping) and validate.node_id(raw.get("id")) is None
-        p = Problems((f"{where(i)} (node {raw['id']})" if origins else f"node {raw['id']}") if good_id else where(i))
+        p = Problems((f"{where(i)} (node {raw['id']})" if origins else f"node {raw['id']}") if good_id else where(i),
+                     Spelling.STACK_CONFIG)
         if not isinstance(raw, Mapping):
             p.add("", "is not a mapping", "write each node as {id: ..., address: ...}")
             everyone += [(p.node, *item) for item in p]
@@ -372,7 +350,7 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
         node_agent = _check_node(raw, p, agent)
         everyone += [(p.node, *item) for item in p]
         valid.append((raw, node_agent))
-    rollout_problems = Problems("llmgw")
+    rollout_problems = Problems("llmgw", Spelling.STACK_CONFIG)
     rollout = _rollout(config.get("rollout"), [raw.get("id") for raw, _ in valid], rollout_problems)
     everyone += [("llmgw", *item) for item in rollout_problems]
     if everyone:

@@ -5,11 +5,7 @@
   authenticates like a node and has its own host-key pin or recorded key. The
   connection to a bastion is pooled like a node's and carries the channels
   (direct-tcpip) to every node behind it.
-- Keys, in the order they are tried (OpenSSH's order for an explicit -i):
-  1. the configured key, given inline (the llmgw:sshPrivateKey secret) or by
-     path, decrypted with ``Connection.passphrase`` if it is protected;
-  2. every key of the ssh-agent at ``$SSH_AUTH_SOCK``, in the agent's order.
-  A refusal names every key tried, by fingerprint.
+- Keys: the configured one, then the ssh-agent's (llmgw_pulumi.ssh_keys).
 - Waiting: while the node refuses or drops connections (a fresh VM whose
   cloud-init restarts sshd), or refuses every key (its login user is not
   made yet), keep retrying until ``Connection.wait`` seconds have passed, then
@@ -22,7 +18,7 @@
   key that differs from the expected one is refused, naming both fingerprints.
 - Root: when the user is not root every script runs under ``sudo -n``; a sudo
   that wants a password, or a user without sudo, is a clear error.
-- Reuse: a ``Pool`` (the provider process's ``runner.Nodes``) keeps one
+- Reuse: a ``Pool`` (the provider process's ``sessions.Nodes``) keeps one
   connection per (route, user, key), so all resources of one node share one
   SSH handshake per deployment; a connection idle for ``IDLE_SECONDS`` is
   closed by the pool's reaper.
@@ -33,12 +29,9 @@ errors, each naming the node.
 
 from __future__ import annotations
 
-import base64
 import functools
 import hashlib
-import io
 import logging
-import os
 import socket
 import threading
 import time
@@ -51,21 +44,18 @@ import paramiko
 
 from .errors import (
     AuthenticationError,
-    ConfigError,
     HostKeyChangedError,
     RemoteCommandError,
-    SudoUnavailableError,
     UnreachableError,
+    WaitExpired,
     host_key_fix,
 )
-from .remote import Script
-from .runner import Result
 from .specs import Connection
+from .ssh_keys import fingerprint, login, same_key
+from .ssh_session import CONNECT_TIMEOUT, Session
 
 log = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT = 10.0
-"""Seconds for one TCP connect and for the SSH banner and key exchange (like ssh -o ConnectTimeout=10)."""
 IDLE_SECONDS = 600.0
 """A pooled connection idle this long is closed. Long enough to span the wait between a node's
 NodeIdentity and its AgentInstall when the engine queues steps: 22.6 s at 30 nodes on 2 cores, over
@@ -76,225 +66,9 @@ RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0)
 """Back-off between connection attempts while a node refuses; the last value repeats."""
 
 
-def fingerprint(host_key: str) -> str:
-    """OpenSSH-style SHA256 fingerprint of 'type base64' public key text."""
-    key_type, blob = host_key.split()[:2]
-    return str(paramiko.PKey.from_type_string(key_type, base64.b64decode(blob)).fingerprint)
-
-
-def same_key(expected: str, presented: str) -> bool:
-    """Is ``presented`` ('type base64', as the server sent it) the key ``expected`` (pinned or recorded)?"""
-    return expected.split()[:2] == presented.split()[:2]
-
-
-KEY_CLASSES: tuple[type[paramiko.PKey], ...] = (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey)
-"""The key types an operator's SSH key may be, in the order paramiko is asked to load it."""
-
-
-def load_private_key(conn: Connection, node: str) -> paramiko.PKey | None:
-    """The configured SSH key (OpenSSH or traditional PEM; ed25519, ECDSA or RSA), loaded by paramiko; None if none is.
-
-    Given inline (the llmgw:sshPrivateKey secret) or read now from its path on
-    this machine; a protected key is decrypted with the configured passphrase.
-    Errors never quote the key or the passphrase.
-    """
-    text = conn.private_key
-    if not text and conn.private_key_path:
-        try:
-            with open(conn.private_key_path) as f:
-                text = f.read()
-        except OSError as exc:
-            raise ConfigError(node, "connection.private_key_path", f"cannot read {conn.private_key_path}: {exc.strerror}",
-                              "run Pulumi where the operator's SSH key is, or fix llmgw:ssh.privateKeyPath") from None
-    if not text:
-        return None
-    field = "connection.private_key" if conn.private_key else "connection.private_key_path"
-    for cls in KEY_CLASSES:
-        try:
-            return cls.from_private_key(io.StringIO(text), password=conn.passphrase)
-        except paramiko.PasswordRequiredException:  # asked only when no passphrase was given
-            raise ConfigError(node, field, "is protected by a passphrase, and none is configured",
-                              "set it as a secret: `pulumi config set --secret llmgw:sshKeyPassphrase`, "
-                              "or load the key into ssh-agent") from None
-        except (paramiko.SSHException, ValueError, TypeError):
-            continue  # another type; or, for an encrypted key, a wrong passphrase
-    if conn.passphrase is not None and _encrypted(text):
-        raise ConfigError(node, field, "cannot be decrypted with the configured passphrase",
-                          "fix the llmgw:sshKeyPassphrase secret")
-    raise ConfigError(node, field, "cannot be parsed", "give an OpenSSH or PEM private key (ed25519, ECDSA or RSA)")
-
-
-def _encrypted(text: str) -> bool:
-    """Is this private key protected by a passphrase? (paramiko asks for one when loading it without.)"""
-    for cls in KEY_CLASSES:
-        try:
-            cls.from_private_key(io.StringIO(text))
-            return False
-        except paramiko.PasswordRequiredException:
-            return True
-        except (paramiko.SSHException, ValueError, TypeError):
-            continue
-    return False
-
-
-def agent_keys() -> list[paramiko.AgentKey]:
-    """The keys of the ssh-agent at $SSH_AUTH_SOCK (none when there is no agent)."""
-    if not os.environ.get("SSH_AUTH_SOCK"):
-        return []
-    try:
-        return list(paramiko.Agent().get_keys())
-    except (paramiko.SSHException, OSError) as exc:
-        log.warning("the ssh-agent at $SSH_AUTH_SOCK did not answer (%s); not using it", exc)
-        return []
-
-
-def login(transport: paramiko.Transport, user: str, host: str, conn: Connection, node: str) -> None:
-    """Authenticate with the configured key, then with the agent's keys; name every key tried on refusal."""
-    candidates: list[tuple[str, paramiko.PKey]] = []
-    key = load_private_key(conn, node)
-    if key is not None:
-        candidates.append((f"key {conn.private_key_path or 'llmgw:sshPrivateKey'}", key))
-    candidates += [("ssh-agent key", k) for k in agent_keys()]
-    if not candidates:
-        raise ConfigError(node, "connection.private_key_path", "no SSH key is configured and no ssh-agent has one",
-                          "set llmgw:ssh.privateKeyPath (or the llmgw:sshPrivateKey secret), or add the key to ssh-agent")
-    tried = []
-    for label, candidate in candidates:
-        try:
-            transport.auth_publickey(user, candidate)
-            return
-        except paramiko.AuthenticationException:
-            tried.append(f"{label} {candidate.fingerprint}")
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise UnreachableError(node, f"the SSH connection to {user}@{host} broke during login: {exc}") from exc
-    raise AuthenticationError(node, f"{user}@{host} refused every key tried: {', '.join(tried)}")
-
-
-CLOUD_INIT_WAIT = """command -v cloud-init >/dev/null 2>&1 || exit 0
-case "$(cloud-init status 2>/dev/null)" in *running*|*"not started"*|*"not run"*) ;; *) exit 0 ;; esac
-echo waited
-exec cloud-init status --wait >/dev/null"""
-"""Where the node has cloud-init and it is not done, wait for it, saying so (its exit: 0 done, 2 done with
-recoverable errors, 1 errors)."""
-
-
-class Session:
-    """An authenticated SSH connection to one node, able to run Scripts as root."""
-
-    def __init__(self, transport: paramiko.Transport, conn: Connection, node: str, host_key: str,
-                 jump_host_keys: dict[str, str]) -> None:
-        self._transport = transport
-        self.conn = conn
-        self.node = node
-        self.host_key = host_key
-        """The key the node presented ('type base64'), for recording in state."""
-        self.jump_host_keys = jump_host_keys
-        """The key each jump host presented, by 'host:port', for recording in state."""
-        self.sudo = conn.user != "root"
-        self._sudo_checked = not self.sudo
-
-    def _exec(self, command: str, stdin: bytes, timeout: float) -> Result:
-        try:
-            chan = self._transport.open_session(timeout=CONNECT_TIMEOUT)
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise RemoteCommandError(self.node, f"the SSH connection to {self.conn.target} broke: {exc}",
-                                     "run `pulumi up` again; onboarding resumes where the node is", connection_broke=True) from exc
-        chan.settimeout(timeout)  # an inactivity timeout: no output for this long
-        out, err = bytearray(), bytearray()
-        try:
-            chan.exec_command(command)
-            # stdin is fed, and stderr drained, by helper threads while this one
-            # reads stdout: a large payload can never deadlock against a full
-            # output window.
-            helpers = [
-                threading.Thread(target=_feed, args=(chan, stdin), daemon=True),
-                threading.Thread(target=_drain, args=(chan.recv_stderr, err, True), daemon=True),
-            ]
-            for t in helpers:
-                t.start()
-            _drain(chan.recv, out)
-            rc = chan.recv_exit_status()
-            for t in helpers:
-                t.join(timeout=5)
-        except TimeoutError:
-            raise RemoteCommandError(self.node, f"a command on {self.conn.target} printed nothing for {timeout:.0f}s",
-                                     "check the node's load and disk; run `pulumi up` again") from None
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise RemoteCommandError(self.node, f"the SSH connection to {self.conn.target} broke: {exc}",
-                                     "run `pulumi up` again; onboarding resumes where the node is", connection_broke=True) from exc
-        finally:
-            chan.close()
-        if rc == -1:
-            # paramiko's value when the channel closed without an exit status:
-            # the connection died (sshd killed, the node rebooting), or the
-            # command was killed by a signal. Either way it may have stopped
-            # half-way; the scripts undo or finish their change on the node.
-            if not self._transport.is_active():
-                raise RemoteCommandError(
-                    self.node, f"the SSH connection to {self.conn.target} broke while a command was running",
-                    "run `pulumi up` again; onboarding resumes where the node is", connection_broke=True)
-            raise RemoteCommandError(
-                self.node, f"a command on {self.conn.target} was killed before it finished (no exit status)",
-                "check the node's journal for what killed it (OOM killer, shutdown); run `pulumi up` again")
-        return Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
-
-    def _check_sudo(self) -> None:
-        if self._sudo_checked:
-            return
-        res = self._exec("sudo -n true", b"", 30)
-        if res.rc != 0:
-            why = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit status {res.rc}"
-            if "password is required" in why:
-                raise SudoUnavailableError(self.node, f"sudo asks {self.conn.user} for a password on {self.conn.host} ({why})")
-            raise SudoUnavailableError(self.node, f"{self.conn.user} cannot use sudo on {self.conn.host} ({why})")
-        self._sudo_checked = True
-
-    def cloud_init_done(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for cloud-init, where the node has it; True if it had to be waited for."""
-        try:
-            res = self._exec(CLOUD_INIT_WAIT, b"", max(timeout, 1.0))
-        except RemoteCommandError:
-            raise WaitExpired(self.node, f"cloud-init on {self.conn.host} did not report done within {self.conn.wait:.0f}s "
-                                         "(cloud-init status --wait)") from None
-        if res.rc == 1:
-            log.warning("%s: cloud-init on %s reports errors (cloud-init status --long); going on", self.node, self.conn.host)
-        waited = "waited" in res.stdout.split()
-        if waited:
-            log.info("%s: waited for cloud-init on %s to finish", self.node, self.conn.host)
-        return waited
-
-    def run(self, script: Script, timeout: float = 900) -> Result:
-        """Run a script as root. Returns its result whatever its exit status."""
-        self._check_sudo()
-        return self._exec(script.command(self.sudo), script.stdin, timeout)
-
-
-def _drain(recv: Callable[[int], bytes], buf: bytearray, quiet: bool = False) -> None:
-    """Append everything ``recv`` returns to ``buf`` until EOF. ``quiet``: a helper thread, whose errors the reader reports."""
-    try:
-        while chunk := recv(65536):
-            buf += chunk
-    except (OSError, paramiko.SSHException, EOFError):  # socket.timeout is an OSError
-        if not quiet:
-            raise
-
-
-def _feed(chan: paramiko.Channel, data: bytes) -> None:
-    try:
-        if data:
-            chan.sendall(data)
-        chan.shutdown_write()
-    except (OSError, paramiko.SSHException, EOFError):
-        pass  # the reader reports the broken channel
-
-
 UNREACHABLE_MEMORY = 30.0
 """Seconds a node that could not be reached is reported unreachable at once, without waiting again:
 a refresh of a machine that is gone costs one wait, not one per resource."""
-
-
-class WaitExpired(UnreachableError):
-    """The node did not answer SSH within its wait: remembered by the pool, so it is not waited for again at once."""
 
 
 class Endpoint(Protocol):
@@ -412,7 +186,7 @@ PoolKey = tuple[str, ...]
 
 
 class Pool:
-    """The SSH connections of one provider process (its ``runner.Nodes``).
+    """The SSH connections of one provider process (its ``sessions.Nodes``).
 
     One connection per route (jump hosts and node) and credentials, handed to
     every resource of that node; a jump host's connection carries every node

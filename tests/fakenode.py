@@ -1,6 +1,6 @@
 """A fake node: the package's real scripts, run with `sh` on this machine under a temporary root.
 
-``FakeNodes`` is a ``runner.Nodes``: install it with ``runner.use(FakeNodes(node))``
+``FakeNodes`` is a ``sessions.Nodes``: install it with ``sessions.use(FakeNodes(node))``
 and the providers' create, update, read and delete run against ``FakeNode``s
 instead of SSH. No root, no SSH, no network:
 
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmgw_pulumi import errors, runner
+from llmgw_pulumi import errors, sessions
 from llmgw_pulumi.remote import Script
 
 RELEASE_URL = "https://releases.fake.test/llmgw"
@@ -212,7 +212,7 @@ class FakeNode:
 
     # ------------------------------------------------------------------ running scripts
 
-    def run(self, script: Script, timeout: float = 900) -> runner.Result:
+    def run(self, script: Script, timeout: float = 900) -> sessions.Result:
         self.runs.append(script)
         env = {
             "PATH": ":".join(self.path_dirs),
@@ -224,7 +224,7 @@ class FakeNode:
         command = dataclasses.replace(script, text=with_root(script.text, self.root)).command(sudo=True)
         proc = subprocess.run(["sh", "-c", command], input=script.stdin, capture_output=True,
                               timeout=timeout, env=env)
-        return runner.Result(proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"))
+        return sessions.Result(proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"))
 
     # ------------------------------------------------------------------ looking at it
 
@@ -337,12 +337,12 @@ class _Session:
         self.host_key = node.host_key
         self.jump_host_keys = jump_host_keys
 
-    def run(self, script: Script, timeout: float = 900) -> runner.Result:
+    def run(self, script: Script, timeout: float = 900) -> sessions.Result:
         return self.node.run(script, timeout)
 
 
 class FakeNodes:
-    """A ``runner.Nodes`` over fake nodes, by address; checks host keys as the SSH pool does: a pin (the
+    """A ``sessions.Nodes`` over fake nodes, by address; checks host keys as the SSH pool does: a pin (the
     connection's or a jump host's ``host_key``) wins, else the key expected (recorded), else any key is taken."""
 
     def __init__(self, nodes: dict[str, FakeNode]) -> None:

@@ -9,7 +9,7 @@ its resources in one of several provider processes by itself (see
 
 import pulumi
 
-from llmgw_pulumi import AgentSettings, ConnectionArgs, Fabric, Node, NodeArgs
+from llmgw_pulumi import AgentSettings, BinarySource, ConnectionArgs, Fabric, Node, NodeArgs
 
 FLEET = [
     # (node id, fabric or None)
@@ -29,7 +29,6 @@ for node_id, fabric in FLEET:
                                   private_key_path=ssh["privateKeyPath"], wait=ssh.get("wait", 120)),
         pki_dir=config.require("pkiDir"),
         settings=AgentSettings(servers=config.require_object("servers"), fabrics=[fabric] if fabric else []),
-        version=agent["version"],
-        release_url=agent.get("releaseUrl"),
+        binary=BinarySource(version=agent["version"], release_url=agent.get("releaseUrl")),
     ))
     pulumi.export(node_id, {"hostname": node.identity.hostname, "certificate_not_after": node.certificate.not_after})

@@ -16,7 +16,7 @@ import shlex
 import pulumi
 import pulumi_command as command
 
-from llmgw_pulumi import AgentSettings, ConnectionArgs, Node, NodeArgs
+from llmgw_pulumi import AgentSettings, BinarySource, ConnectionArgs, Node, NodeArgs
 
 config = pulumi.Config("llmgw")
 vmctl = config.require_object("vmctl")  # {cli, dir, args}: the VM tool as this operator runs it
@@ -43,8 +43,7 @@ node = Node(node_id, NodeArgs(
                               private_key_path=ssh["privateKeyPath"], wait=ssh.get("wait", 120)),
     pki_dir=config.require("pkiDir"),
     settings=AgentSettings(servers=config.require_object("servers")),
-    version=agent["version"],
-    release_url=agent.get("releaseUrl"),
+    binary=BinarySource(version=agent["version"], release_url=agent.get("releaseUrl")),
 ), pulumi.ResourceOptions(depends_on=[vm], replace_with=[vm]))
 
 pulumi.export("address", address)

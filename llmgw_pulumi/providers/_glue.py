@@ -26,11 +26,12 @@ from typing import Any, TypeVar
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult
 
-from .. import errors, facts, remote, runner
+from .. import errors, facts, remote, sessions
 from ..desired import NodeFile
 from ..errors import LlmgwError
 from ..remote import Exit
-from ..runner import Runner
+from ..schema import replace_keys
+from ..sessions import Runner
 from ..specs import Connection, Problems, is_unknown
 from ..text import printable
 from . import _diagnostics
@@ -47,7 +48,7 @@ READ_WAIT = 15.0
 def for_read(conn: Any) -> Any:
     """The connection as read() uses it: waiting at most READ_WAIT for the node."""
     return dataclasses.replace(conn, wait=min(conn.wait, READ_WAIT))
-CONNECTION_REPLACE_KEYS = ("host", "port")
+CONNECTION_REPLACE_KEYS = replace_keys(Connection)
 """A different address or port is a different machine: its resources are replaced, not updated."""
 
 
@@ -307,8 +308,8 @@ def known_keys(*props: Mapping[str, Any]) -> tuple[str | None, Mapping[str, str]
 
 def session(conn: Any, node: str, expected_host_key: str | None,
             expected_jump_keys: Mapping[str, str] | None = None) -> AbstractContextManager[Runner]:
-    """A session to the node from the process's current ``runner.Nodes`` (the SSH pool, imported on first use)."""
-    return runner.current().session(conn, node, expected_host_key, expected_jump_keys)
+    """A session to the node from the process's current ``sessions.Nodes`` (the SSH pool, imported on first use)."""
+    return sessions.current().session(conn, node, expected_host_key, expected_jump_keys)
 
 
 @dataclasses.dataclass

@@ -22,18 +22,18 @@ from pulumi.output import Unknown
 
 from .. import desired, facts, release, remote, rollout
 from ..errors import ChecksumMismatchError, ConfigError
-from ..specs import AgentSettings, AgentSpec, BinarySource, Rollout, build, is_unknown, names, to_inputs
+from ..specs import NODE_REPLACE_KEYS, AgentSettings, AgentSpec, BinarySource, Rollout, build, is_unknown, names, to_inputs
 from . import _glue
 
-SETTINGS_KEYS = ("node_id", *names(AgentSettings, config=False))
+SETTINGS_KEYS = ("node_id", *names(AgentSettings))
 """The inputs agent.yaml is rendered from: the node id and AgentSettings' fields, each an input of its own."""
-BINARY_KEYS = ("version", "release_url", "binary_path", "binary_sha256")
+BINARY_KEYS = tuple(name for name in names(BinarySource) if name not in BinarySource.RELEASE_FIELDS)
 RELEASE_KEYS = BinarySource.RELEASE_FIELDS
 """How a release is verified and carried: inputs only (used by create and update), never compared by the diff (a
 preview fetches nothing, so it cannot know the digests) and not repeated in the outputs."""
 INPUT_KEYS = ("connection", "known_host_key", "known_jump_host_keys", "hostname", *SETTINGS_KEYS, *BINARY_KEYS,
               "agent_yaml", "unit")
-REPLACE_KEYS = ("node_id", "connection.host", "connection.port")
+REPLACE_KEYS = NODE_REPLACE_KEYS
 OUTPUT_KEYS = ("installed_sha256", "arch", "node_state")
 log = logging.getLogger(__name__)
 TEXT_FILES_BY_INPUT = {"agent_yaml": desired.file_with(desired.Content.AGENT_YAML, desired.AGENT),

@@ -59,7 +59,8 @@ import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
 from .. import desired, errors, facts, remote
-from ..specs import DEFAULT_RENEW_BEFORE_HOURS, DEFAULT_VALIDITY_HOURS, KEY_ORIGIN_NODE, CertificateSpec, Connection, to_inputs
+from ..schema import defaults
+from ..specs import DEFAULT_RENEW_BEFORE_HOURS, KEY_ORIGIN_NODE, NODE_REPLACE_KEYS, CertificateSpec, Connection, to_inputs
 from . import _glue
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ CA_KEY_INPUT = "ca_key"
 """The secret input that brings the caKey signer's key; never recorded (see ``check``)."""
 _ca_keys: dict[str, str] = {}
 """Node id -> the CA key ``check`` took out of its inputs, for this process's create or update."""
-REPLACE_KEYS = ("node_id", "connection.host", "connection.port")
+REPLACE_KEYS = NODE_REPLACE_KEYS
 """A new node id, or (with the key made on the node) another machine: a new certificate, from a new resource, for a
 machine trusted on first use unless its host key is pinned. A PKI dir that moved, or another user or key to log in
 with, changes nothing."""
@@ -189,8 +190,7 @@ class ClientCertificateProvider(ResourceProvider):
                 inputs["ca_fingerprint"] = fp or olds["ca_fingerprint"]
 
         return _glue.check(news, CertificateSpec.collect, derive=derive,
-                           defaults={"validity_hours": DEFAULT_VALIDITY_HOURS, "renew_before_hours": DEFAULT_RENEW_BEFORE_HOURS,
-                                     "key_origin": KEY_ORIGIN_NODE})
+                           defaults=defaults(CertificateSpec, ("validity_hours", "renew_before_hours", "key_origin")))
 
     @_glue.operator_errors
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:

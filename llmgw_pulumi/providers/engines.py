@@ -32,12 +32,15 @@ from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Re
 
 from .. import facts, remote
 from ..errors import EngineWillNotRunError, UnreachableError
-from ..specs import Discovery, EngineCheckSpec, Fabric, engines_input, to_inputs
+from ..schema import defaults, replace_keys
+from ..specs import Connection, Discovery, EngineCheckSpec, Fabric, engines_input, to_inputs
 from . import _glue
 
 INPUT_KEYS = ("node_id", "connection", "known_host_key", "known_jump_host_keys", "engines", "fail_on_problems",
               "fabrics", "discovery")
 OUTPUT_KEYS = ("problems", "engines_ok", "inventory")
+REPLACE_KEYS = replace_keys(Connection, "connection.")
+"""Another address or port is another machine (a new node id is only another name for the check)."""
 
 
 def _probe(spec: EngineCheckSpec, known: tuple[str | None, Any]) -> dict[str, Any]:
@@ -64,13 +67,13 @@ class EngineCheckProvider(ResourceProvider):
     serialize_as_secret_always = False
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        return _glue.check(news, EngineCheckSpec.collect, defaults={"fail_on_problems": False},
+        return _glue.check(news, EngineCheckSpec.collect, defaults=defaults(EngineCheckSpec, ("fail_on_problems",)),
                            olds=olds, machine_facts=("known_host_key", "known_jump_host_keys"))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # An engine that stays broken is not a change: its problems are outputs, which the
         # Node component shows as warnings in every preview and `up`; refresh probes again.
-        return _glue.diff_result(_glue.changed_keys(olds, news, INPUT_KEYS), ("connection.host", "connection.port"))
+        return _glue.diff_result(_glue.changed_keys(olds, news, INPUT_KEYS), REPLACE_KEYS)
 
     @_glue.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:

@@ -20,11 +20,22 @@ import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
 from .. import desired, errors, facts, remote
-from ..specs import KEY_ORIGIN_NODE, KEY_ORIGIN_OPERATOR, Connection, IdentitySpec, Problems, is_unknown, to_inputs
+from ..schema import defaults
+from ..specs import (
+    KEY_ORIGIN_NODE,
+    KEY_ORIGIN_OPERATOR,
+    NODE_REPLACE_KEYS,
+    CertificateSpec,
+    Connection,
+    IdentitySpec,
+    Problems,
+    is_unknown,
+    to_inputs,
+)
 from . import _glue
 
 INPUT_KEYS = ("node_id", "connection", "ca_pem", "cert_pem", "key_pem", "key_origin")
-REPLACE_KEYS = ("node_id", "connection.host", "connection.port")
+REPLACE_KEYS = NODE_REPLACE_KEYS
 OUTPUT_KEYS = ("host_key", "jump_host_keys", "hostname", "arch", "files", "trust")
 PEM_KEYS = ("ca_pem", "cert_pem", "key_pem")
 KEY_FILE = desired.file_with(desired.Content.KEY_PEM, desired.IDENTITY)
@@ -132,7 +143,7 @@ class NodeIdentityProvider(ResourceProvider):
             if new_machine and operator_key_unguarded(operator_key, conn.get("host_key"), props):
                 problems.add("hostKey", *OPERATOR_KEY_UNGUARDED)
 
-        return _glue.check(news, collect, defaults={"key_origin": KEY_ORIGIN_NODE})
+        return _glue.check(news, collect, defaults=defaults(CertificateSpec, ("key_origin",)))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # A replacement is created before the old one is deleted; the delete

@@ -77,7 +77,7 @@ def test_without_a_passphrase_the_input_is_absent_as_before(monitor: Any) -> Any
 def test_a_passphrase_in_plain_text_is_refused_unread(monitor: Any) -> None:
     pulumi.runtime.set_all_config({**STACK, "llmgw:caKeyPassphrase": PASSPHRASE}, ["llmgw:sshPrivateKey"])
     with pytest.raises(ConfigError) as err:
-        program.plan()
+        program.resolve()
     assert str(err.value) == ("llmgw: caKeyPassphrase: is set in plain text, in the stack's config file\n"
                               "  fix: set it again as a secret: `pulumi config set --secret llmgw:caKeyPassphrase`")
     assert monitor.requests == []

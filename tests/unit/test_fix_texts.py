@@ -18,8 +18,10 @@ import llmgw_pulumi
 from llmgw_pulumi import specs, stack_config
 
 PACKAGE = Path(llmgw_pulumi.__file__).parent
-SOURCES = sorted([*(PACKAGE / name for name in ("errors.py", "validate.py", "stack_config.py", "specs.py", "program.py", "pki.py",
-                                                "transport.py", "node_list.py")), *(PACKAGE / "providers").glob("*.py")])
+SOURCES = sorted([*(PACKAGE / name for name in ("errors.py", "validate.py", "stack_config.py", "specs.py", "agent_settings.py",
+                                                "schema.py", "program.py", "pki.py", "cert_policy.py", "transport.py",
+                                                "ssh_keys.py", "ssh_session.py", "node_list.py")),
+                  *(PACKAGE / "providers").glob("*.py")])
 
 PATHS = stack_config.key_paths()
 """Every stack setting as a dotted path from the top: 'ssh.wait', 'nodes.hostKey'."""
@@ -89,7 +91,8 @@ FIXES = [fix for source in SOURCES for fix in fix_texts(source)]
 
 def test_the_fix_texts_are_found() -> None:
     by_file = {where.split(":")[0] for where, _ in FIXES}
-    assert {"errors.py", "validate.py", "stack_config.py", "specs.py", "program.py", "transport.py"} <= by_file
+    assert {"errors.py", "validate.py", "stack_config.py", "specs.py", "agent_settings.py", "program.py", "ssh_keys.py",
+            "ssh_session.py"} <= by_file
     assert len(FIXES) > 60
     assert ("raise llmgw:ssh.wait (ConnectionArgs.wait) for slow boots" in
             next(text for where, text in FIXES if text.startswith("check the address, that sshd runs")))

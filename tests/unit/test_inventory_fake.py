@@ -15,7 +15,7 @@ import pytest
 
 from lab.doubles import nvidia_smi
 from lab.doubles.nvidia_smi import FIXTURES, QUERY_NOHEADER_FIELDS, failing_nvidia_smi
-from llmgw_pulumi import errors, runner
+from llmgw_pulumi import errors, sessions
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from tests.fakenode import FakeNode, FakeNodes
 from tests.unit.test_providers_fake import ADDR, CONN, HOST_KEY, checked
@@ -38,7 +38,7 @@ def node(tmp_path: Path) -> Iterator[FakeNode]:
     if shutil.which("nvidia-smi"):
         pytest.skip("this machine has a real nvidia-smi on PATH, which the fake node would find")
     fake = FakeNode(tmp_path / "node", hostname="gpu-01", host_key=HOST_KEY)
-    with runner.use(FakeNodes({ADDR: fake})):
+    with sessions.use(FakeNodes({ADDR: fake})):
         yield fake
 
 

@@ -12,7 +12,7 @@ import pulumi
 import pytest
 from pulumi.runtime.mocks import MockMonitor
 
-from llmgw_pulumi import AgentSettings, ConnectionArgs, Node, NodeArgs
+from llmgw_pulumi import AgentSettings, BinarySource, ConnectionArgs, Node, NodeArgs
 from llmgw_pulumi.errors import ConfigError
 from llmgw_pulumi.shards import PROVIDER_SHARDS, SHARDS_ENV, provider_for, shard_count, shard_name, shard_of
 
@@ -51,7 +51,7 @@ def monitor() -> RecordingMonitor:
 
 def node_args(node_id: Any, host: Any = "10.0.0.11") -> NodeArgs:
     return NodeArgs(node_id=node_id, connection=ConnectionArgs(host=host, private_key_path="/k"),
-                    settings=AgentSettings(servers=["cp:7443"]), pki_dir="/pki", version="v1.4.2", release_url="https://r")
+                    settings=AgentSettings(servers=["cp:7443"]), pki_dir="/pki", binary=BinarySource(version="v1.4.2", release_url="https://r"))
 
 
 def ids_in_distinct_shards(n: int) -> list[str]:

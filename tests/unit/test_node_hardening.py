@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from llmgw_pulumi import errors, remote, runner
+from llmgw_pulumi import errors, remote, sessions
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from tests.fakenode import FakeNode, FakeNodes, with_root
@@ -39,7 +39,7 @@ def marking_engine(marker: str = MARKER) -> bytes:
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[FakeNode]:
     fake = FakeNode(tmp_path / "node", hostname="gpu-01", host_key=HOST_KEY)
-    with runner.use(FakeNodes({ADDR: fake})):
+    with sessions.use(FakeNodes({ADDR: fake})):
         yield fake
 
 
@@ -242,13 +242,13 @@ def install_identity(pki_dir: Path) -> Any:
 
 def test_without_flock_a_change_is_refused_and_nothing_changed(tmp_path: Path, pki_dir: Path) -> None:
     bare = FakeNode(tmp_path / "bare", hostname="gpu-01", host_key=HOST_KEY, without=("flock",))
-    with runner.use(FakeNodes({ADDR: bare})), pytest.raises(errors.NodeLockUnavailableError) as caught:
+    with sessions.use(FakeNodes({ADDR: bare})), pytest.raises(errors.NodeLockUnavailableError) as caught:
         install_identity(pki_dir)
     assert "gpu-01: this node has no flock (util-linux)" in str(caught.value)
     assert "fix: install flock on the node (`apt-get install util-linux`)" in str(caught.value)
     assert bare.files() == [] and bare.calls("update-ca-certificates") == []
     # Positive control: the same node with flock is onboarded.
-    with runner.use(FakeNodes({ADDR: FakeNode(tmp_path / "full", hostname="gpu-01", host_key=HOST_KEY)})):
+    with sessions.use(FakeNodes({ADDR: FakeNode(tmp_path / "full", hostname="gpu-01", host_key=HOST_KEY)})):
         install_identity(pki_dir)
 
 

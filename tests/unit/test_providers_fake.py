@@ -24,7 +24,7 @@ from cryptography.x509.oid import NameOID
 
 from lab import pki as labpki
 from lab.release_server import publish_release
-from llmgw_pulumi import desired, errors, pki, remote, runner
+from llmgw_pulumi import desired, errors, pki, remote, sessions
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
@@ -58,7 +58,7 @@ def sha(data: bytes | str) -> str:
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[FakeNode]:
     fake = FakeNode(tmp_path / "node", hostname="gpu-01", host_key=HOST_KEY)
-    with runner.use(FakeNodes({ADDR: fake})):
+    with sessions.use(FakeNodes({ADDR: fake})):
         yield fake
 
 

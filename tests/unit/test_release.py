@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from lab.release_server import corrupt_signature, make_signing_key, publish_release
-from llmgw_pulumi import errors, program, release, stack_config, validate
+from llmgw_pulumi import errors, program, release, specs, stack_config, validate
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.stack_config import StackConfigError
 from tests.fakenode import RELEASE_URL, FakeNode
@@ -131,9 +131,8 @@ def test_pins_are_the_digests_and_nothing_is_fetched(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(release, "https_get", no_network)
     pinned = release.Release("https://r.example", TAG, pins=(("amd64", "a" * 64),))
     assert release.approve(pinned) == {"amd64": "a" * 64}
-    source = stack_config.AgentSource(version=TAG, release_url="https://r.example", binary=None, sha256=None,
-                                      signing_key=None)
-    assert program.agent_inputs(source, dry_run=True)["release_sha256"] is None  # a preview fetches nothing
+    source = specs.BinarySource(version=TAG, release_url="https://r.example")
+    assert program.agent_inputs(source, dry_run=True).release_sha256 is None  # a preview fetches nothing
 
 
 def test_an_approval_is_fetched_once_per_release(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -256,9 +255,9 @@ def test_a_nodes_agent_settings_fall_back_to_the_stacks_but_pins_only_for_the_sa
     spec = stack_config.parse(config)
     air_gapped, canary, plain = spec.nodes
     assert air_gapped.agent is not None and canary.agent is not None and plain.agent is None
-    assert (air_gapped.agent.version, air_gapped.agent.fetch, air_gapped.agent.sha256) == ("v1.4.2", "operator", pins)
+    assert (air_gapped.agent.version, air_gapped.agent.fetch, air_gapped.agent.release_sha256) == ("v1.4.2", "operator", pins)
     assert air_gapped.agent.signing_key == key and canary.agent.signing_key == key
-    assert (canary.agent.version, canary.agent.sha256, canary.agent.fetch) == ("v1.5.0", None, None)
+    assert (canary.agent.version, canary.agent.release_sha256, canary.agent.fetch) == ("v1.5.0", None, None)
 
 
 @pytest.mark.parametrize("agent,field,words", [

@@ -277,7 +277,7 @@ def test_the_hint_as_it_was_built_before_runs_the_nodes_command(tmp_path):
 
 def _stderr_error(rc, stderr):
     from llmgw_pulumi.providers import _glue
-    from llmgw_pulumi.runner import Result
+    from llmgw_pulumi.sessions import Result
 
     with pytest.raises(errors.LlmgwError) as err:
         _glue.raise_for(Result(rc, "", stderr), "gpu-01", "installing the agent on 10.0.0.1")

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from pulumi.output import Unknown
 
 from lab import pki as labpki
-from llmgw_pulumi import errors, runner
+from llmgw_pulumi import errors, sessions
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
@@ -53,7 +53,7 @@ def nodes(tmp_path: Path) -> Any:
     real = FakeNode(tmp_path / "real", hostname="gpu-01", host_key=HOST_KEY)
     impostor = FakeNode(tmp_path / "impostor", hostname="gpu-01", host_key=OTHER_KEY)
     fakes = FakeNodes({ADDR: real})
-    with runner.use(fakes):
+    with sessions.use(fakes):
         yield real, impostor, fakes
 
 

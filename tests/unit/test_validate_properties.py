@@ -149,15 +149,16 @@ def sudo_argv(script):
     return argv[7:]
 
 
-def on_node(validator, make, value):
+def on_node(validator, make, value, reference):
     """``value`` is refused, or each of the node's shells hands the script exactly ``make(value).args``, with
-    ``value`` one of them, whole."""
+    ``value`` one of them, whole. ``reference``: another value the validator accepts; the script's text is the
+    same for both (a value is never spliced into the text)."""
+    assert validator(reference) is None
     if validator(value) is not None:
         return
     script = make(value)
     assert value in script.args
-    assert value not in script.text or value in remote.program("probe-engines.sh") + remote.program("node-key.sh"), \
-        "a value is never spliced into the script text"
+    assert script.text == make(reference).text, "a value is never spliced into the script text"
     assert sudo_argv(script) == list(script.args)
     for shell in SHELLS:
         assert node_argv(script, shell) == list(script.args), shell
@@ -168,20 +169,20 @@ def on_node(validator, make, value):
 @example("/opt/x; touch /tmp/pwned")
 @example("/opt/$(id)/`id`/'\"\\ x")
 def test_any_engine_path_is_refused_or_reaches_the_probe_as_one_argument(value):
-    on_node(engine_path, lambda v: remote.probe_engines((("vllm", v),)), value)
+    on_node(engine_path, lambda v: remote.probe_engines((("vllm", v),)), value, "/opt/vllm/bin/vllm")
 
 
 @settings(max_examples=60)
 @given(any_text)
 def test_any_discovery_path_is_refused_or_reaches_the_probe_as_one_argument(value):
-    on_node(engine_path, lambda v: remote.probe_engines((), nvidia_smi=v), value)
-    on_node(engine_path, lambda v: remote.probe_engines((), ib_root=v), value)
+    on_node(engine_path, lambda v: remote.probe_engines((), nvidia_smi=v), value, "/usr/bin/nvidia-smi")
+    on_node(engine_path, lambda v: remote.probe_engines((), ib_root=v), value, "/sys/class/infiniband")
 
 
 @settings(max_examples=60)
 @given(node_ids | any_text)
 def test_any_node_id_is_refused_or_reaches_the_scripts_as_one_argument(value):
-    on_node(validate.node_id, remote.make_node_key, value)
+    on_node(validate.node_id, remote.make_node_key, value, "gpu-01")
     if validate.node_id(value) is None:
         assert sudo_argv(remote.remove_agent(value))[3] == desired.config_owner_prefix(value)
 
@@ -190,7 +191,7 @@ def test_any_node_id_is_refused_or_reaches_the_scripts_as_one_argument(value):
 @given(near(validate._VERSION) | near(validate.RELEASE_TAG))
 def test_any_version_is_refused_or_reaches_the_installer_as_one_argument(value):
     on_node(validate.version, lambda v: remote.install_agent(mode="release", config="c", unit="u", version=v,
-                                                            release_url="https://r.example/x"), value)
+                                                            release_url="https://r.example/x"), value, "v1.2.3")
 
 
 @given(st.text())

@@ -8,6 +8,9 @@ so previews never import paramiko). Tests install another one with ``use``:
 tests/fakenode.py runs the real scripts against a directory on the test
 machine, so the providers' create, update, read and delete run in seconds,
 without root and without SSH.
+
+Imports run one way: ``remote`` (Script, Result) <- ``sessions`` <- ``transport``
+(imported by ``current`` on first use); ``transport`` never imports this module.
 """
 
 from __future__ import annotations
@@ -15,21 +18,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
+
+from .remote import Result as Result  # a session's answer, defined beside the Script it answers
 
 if TYPE_CHECKING:
     from .remote import Script
     from .specs import Connection
-
-
-@dataclass(frozen=True)
-class Result:
-    """How a script ended on the node: its exit status and what it printed."""
-
-    rc: int
-    stdout: str
-    stderr: str = field(repr=False)
 
 
 class Runner(Protocol):
