@@ -16,6 +16,7 @@ LAB_NAME, _, LAB_SUBNET = os.environ.get("LLMGW_BENCH_LAB", "b:10.254.0").partit
 WORK = CACHE / f"bench-{LAB_NAME}"
 SEED_SCRIPT = seed.SEED_SCRIPT
 RELEASE = "v1.4.2"
+UPGRADE_RELEASE = "v1.4.3"  # what the daily upgrade (bench/daily.py) moves 1% of the agents to
 RELEASE_PORT = 8443
 SSH_USER = "deploy"
 SSH_WAIT = 60

@@ -9,8 +9,13 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from bench.config import ENGINE_CGROUP, IMPORT_RECORD_VAR, PROGRAM_CGROUP, PROVIDER_CGROUP, REPO
+from bench.config import ENGINE_CGROUP, IMPORT_RECORD_VAR, LAB_SUBNET, PROGRAM_CGROUP, PROVIDER_CGROUP, REPO, WORK
+from bench.measure import Counters
+
+if TYPE_CHECKING:
+    from bench.harness import Harness
 
 
 def write_wrappers(engine_bin: Path, d: Path) -> None:
@@ -68,3 +73,46 @@ def package_fingerprint(snapshot: Path) -> str:
     for f in sorted((snapshot / "llmgw_pulumi").rglob("*.py")):
         digest.update(f.relative_to(snapshot).as_posix().encode() + b"\0" + f.read_bytes())
     return f"{head}{' + uncommitted changes' if dirty else ''} (package sha256 {digest.hexdigest()[:12]})"
+
+
+def check_imports(bench: Harness) -> str:
+    """Prove, with an unmeasured `pulumi preview`, that the engine's pythons import the snapshot and the CPU split holds.
+
+    The preview of one node (an unused address: a preview only checks the
+    inputs, in the provider, and contacts no node) runs with
+    PYTHONPYCACHEPREFIX set by the plugin wrappers to one directory per kind
+    of process (and PYTHONDONTWRITEBYTECODE unset), where each python writes
+    the bytecode of every module it imports under the source file's absolute
+    path: a record of which copy of the package the program and the
+    providers really imported. The preview's CPU must also show in each of
+    the three cgroups.
+    """
+    record = WORK / "import-record"
+    shutil.rmtree(record, ignore_errors=True)
+    stack = bench.new_stack("import-check", extra_env={IMPORT_RECORD_VAR: str(record)})
+    stack.set_config(bench.stack_config([("import-check", f"{LAB_SUBNET}.250")]))
+    c0 = Counters.now()
+    run = stack.preview()
+    cpu = Counters.now() - c0
+    (bench.log_dir / "import-check-preview.log").write_text(run.output)
+    if not run.ok:
+        raise RuntimeError(f"the import check's `pulumi preview` failed:\n{run.output[-2000:]}")
+    problems = []
+    found: dict[str, list[str]] = {}
+    for kind, must in (("program", "llmgw_pulumi/program"), ("provider", "llmgw_pulumi/providers/")):
+        imported = [p.relative_to(record / kind) for p in (record / kind).rglob("*.pyc") if "llmgw_pulumi" in p.parts]
+        snapshot = bench.snapshot.relative_to("/")
+        elsewhere = ["/" + p.as_posix() for p in imported if not p.is_relative_to(snapshot)]
+        found[kind] = sorted(p.relative_to(snapshot).as_posix() for p in imported if p.is_relative_to(snapshot))
+        if elsewhere:
+            problems.append(f"the {kind} imported another copy of the package: {elsewhere[:3]}")
+        if not any(m.startswith(must) for m in found[kind]):
+            problems.append(f"the {kind} did not import {must}* from {bench.snapshot}")
+    for part in ("engine", "program", "provider"):
+        if getattr(cpu, part) <= 0:
+            problems.append(f"no CPU counted for the {part} (its wrapper did not take effect)")
+    if problems:
+        raise RuntimeError(f"import check (see {bench.log_dir / 'import-check-preview.log'}): {'; '.join(problems)}")
+    return (f"the program imported {len(found['program'])} and the provider {len(found['provider'])} modules "
+            f"of llmgw_pulumi, all from {bench.snapshot}; preview CPU-s: engine {cpu.engine:.2f}, "
+            f"language host + program {cpu.program:.2f}, provider {cpu.provider:.2f}")

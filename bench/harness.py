@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import engine
+from bench.backend import Backend
 from bench.config import (
     AGENT_TIMEOUT,
     BOOT_TIMEOUT,
     CACHE,
-    IMPORT_RECORD_VAR,
     LAB_NAME,
     LAB_SUBNET,
     RELEASE,
@@ -28,6 +28,7 @@ from bench.config import (
     REPO,
     SSH_USER,
     SSH_WAIT,
+    UPGRADE_RELEASE,
     WORK,
 )
 from bench.measure import Counters, EngineSteps, Result, mem_available_mib, parallel, transport_idle_seconds
@@ -76,6 +77,12 @@ class Harness:
     imports: str = ""
     """What check_imports found: which copy of the package the engine's pythons import, and the CPU split."""
     started: float = field(default_factory=time.monotonic)
+    backend: Backend = field(default_factory=lambda: Backend(f"file://{WORK / 'state'}"))
+    """Where every stack keeps its state (--backend; bench/backend.py)."""
+    daily: bool = False
+    """Scale runs: the daily changes follow, on the same stack (bench/daily.py)."""
+    stack_counts: list[int] = field(default_factory=list)
+    """Scale runs: the same nodes as this many stacks at once against the one backend (bench/daily.py)."""
 
     # ----------------------------------------------------------------- paths
 
@@ -108,14 +115,15 @@ class Harness:
         from lab.stack import engine_bin
 
         WORK.mkdir(parents=True, exist_ok=True)
-        for d in ("state", "projects"):
+        for d in ("state", "projects"):  # another backend keeps its stacks: their names carry the run's id
             shutil.rmtree(WORK / d, ignore_errors=True)
         if not (self.pki_dir / "ca.pem").exists():
             labpki.init_ca(self.pki_dir)
         seed.operator_binary(self.operator_binary, RELEASE)
         releases = WORK / "releases"
         shutil.rmtree(releases, ignore_errors=True)
-        publish_release(releases, RELEASE, {"amd64": build_llmgw(RELEASE)})
+        for tag in (RELEASE, UPGRADE_RELEASE):
+            publish_release(releases, tag, {"amd64": build_llmgw(tag)})
 
         self.lab = Lab(name=LAB_NAME, subnet=LAB_SUBNET, workdir=CACHE / f"lab-{LAB_NAME}")
         shutil.rmtree(self.lab.workdir / "hosts", ignore_errors=True)
@@ -137,54 +145,12 @@ class Harness:
         assert self.engine_bin is not None
         engine.write_wrappers(self.engine_bin, self.engine_dir)
         engine.snapshot_package(self.snapshot)
-        self.imports = self.check_imports()
+        self.imports = engine.check_imports(self)
 
     @property
     def engine_dir(self) -> Path:
         """The engine as the bench runs it: the real `pulumi` binary and wrappers of it and two plugins, side by side."""
         return WORK / "engine-wrap" / "bin"
-
-    def check_imports(self) -> str:
-        """Prove, with an unmeasured `pulumi preview`, that the engine's pythons import the snapshot and the CPU split holds.
-
-        The preview of one node (an unused address: a preview only checks the
-        inputs, in the provider, and contacts no node) runs with
-        PYTHONPYCACHEPREFIX set by the plugin wrappers to one directory per kind
-        of process (and PYTHONDONTWRITEBYTECODE unset), where each python writes
-        the bytecode of every module it imports under the source file's absolute
-        path: a record of which copy of the package the program and the
-        providers really imported. The preview's CPU must also show in each of
-        the three cgroups.
-        """
-        record = WORK / "import-record"
-        shutil.rmtree(record, ignore_errors=True)
-        stack = self.new_stack("import-check", extra_env={IMPORT_RECORD_VAR: str(record)})
-        stack.set_config(self.stack_config([("import-check", f"{LAB_SUBNET}.250")]))
-        c0 = Counters.now()
-        run = stack.preview()
-        cpu = Counters.now() - c0
-        (self.log_dir / "import-check-preview.log").write_text(run.output)
-        if not run.ok:
-            raise RuntimeError(f"the import check's `pulumi preview` failed:\n{run.output[-2000:]}")
-        problems = []
-        found: dict[str, list[str]] = {}
-        for kind, must in (("program", "llmgw_pulumi/program"), ("provider", "llmgw_pulumi/providers/")):
-            imported = [p.relative_to(record / kind) for p in (record / kind).rglob("*.pyc") if "llmgw_pulumi" in p.parts]
-            snapshot = self.snapshot.relative_to("/")
-            elsewhere = ["/" + p.as_posix() for p in imported if not p.is_relative_to(snapshot)]
-            found[kind] = sorted(p.relative_to(snapshot).as_posix() for p in imported if p.is_relative_to(snapshot))
-            if elsewhere:
-                problems.append(f"the {kind} imported another copy of the package: {elsewhere[:3]}")
-            if not any(m.startswith(must) for m in found[kind]):
-                problems.append(f"the {kind} did not import {must}* from {self.snapshot}")
-        for part in ("engine", "program", "provider"):
-            if getattr(cpu, part) <= 0:
-                problems.append(f"no CPU counted for the {part} (its wrapper did not take effect)")
-        if problems:
-            raise RuntimeError(f"import check (see {self.log_dir / 'import-check-preview.log'}): {'; '.join(problems)}")
-        return (f"the program imported {len(found['program'])} and the provider {len(found['provider'])} modules "
-                f"of llmgw_pulumi, all from {self.snapshot}; preview CPU-s: engine {cpu.engine:.2f}, "
-                f"language host + program {cpu.program:.2f}, provider {cpu.provider:.2f}")
 
     def teardown(self) -> None:
         if self.control_plane is not None:
@@ -257,17 +223,22 @@ class Harness:
     # ----------------------------------------------------------------- one measured run
 
     def measure(self, size: int, scenario: str, hosts: Sequence[Any], action: Callable[[], tuple[bool, dict[str, Any]]],
-                agents: bool = False, quiet_first: bool = True) -> Result:
-        """Run `action` between two counter snapshots; onboarding runs last until every agent is connected."""
+                agents: bool = False, quiet_first: bool = True, agent_hosts: Sequence[Any] | None = None) -> Result:
+        """Run `action` between two counter snapshots; onboarding runs last until every agent is connected.
+
+        `agent_hosts`: whose agents must reconnect (all `hosts` by default). For an engine run, the bytes it wrote
+        to the state backend are recorded too (bench/backend.py).
+        """
         idle, idle_own = self.quiesce() if quiet_first else (0.0, 0.0)
         opens0 = self.ssh_opens(hosts)
+        backend_at = self.backend.position()
         since = time.time()
         c0 = Counters.now()
         ok, detail = action()
         wall = time.monotonic() - c0.wall
         agents_up = None
         if agents and ok:
-            at = self.wait_agents([h.hostname for h in hosts], since)
+            at = self.wait_agents([h.hostname for h in (hosts if agent_hosts is None else agent_hosts)], since)
             agents_up = None if at is None else at - since
             if at is None:
                 detail["note"] = (detail.get("note", "") + " agents not all connected").strip()
@@ -278,6 +249,8 @@ class Harness:
         result = Result(size, label, ok, wall, ssh, cpu, idle, idle_own, agents_up=agents_up,
                         remote_ops=detail.pop("remote_ops", None), note=detail.pop("note", ""), detail=detail,
                         delay_ms=self.delay_ms, shards=self.shards, kind=scenario.rsplit(" #", 1)[0])
+        if "event_log_bytes" in detail:
+            result.backend_bytes = self.backend.written(cpu.disk_written, detail.pop("event_log_bytes"), backend_at)
         self.results.append(result)
         self.say(one_line(result))
         return result
@@ -297,9 +270,10 @@ class Harness:
         env = engine_env(self.engine_bin, WORK / "pulumi-home", WORK / "state")
         env["PATH"] = f"{self.engine_dir}:{env['PATH']}"  # the wrappers before the real engine
         env["PYTHONPATH"] = str(self.snapshot)
+        env["PULUMI_BACKEND_URL"] = self.backend.url
         env.update(self.engine_env)
         env.update(extra_env or {})
-        return LabStack(WORK / "projects" / name, name, env, project=project)
+        return LabStack(WORK / "projects" / name, self.backend.stack_name(name, self.log_dir.name), env, project=project)
 
     def empty_project(self) -> Path:
         """The repository's Pulumi.yaml beside a __main__.py that registers nothing: the engine's own floor."""
@@ -357,9 +331,16 @@ class Harness:
             "timeline": steps.timeline(),
             "chains": steps.chains(transport_idle_seconds()),
         }
+        log = Path(run.command[run.command.index("--event-log") + 1])
+        detail["event_log_bytes"] = log.stat().st_size if log.exists() else 0  # not the backend's: see measure()
         if not run.ok:
             detail["note"] = f"FAILED (see {self.log_dir / (log_name + '.log')}): " + run.output.strip()[-300:]
         return run.ok, detail
+
+    def record_state(self, result: Result, stacks: Sequence[LabStack]) -> None:
+        """The state the run left, as `pulumi stack export` prints it (unmeasured: after the run)."""
+        if result.ok:
+            result.state_bytes = sum(len(stack.export_raw()) for stack in stacks)
 
 
     def repeated(self, size: int, scenario: str, hosts: Sequence[Any],

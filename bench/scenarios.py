@@ -15,13 +15,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from bench import daily
 from bench.config import DELAY_MS, FLOOR, RELEASE, SCRIPT_PHASES, SEED_SCRIPT, SIGNED_UP, SSH_USER, SSH_WAIT, WORK
 from bench.harness import Harness
 from bench.measure import Counters, Result, parallel, state_size
 from bench.toxiproxy import LOOPBACK
 from lab import seed
+
+if TYPE_CHECKING:
+    from lab.stack import LabStack
 
 
 @dataclass
@@ -72,8 +76,11 @@ class Bench(Harness):
 
 
     def pulumi_runs(self, size: int, hosts: Sequence[Any], then: Sequence[str] = ("noop", "preview", "refresh", "empty"),
-                    ) -> None:
-        """`pulumi up` from scratch, then on the onboarded fleet the runs named in `then`, in that order."""
+                    ) -> LabStack | None:
+        """`pulumi up` from scratch, then on the onboarded fleet the runs named in `then`, in that order.
+
+        Returns the onboarded stack (None when its `up` failed), for more runs on it (bench/daily.py).
+        """
         tag = f"n{size}" + (f"d{self.delay_ms}" if self.delay_ms else "") + (f"s{self.shards}" if self.shards else "")
         from llmgw_pulumi.shards import SHARDS_ENV
 
@@ -82,23 +89,26 @@ class Bench(Harness):
         up = self.measure(size, "pulumi up, from scratch", hosts,
                           lambda: self.engine_run(stack, "up", f"{tag}-up"), agents=True)
         if not up.ok:
-            return
+            return None
         # As `pulumi stack export` prints it: secrets stay encrypted, as in the stored state.
-        up.state = state_size(json.loads(stack.export_raw())["deployment"], size)
+        exported = stack.export_raw()
+        up.state, up.state_bytes = state_size(json.loads(exported)["deployment"], size), len(exported)
         if "noop" in then:
-            self.repeated(size, "pulumi up, no-op", hosts, lambda i: self.engine_run(stack, "up", f"{tag}-noop-{i}"))
-        if "preview" in then:
-            self.measure(size, "pulumi preview", hosts, lambda: self.engine_run(stack, "preview", f"{tag}-preview"))
-        if "refresh" in then:
-            self.measure(size, "pulumi refresh", hosts, lambda: self.engine_run(stack, "refresh", f"{tag}-refresh"))
+            noop = self.repeated(size, "pulumi up, no-op", hosts, lambda i: self.engine_run(stack, "up", f"{tag}-noop-{i}"))
+            self.record_state(noop, [stack])
+        for verb, scenario in (("preview", "pulumi preview"), ("refresh", "pulumi refresh")):
+            if verb in then:
+                r = self.measure(size, scenario, hosts, partial(self.engine_run, stack, verb, f"{tag}-{verb}"))
+                self.record_state(r, [stack])
         if "empty" not in then:
-            return
+            return stack
         empty = self.new_stack(f"empty-{tag}", project=self.empty_project())
         first = empty.up()  # creates the stack resource; the measured ups after it change nothing, like a no-op up
         if not first.ok:
             print(f"  empty stack: first up FAILED: {first.output[-300:]}")
-            return
+            return stack
         self.repeated(size, "pulumi up, empty stack", hosts, lambda i: self.engine_run(empty, "up", f"{tag}-empty-{i}"))
+        return stack
 
 
     # ----------------------------------------------------------------- the floor
@@ -189,11 +199,19 @@ class Bench(Harness):
             self.route_directly()
 
     def run_scale(self, size: int) -> None:
-        """Plain bridge, no baseline: `pulumi up` from scratch, no-op up, preview, refresh."""
+        """Plain bridge, no baseline: `pulumi up` from scratch, no-op up, preview, refresh; with --daily the daily
+        changes on the same stack, with --stacks the same nodes as that many stacks at once (bench/daily.py)."""
         print(f"\n== N = {size}, scale" + (", hosts trusting 3 system CAs" if self.reduced_ca else ""), flush=True)
-        hosts = self.fresh_hosts(size, reduced_ca=self.reduced_ca)
+        extra = daily.changed_count(size) if self.daily else 0
+        hosts = self.fresh_hosts(size + extra, reduced_ca=self.reduced_ca)
         first = len(self.results)
-        self.pulumi_runs(size, hosts, then=("noop", "preview", "refresh"))
+        stack = self.pulumi_runs(size, hosts[:size], then=("noop", "preview", "refresh"))
+        if stack is not None and extra:
+            print(f"\n== N = {size}, daily changes", flush=True)
+            daily.changes(self, size, stack, hosts[:size], hosts[size:])
+        for count in self.stack_counts:
+            print(f"\n== N = {size}, {count} stack(s) at once", flush=True)
+            daily.at_once(self, size, count)
         if self.reduced_ca:
             for r in self.results[first:]:
                 r.reduced_ca = True

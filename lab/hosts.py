@@ -13,6 +13,7 @@ The names tests, the benchmark and scripts import from here stay importable here
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import re
 import signal
@@ -38,6 +39,10 @@ _resolve_inside = linux.resolve_inside
 
 MAX_HOSTS = 200
 HOST_ADDR_OFFSET = 20
+#: Hosts whose addresses fit in the subnet's /24 (.21 to .254); a lab of more spans a /21 (see `max_hosts`).
+HOSTS_PER_24 = 254 - HOST_ADDR_OFFSET
+#: Hosts whose addresses fit in a /21 (the benchmark's 1,000-node runs need more than one /24).
+HOSTS_PER_21 = 2046 - HOST_ADDR_OFFSET
 
 
 @dataclass
@@ -54,6 +59,10 @@ class Lab:
     - `rootfs`: the Debian tree; by default lab/rootfs.sh's cached one.
     - `host_key_types`: the SSH host keys each host generates on first boot.
       "rsa" is left out by default because its keygen dominates boot time.
+    - `max_hosts`: the most hosts it holds (200 by default). Above 234 the main
+      network is the /21 that starts at `subnet` (its third octet a multiple of 8):
+      host addresses run on from `<subnet>.254` into the next /24s; private-segment
+      hosts stay within 234.
     - `hosts`: the hosts prepared so far, by index.
 
     Usage: `setup()`, `boot(n)`, talk SSH to `host.addr`, `teardown()` (or `with Lab(...) as lab`).
@@ -67,6 +76,7 @@ class Lab:
     rootfs: Path | None = None
     private_subnet: str = ""
     host_key_types: tuple[str, ...] = ("ed25519", "ecdsa")
+    max_hosts: int = MAX_HOSTS
     hosts: dict[int, Host] = field(default_factory=dict, init=False, repr=False)
     _extras: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -85,6 +95,11 @@ class Lab:
         unknown = set(self.host_key_types) - {"ed25519", "ecdsa", "rsa"}
         if unknown or not self.host_key_types:
             raise ValueError(f"host_key_types must be some of ed25519, ecdsa, rsa; got {self.host_key_types!r}")
+        if not 1 <= self.max_hosts <= HOSTS_PER_21:
+            raise ValueError(f"max_hosts must be 1..{HOSTS_PER_21}, got {self.max_hosts}")
+        if self.prefix_len < 24 and int(octets[2]) % 8:
+            raise ValueError(f"a lab of more than {HOSTS_PER_24} hosts spans a /21: the subnet's third octet must be "
+                             f"a multiple of 8, got {self.subnet!r}")
         self.workdir = Path(self.workdir).resolve()
 
     # ----------------------------------------------------------------- names and paths
@@ -134,8 +149,17 @@ class Lab:
             self.rootfs = base_layer.default_rootfs()
         return self.rootfs
 
+    @property
+    def prefix_len(self) -> int:
+        """The main network's prefix length: 24, or 21 for a lab of more than HOSTS_PER_24 hosts."""
+        return 24 if self.max_hosts <= HOSTS_PER_24 else 21
+
+    def main_address(self, offset: int) -> str:
+        """The address `offset` after `<subnet>.0` on the main network."""
+        return str(ipaddress.IPv4Address(f"{self.subnet}.0") + offset)
+
     def addr(self, index: int) -> str:
-        return f"{self.subnet}.{HOST_ADDR_OFFSET + index}"
+        return self.main_address(HOST_ADDR_OFFSET + index)
 
     def private_addr(self, index: int) -> str:
         """Host `index`'s address on the private segment."""
@@ -148,9 +172,9 @@ class Lab:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.teardown()
         linux.raise_inotify_limits()
-        network.check_subnet_free(self, self.subnet)
+        network.check_subnet_free(self, self.subnet, self.prefix_len)
         linux.run(["ip", "link", "add", self.bridge, "type", "bridge"])
-        linux.run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge])
+        linux.run(["ip", "addr", "add", f"{self.gateway}/{self.prefix_len}", "dev", self.bridge])
         linux.run(["ip", "link", "set", self.bridge, "up"])
         base_layer.ensure_key(self.ssh_key_path, f"lab-{self.name}")
         base_layer.ensure_base(self.base_dir, self.rootfs_path, self.ssh_public_key, self.host_key_types, f"{self.prefix}base")
@@ -186,8 +210,10 @@ class Lab:
         A host whose netns already exists was prepared by another process (lab/vmctl.py):
         its network is adopted as it is.
         """
-        if not 1 <= index <= MAX_HOSTS:
-            raise ValueError(f"host index must be 1..{MAX_HOSTS}, got {index}")
+        if not 1 <= index <= self.max_hosts:
+            raise ValueError(f"host index must be 1..{self.max_hosts}, got {index}")
+        if segment != "main" and index > HOSTS_PER_24:
+            raise ValueError(f"a host on the private segment needs an index of 1..{HOSTS_PER_24}, got {index}")
         with self._lock:
             host = self.hosts.get(index)
             if host is not None:

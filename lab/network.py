@@ -32,7 +32,7 @@ def cgroup_tops(lab: Lab) -> tuple[Path, ...]:
     return tuple(cg / lab.prefix for cg in linux.CGROUP_ROOTS)
 
 
-def check_subnet_free(lab: Lab, subnet: str) -> None:
+def check_subnet_free(lab: Lab, subnet: str, prefix_len: int = 24) -> None:
     """Refuse a subnet whose gateway address another interface (another lab?) already has,
     or that the root namespace already routes (another lab's bridge or private segment)."""
     gateway = f"{subnet}.1"
@@ -41,9 +41,10 @@ def check_subnet_free(lab: Lab, subnet: str) -> None:
         fields = line.split()
         if fields[3].split("/")[0] == gateway:
             raise LabError(f"{gateway} is already on {fields[1]}; pick another subnet for lab {lab.name}")
-    routes = linux.run(["ip", "-o", "route", "show", "table", "all", "root", f"{subnet}.0/24"]).stdout.strip()
+    network = f"{subnet}.0/{prefix_len}"
+    routes = linux.run(["ip", "-o", "route", "show", "table", "all", "root", network]).stdout.strip()
     if routes:
-        raise LabError(f"{subnet}.0/24 is already routed ({routes.splitlines()[0]}); "
+        raise LabError(f"{network} is already routed ({routes.splitlines()[0]}); "
                        f"pick another subnet for lab {lab.name}")  # fmt: skip
 
 
@@ -62,17 +63,17 @@ def ensure_private_segment(lab: Lab) -> None:
 
 def add_netns(lab: Lab, netns: str, key: str, addr_index: int, segment: Segment) -> None:
     """A netns with eth0 on the main bridge or the private segment; for "both", eth0 main and eth1 private."""
-    legs: list[tuple[list[str], str, str, str]] = []  # (ip option for the bridge side, veth, bridge, subnet)
+    legs: list[tuple[list[str], str, str, str]] = []  # (ip option for the bridge side, veth, bridge, address)
     if segment != "private":
-        legs.append(([], lab._veth(key, "main"), lab.bridge, lab.subnet))
+        legs.append(([], lab._veth(key, "main"), lab.bridge, f"{lab.main_address(addr_index)}/{lab.prefix_len}"))
     if segment != "main":
         ensure_private_segment(lab)
-        legs.append((["-n", lab.private_netns], lab._veth(key, "private"), "br0", lab.private_subnet))
+        legs.append((["-n", lab.private_netns], lab._veth(key, "private"), "br0", f"{lab.private_subnet}.{addr_index}/24"))
     linux.run(["ip", "netns", "add", netns])
-    for n, (side, veth, bridge, subnet) in enumerate(legs):
+    for n, (side, veth, bridge, address) in enumerate(legs):
         linux.run(["ip", *side, "link", "add", "name", veth, "type", "veth", "peer", "name", f"eth{n}", "netns", netns])
         linux.run(["ip", *side, "link", "set", "dev", veth, "master", bridge, "up"])
-        linux.run(["ip", "-n", netns, "addr", "add", f"{subnet}.{addr_index}/24", "dev", f"eth{n}"])
+        linux.run(["ip", "-n", netns, "addr", "add", address, "dev", f"eth{n}"])
         linux.run(["ip", "-n", netns, "link", "set", f"eth{n}", "up"])
     linux.run(["ip", "-n", netns, "link", "set", "lo", "up"])
 

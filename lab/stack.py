@@ -175,8 +175,11 @@ class LabStack:
             if not venv.exists():
                 venv.symlink_to(REPO / ".venv")
         (self.work_dir / "stacks").mkdir(exist_ok=True)
-        # The engine's event logs go beside the state, not into the project.
-        self.logs = Path(self.env["PULUMI_BACKEND_URL"].removeprefix("file://")) / "events" / self.name
+        # The engine's event logs go beside the state, not into the project (beside the project dirs for a backend
+        # that is not a directory, e.g. postgres://).
+        backend = self.env["PULUMI_BACKEND_URL"]
+        root = Path(backend.removeprefix("file://")) if backend.startswith("file://") else self.work_dir.parent
+        self.logs = root / "events" / self.name
         self.logs.mkdir(parents=True, exist_ok=True)
         self.cli("stack", "select", "--create", self.name, "--secrets-provider", "passphrase")
 

@@ -1,0 +1,93 @@
+"""Where the benchmark's stacks keep their state, and how many bytes a run writes there (checkpoint traffic).
+
+- The file backend (the default, `file://<work dir>/state`): the engine rewrites the
+  whole snapshot after each step (a temporary file, then a rename). The bytes are
+  the `write_bytes` of /proc/self/io of this process over the run, which counts what
+  it and every child it has reaped (the `pulumi` CLI, and through it the plugins it
+  reaped) handed to a disk file system, at the time each page was dirtied; minus the
+  engine's event log (`--event-log`, append-only, so its size is what was written to
+  it), which is the bench's, not the backend's. Nothing else of this process writes
+  to disk during a measured run.
+- A PostgreSQL backend (`--backend postgres://...`): the WAL the server generated over
+  the run (`pg_current_wal_lsn()` before and after, through `psql`), i.e. what the
+  server wrote for the checkpoints, with its own overhead; other clients of the same
+  server count too (the runs of several stacks at once share it on purpose).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+#: /proc/<pid>/io's counter of bytes a process (and the children it reaped) dirtied in a disk file system's pages.
+WRITE_BYTES = "write_bytes"
+
+
+def own_write_bytes(io_path: Path = Path("/proc/self/io")) -> int:
+    """`write_bytes` of /proc/self/io: this process, its threads and every child it has waited for."""
+    return io_counter(io_path.read_text(), WRITE_BYTES)
+
+
+def io_counter(text: str, name: str) -> int:
+    """One counter of a /proc/<pid>/io text ('rchar: 1\\nwrite_bytes: 4096\\n...')."""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == name:
+            return int(value)
+    raise ValueError(f"no {name} in /proc/<pid>/io: {text[:200]!r}")
+
+
+def wal_bytes(lsn_before: str, lsn_after: str) -> int:
+    """Bytes of WAL between two LSNs as PostgreSQL prints them ('16/B374D848': high and low 32 bits, hex)."""
+    def value(lsn: str) -> int:
+        high, _, low = lsn.strip().partition("/")
+        return (int(high, 16) << 32) | int(low, 16)
+
+    return value(lsn_after) - value(lsn_before)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The state backend of every stack of one benchmark run."""
+
+    url: str
+    """`file://<dir>` or `postgres://user:password@host:port/database`."""
+
+    @property
+    def is_file(self) -> bool:
+        return self.url.startswith("file://")
+
+    @property
+    def kind(self) -> str:
+        return "file" if self.is_file else self.url.split(":", 1)[0]
+
+    @property
+    def shown(self) -> str:
+        """The URL without its password, for the report."""
+        scheme, sep, rest = self.url.partition("://")
+        credentials, at, host = rest.rpartition("@")
+        if not at or ":" not in credentials:
+            return self.url
+        return f"{scheme}{sep}{credentials.split(':', 1)[0]}:***@{host}"
+
+    def stack_name(self, name: str, run_id: str) -> str:
+        """A stack name for this run. The file backend is emptied at setup; another backend keeps earlier runs'
+        stacks, so the run's id goes into the name and `stack select --create` never picks up an old state."""
+        return name if self.is_file else f"{name}-{run_id}"
+
+    def position(self) -> str | None:
+        """Where the backend's write log is now: the WAL LSN of a PostgreSQL server; None for the file backend
+        (its bytes come from the counters) or when the server cannot be asked."""
+        if self.is_file:
+            return None
+        done = subprocess.run(["psql", self.url, "-Atc", "SELECT pg_current_wal_lsn()"], capture_output=True,
+                              text=True, check=False)
+        return done.stdout.strip() if done.returncode == 0 and "/" in done.stdout else None
+
+    def written(self, disk_written: float, event_log_bytes: int, before: str | None) -> int | None:
+        """Bytes the run wrote to the backend: see the module docstring. None when it cannot be told."""
+        if self.is_file:
+            return max(0, int(disk_written) - event_log_bytes)
+        after = self.position()
+        return None if before is None or after is None else wal_bytes(before, after)
