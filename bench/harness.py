@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench import engine
+from bench import daily, engine
 from bench.backend import Backend
 from bench.config import (
     AGENT_TIMEOUT,
@@ -87,6 +87,13 @@ class Harness:
     # ----------------------------------------------------------------- paths
 
     @property
+    def hosts_needed(self) -> int:
+        """The most hosts one part boots at once: its size, and the scale runs' idle hosts for the daily changes."""
+        scale = max(self.scale_sizes, default=0)
+        extra = daily.changed_count(scale) if self.daily and scale else 0
+        return max([*self.sizes, *self.latency_sizes, *self.shard_sizes, *self.signer_sizes, scale + extra, 1])
+
+    @property
     def pki_dir(self) -> Path:
         return WORK / "pki"
 
@@ -110,7 +117,7 @@ class Harness:
         from lab import pki as labpki
         from lab.control_plane import ControlPlane
         from lab.doubles.llmgw import build_llmgw
-        from lab.hosts import Lab
+        from lab.hosts import MAX_HOSTS, Lab
         from lab.release_server import publish_release
         from lab.stack import engine_bin
 
@@ -125,7 +132,8 @@ class Harness:
         for tag in (RELEASE, UPGRADE_RELEASE):
             publish_release(releases, tag, {"amd64": build_llmgw(tag)})
 
-        self.lab = Lab(name=LAB_NAME, subnet=LAB_SUBNET, workdir=CACHE / f"lab-{LAB_NAME}")
+        self.lab = Lab(name=LAB_NAME, subnet=LAB_SUBNET, workdir=CACHE / f"lab-{LAB_NAME}",
+                       max_hosts=max(MAX_HOSTS, self.hosts_needed))
         shutil.rmtree(self.lab.workdir / "hosts", ignore_errors=True)
         self.lab.setup()
 

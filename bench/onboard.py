@@ -30,6 +30,7 @@ from typing import Any
 
 # The `name as name` imports re-export what tests/unit/test_bench.py imports from here (from before the split).
 from bench import engine
+from bench.backend import Backend
 from bench.config import DELAY_MS, DOC, REPO, SCALE_N, TARGET_N, WORK
 from bench.config import FLOOR as FLOOR
 from bench.config import PAR as PAR
@@ -45,6 +46,13 @@ from bench.scenarios import Bench
 from bench.scenarios import proxy_host_blocks as proxy_host_blocks
 from bench.targets import issue12_targets as issue12_targets
 from bench.targets import signer_comparison as signer_comparison
+
+
+def backend_arg(text: str) -> Backend:
+    """--backend: a file:// or postgres:// URL."""
+    if not text.startswith(("file:///", "postgres://", "postgresql://")):
+        raise argparse.ArgumentTypeError(f"{text!r}: give file:///a/dir or postgres://user:password@host:port/db")
+    return Backend(text)
 
 
 def sizes_arg(text: str) -> list[int]:
@@ -79,6 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--signer-sizes", type=sizes_arg,
                         help="sizes at which `pulumi up` with pkiDir and with the HSM signer are compared "
                              "(default 30; --quick none)")
+    parser.add_argument("--daily", action="store_true",
+                        help="scale runs: then the daily changes on the same stack: 1%% of the agents upgraded with "
+                             "llmgw:rollout, 10 nodes added, 10 removed (bench/daily.py)")
+    parser.add_argument("--stacks", type=sizes_arg, default=[], metavar="K,...",
+                        help="scale runs: the same nodes also as K stacks at once against the one backend, e.g. 1,4,8")
+    parser.add_argument("--backend", type=backend_arg, metavar="URL",
+                        help=f"the state backend of every stack: file://DIR or postgres://USER:PASSWORD@HOST:PORT/DB "
+                             f"(default file://{WORK / 'state'}, emptied first)")
     parser.add_argument("--reduced-ca", action="store_true",
                         help="scale runs: the hosts trust 3 system CAs (a smaller bundle for update-ca-certificates)")
     parser.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE",
@@ -118,13 +134,18 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(sizes=sizes, repeats=repeats, log_dir=log_dir, wait_quiet=args.wait_quiet,
                   latency_sizes=latency_sizes, scale_sizes=scale_sizes, shard_counts=shard_counts,
                   shard_sizes=shard_sizes, signer_sizes=signer_sizes, reduced_ca=args.reduced_ca, tools_dir=tools_dir,
-                  engine_env=dict(item.split("=", 1) for item in args.engine_env))
+                  engine_env=dict(item.split("=", 1) for item in args.engine_env), daily=args.daily,
+                  stack_counts=args.stacks)
+    if args.backend is not None:
+        bench.backend = args.backend
     command = " ".join(["sudo .venv/bin/python -m bench.onboard", *(sys.argv[1:] if argv is None else argv)])
     machine = machine_description()
-    estimate = estimate_minutes(sizes, latency_sizes, scale_sizes, shard_counts, shard_sizes, signer_sizes)
+    estimate = estimate_minutes(sizes, latency_sizes, scale_sizes, shard_counts, shard_sizes, signer_sizes,
+                                daily=args.daily, stack_counts=args.stacks)
     print(f"machine: {machine}\nlogs: {log_dir}\nplain {list_text(sizes)}; +{2 * DELAY_MS} ms RTT "
           f"{list_text(latency_sizes)}; scale {list_text(scale_sizes)}; providers {list_text(shard_counts)} at "
-          f"{list_text(shard_sizes)}; estimated duration ~{estimate:.0f} min", flush=True)
+          f"{list_text(shard_sizes)}; daily changes {'yes' if args.daily else 'no'}; stacks at once "
+          f"{list_text(args.stacks)}; backend {bench.backend.shown}; estimated duration ~{estimate:.0f} min", flush=True)
     fingerprint = "?"
     skipped: list[str] = []
 
@@ -132,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         """Everything measured so far, as results.json holds it (written after every part, read by --render)."""
         return {"plan": {"sizes": sizes, "latency_sizes": latency_sizes, "scale_sizes": scale_sizes,
                          "shard_counts": shard_counts, "shard_sizes": shard_sizes, "signer_sizes": signer_sizes,
-                         "reduced_ca": args.reduced_ca,
+                         "reduced_ca": args.reduced_ca, "daily": args.daily, "stack_counts": args.stacks,
+                         "backend": bench.backend.shown,
                          "repeats": repeats, "imports": bench.imports, "engine_env": bench.engine_env},
                 "machine": machine, "fingerprint": fingerprint, "started": started, "seconds": time.monotonic() - t0,
                 "command": command, "skipped": skipped, "estimate": estimate,

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import growth
+from bench.backend import Backend
 from bench.config import DELAY_MS, FLOOR, SCALE_N, TARGET_N
 from bench.harness import Harness
 from bench.measure import Counters, Result, StateSize
-from bench.report import cpu_breakdown, ratio_table, ratios, state_breakdown, table, where_time_goes
+from bench.report import backend_table, cpu_breakdown, ratio_table, ratios, state_breakdown, table, where_time_goes
 from bench.summary import summary
 from bench.targets import draw_plots, growth_figures, growth_table, issue12_targets, shard_comparison, signer_comparison, superlinear_notes
 
@@ -134,10 +135,27 @@ the lab hosts; and the rest of the machine.
 
 {cpu_breakdown(bench.results)}
 
+## Daily changes, stacks at once and the state backend (issue 21)
+
+Backend: {bench.backend.shown} ({bench.backend.kind}). Daily changes: {'measured after the scale runs, on the same '
+'stack (--daily)' if bench.daily else 'not measured (--daily not given)'}; stacks at once:
+{list_text(bench.stack_counts)} (--stacks). *written to the backend* = {BACKEND_HOW[bench.backend.is_file]}
+*written / state* = that over the state the run left (`pulumi stack export`, all stacks of the run): how many
+times the run rewrote its whole snapshot. See bench/daily.py and bench/backend.py.
+
+{backend_table(bench.results)}
+
 ## State
 
 {state_breakdown(bench.results) or '(no successful pulumi up)'}
 """
+
+
+BACKEND_HOW = {
+    True: "what the `pulumi` CLI and the children it reaped wrote to disk files over the run (`write_bytes` of "
+          "/proc/self/io of the benchmark, which adds in its reaped children's), minus the engine's event log.",
+    False: "the WAL the PostgreSQL server generated over the run (`pg_current_wal_lsn()` before and after).",
+}
 
 
 def engine_env_text(env: dict[str, str]) -> str:
@@ -150,11 +168,14 @@ def list_text(values: Sequence[int]) -> str:
 
 
 def estimate_minutes(sizes: Sequence[int], latency: Sequence[int], scale: Sequence[int], shard_counts: Sequence[int],
-                     shard_sizes: Sequence[int], signer_sizes: Sequence[int] = ()) -> float:
+                     shard_sizes: Sequence[int], signer_sizes: Sequence[int] = (), daily: bool = False,
+                     stack_counts: Sequence[int] = ()) -> float:
     """A rough duration on this 2-CPU machine, from earlier runs (the hosts' CPU dominates)."""
     return (1.0 + sum(0.6 + 0.15 * n for n in sizes) + sum(0.5 + 0.2 * n for n in latency)
             + sum(1.0 + 0.03 * n for n in scale) + len(shard_counts) * sum(0.3 + 0.02 * n for n in shard_sizes)
-            + sum(1.0 + 0.06 * n for n in signer_sizes))
+            + sum(1.0 + 0.06 * n for n in signer_sizes)
+            + (sum(1.5 + 0.01 * n for n in scale) if daily else 0.0)  # 3 ups of a few nodes' changes each
+            + len(stack_counts) * sum(1.0 + 0.03 * n for n in scale))
 
 
 def full_run_minutes() -> float:
@@ -198,5 +219,8 @@ def rerender(path: Path, out: Path) -> int:
                   latency_sizes=plan["latency_sizes"], scale_sizes=plan["scale_sizes"],
                   shard_counts=plan["shard_counts"], shard_sizes=plan["shard_sizes"],
                   signer_sizes=plan.get("signer_sizes", []), reduced_ca=plan["reduced_ca"],
-                  imports=plan["imports"], engine_env=plan.get("engine_env", {}))
+                  imports=plan["imports"], engine_env=plan.get("engine_env", {}), daily=plan.get("daily", False),
+                  stack_counts=plan.get("stack_counts", []))
+    if plan.get("backend"):
+        bench.backend = Backend(plan["backend"])  # as shown: for the report only
     return report(bench, record, out)

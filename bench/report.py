@@ -17,10 +17,31 @@ def one_line(r: Result) -> str:
     agents = f", agents up {r.agents_up:.1f}s" if r.agents_up is not None else ""
     state = (f", state {r.state.per_node:.0f} B/node ({r.state.per_node_no_pem:.0f} w/o PEM)"
              if r.state else "")
+    written = f", {r.backend_bytes / 1e6:.2f} MB written to the backend" if r.backend_bytes is not None else ""
     status = "" if r.ok else "  FAILED"
     note = f"  [{r.note}]" if r.note else ""
     return (f"N={r.size} {r.scenario}: {r.wall:.2f}s wall, {r.ssh} SSH, CPU {r.cpu.machine:.1f}s machine, "
-            f"{r.cpu_own:.1f}s ours + hosts = {cpu_split(r.cpu)}{agents}{state}{status}{note}")
+            f"{r.cpu_own:.1f}s ours + hosts = {cpu_split(r.cpu)}{agents}{state}{written}{status}{note}")
+
+
+def backend_table(results: Sequence[Result]) -> str:
+    """Issue 21's figures per engine run: wall, the operator's CPU by part, the state, and the bytes written to the
+    backend during the run (checkpoint traffic), also as a multiple of the state it left."""
+    rows = ["| N | run | stacks | wall s | engine CPU-s | provider CPU-s | program CPU-s | operator CPU-s/node "
+            "| state KB | written to the backend MB | written / state | notes |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        if r.backend_bytes is None and r.state_bytes is None:
+            continue
+        c = r.cpu
+        state = "" if r.state_bytes is None else f"{r.state_bytes / 1e3:,.0f}"
+        written = "" if r.backend_bytes is None else f"{r.backend_bytes / 1e6:,.2f}"
+        times = f"{r.backend_bytes / r.state_bytes:.1f}" if r.backend_bytes is not None and r.state_bytes else ""
+        note = ("FAILED " if not r.ok else "") + r.note.replace("|", "/")
+        rows.append(f"| {r.size} | {r.scenario} | {r.stacks} | {r.wall:.2f} | {c.engine:.1f} | {c.provider:.1f} "
+                    f"| {c.program:.1f} | {(c.engine + c.provider + c.program) / r.size:.3f} | {state} | {written} "
+                    f"| {times} | {note} |")
+    return "\n".join(rows) if len(rows) > 2 else "(no engine runs measured)"
 
 
 def cpu_split(c: Counters) -> str:

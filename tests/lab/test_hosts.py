@@ -48,6 +48,23 @@ def test_lab_name_and_subnet_are_validated(tmp_path: Path) -> None:
     assert lab.addr(200) == "10.251.7.220"
 
 
+def test_a_lab_of_more_than_234_hosts_spans_a_slash_21(tmp_path: Path) -> None:
+    small = Lab(name="abc", subnet="10.251.8", workdir=tmp_path)
+    assert small.prefix_len == 24
+    with pytest.raises(ValueError, match="host index must be 1..200"):
+        small.prepare(201)
+    big = Lab(name="abc", subnet="10.251.8", workdir=tmp_path, max_hosts=1000)
+    assert big.prefix_len == 21
+    assert [big.addr(i) for i in (1, 234, 235, 1000)] == ["10.251.8.21", "10.251.8.254", "10.251.8.255", "10.251.11.252"]
+    assert big.gateway == "10.251.8.1"
+    with pytest.raises(ValueError, match="private segment needs an index of 1..234"):
+        big.prepare(235, segment="private")
+    with pytest.raises(ValueError, match="multiple of 8"):
+        Lab(name="abc", subnet="10.251.7", workdir=tmp_path, max_hosts=235)
+    with pytest.raises(ValueError, match="max_hosts must be 1..2026"):
+        Lab(name="abc", subnet="10.251.8", workdir=tmp_path, max_hosts=2027)
+
+
 def test_extra_netns_suffix_is_validated(tmp_path: Path) -> None:
     lab = Lab(name="abc", subnet="10.251.7", workdir=tmp_path)
     for bad in ("h1", "br", "Repo", "waytoolongsuffix"):

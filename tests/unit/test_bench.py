@@ -248,3 +248,103 @@ def test_the_signer_comparison_puts_the_two_ups_side_by_side_with_the_hsms_over_
     missing = signer_comparison([up("pkiDir", 30.0, 4.0, 1.0, (2.0, 8.0), 0.001)])
     assert "| 30 | `pulumi up` wall, s | 30.00 | n/a | n/a |" in missing
     assert signer_comparison([]) == "(not measured)"
+
+
+# --------------------------------------------------------------------------- issue 21: backend bytes, daily changes
+
+
+def test_wal_positions_subtract_as_64_bit_numbers():
+    from bench.backend import wal_bytes
+
+    assert wal_bytes("0/10", "0/30") == 0x20
+    assert wal_bytes("0/FFFFFFF0", "1/10") == 0x20  # across the low word's wrap
+    assert wal_bytes("16/B374D848", "16/B374D848") == 0
+
+
+def test_write_bytes_counts_what_a_reaped_child_wrote_to_disk(tmp_path):
+    from bench.backend import WRITE_BYTES, io_counter, own_write_bytes
+
+    assert io_counter("rchar: 7\nwrite_bytes: 4096\ncancelled_write_bytes: 0\n", WRITE_BYTES) == 4096
+    with pytest.raises(ValueError):
+        io_counter("rchar: 7\n", WRITE_BYTES)
+    before = own_write_bytes()
+    # 8 MiB read and written through a pipe (counted in rchar and wchar, not in write_bytes), then 3 MiB to a file.
+    subprocess.run("dd if=/dev/zero bs=1M count=8 status=none | cat > /dev/null", shell=True, check=True)
+    subprocess.run(["dd", "if=/dev/zero", f"of={tmp_path / 'f'}", "bs=1M", "count=3", "status=none"], check=True)
+    written = own_write_bytes() - before
+    fs = subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip()
+    if fs == "tmpfs":
+        pytest.skip("tmpfs pages are not counted as written to storage")
+    assert 3 * 2**20 <= written < 4 * 2**20
+
+
+def test_the_backend_names_stacks_per_run_unless_emptied_and_hides_its_password():
+    from bench.backend import Backend
+
+    file = Backend("file:///var/cache/x/state")
+    assert file.is_file and file.kind == "file" and file.stack_name("bench-n30", "20261201-1200") == "bench-n30"
+    assert file.position() is None
+    assert file.written(10_000.0, 1_000, None) == 9_000
+    pg = Backend("postgres://bench:s3cret@127.0.0.1:5432/state")
+    assert not pg.is_file and pg.kind == "postgres"
+    assert pg.stack_name("bench-n30", "20261201-1200") == "bench-n30-20261201-1200"
+    assert pg.shown == "postgres://bench:***@127.0.0.1:5432/state" and "s3cret" not in pg.shown
+    assert Backend("postgres://bench@db/state").shown == "postgres://bench@db/state"
+
+
+def test_the_daily_changes_are_1_percent_and_10_nodes_at_most_half_the_fleet():
+    from bench import daily
+
+    assert [daily.upgraded_count(n) for n in (1, 10, 30, 200, 500, 1000)] == [1, 1, 1, 2, 5, 10]
+    assert [daily.changed_count(n) for n in (1, 10, 30, 1000)] == [1, 5, 10, 10]
+
+
+def test_nodes_split_round_robin_over_the_stacks():
+    from bench.daily import split
+
+    assert split(list(range(10)), 4) == [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]]
+    assert split([1, 2], 1) == [[1, 2]]
+    for parts in (0, 3):
+        with pytest.raises(ValueError, match="give 1 to 2 stacks"):
+            split([1, 2], parts)
+
+
+def test_a_daily_change_the_engine_did_not_make_is_a_failed_run():
+    from bench.daily import ADD, REMOVE, UPGRADE, check_changes
+    from bench.onboard import Counters, Result
+
+    def run(kind: str, changes: dict[str, int]) -> Result:
+        return Result(30, kind, True, 1.0, 0, Counters(1.0, 0, 0, 0), 0, 0, kind=kind, detail={"changes": changes})
+
+    done = [run(UPGRADE, {"update": 1, "same": 119}), run(ADD, {"create": 40}), run(REMOVE, {"delete": 40})]
+    for r in done:
+        check_changes(r)
+        assert r.ok, r.note
+    missed = run(UPGRADE, {"same": 120})
+    check_changes(missed)
+    assert not missed.ok and "expected update steps" in missed.note
+
+
+def test_stacks_run_at_once_add_up_to_one_run():
+    from bench.daily import merged
+
+    ok, detail = merged([{"changes": {"create": 8}, "remote_ops": 6, "event_log_bytes": 100},
+                         {"changes": {"create": 4, "same": 1}, "remote_ops": 3, "event_log_bytes": 50,
+                          "note": "FAILED (see log)"}], [True, False])
+    assert not ok
+    assert detail["changes"] == {"create": 12, "same": 1}
+    assert (detail["remote_ops"], detail["event_log_bytes"], detail["note"]) == (9, 150, "FAILED (see log)")
+    assert merged([{"changes": {}}], [True])[0]
+
+
+def test_the_backend_table_shows_the_checkpoint_traffic_over_the_state():
+    from bench.onboard import Counters, Result
+    from bench.report import backend_table
+
+    measured = Result(30, "daily: nodes added", True, 12.0, 0, Counters(12.0, 0, 0, 0, 3.0, 1.5, 0.5), 0, 0,
+                      backend_bytes=5_000_000, state_bytes=500_000)
+    baseline = Result(30, "baseline script, parallel", True, 50.0, 30, Counters(50.0, 0, 0, 0), 0, 0)
+    assert backend_table([baseline]) == "(no engine runs measured)"
+    rows = backend_table([baseline, measured]).splitlines()
+    assert len(rows) == 3
+    assert rows[2].split(" | ")[3:11] == ["12.00", "3.0", "1.5", "0.5", "0.167", "500", "5.00", "10.0"]
