@@ -47,7 +47,8 @@ pass/fail test; see [benchmark-method.md](benchmark-method.md) for what each run
 To run it: `scripts/install.sh && sudo .venv/bin/python -m bench.onboard` (the full run:
 plain bridge and +{2 * DELAY_MS} ms at 1, 10, 30 nodes, scale at 100 and 200, provider
 processes 4, 8, 16 at 30 and 100, pkiDir beside the HSM signer at 30; about {full_run_minutes():.0f} min on 2 CPUs),
-or `--quick` (about 3 min).
+or `--quick` (about 3 min). Issue 21's figures: `--scale-sizes 200,500,1000 --daily --stacks 1,4,8`
+(add `--backend postgres://...` for a PostgreSQL DIY backend; see [benchmark-method.md](benchmark-method.md)).
 It builds toxiproxy-server and installs matplotlib on first use (scripts/bench-tools.sh,
 cached under /var/cache/llmgw-pulumi); `--render <logs>/results.json` rewrites this page
 and its plots from an earlier run. The plots are the `benchmark-*.png` files beside it.
