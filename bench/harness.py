@@ -31,7 +31,16 @@ from bench.config import (
     UPGRADE_RELEASE,
     WORK,
 )
-from bench.measure import Counters, EngineSteps, Result, mem_available_mib, parallel, transport_idle_seconds
+from bench.measure import (
+    KERNEL_MIB_PER_HOST,
+    Counters,
+    EngineSteps,
+    Result,
+    host_memory,
+    mem_available_mib,
+    parallel,
+    transport_idle_seconds,
+)
 from bench.report import one_line
 from bench.toxiproxy import LOOPBACK
 from lab import seed
@@ -69,7 +78,9 @@ class Harness:
     engine_env: dict[str, str] = field(default_factory=dict)
     """Extra environment of every engine run (--engine-env), e.g. to try an engine setting."""
     host_mib: float = 0.0
-    """Memory one booted lab host took, as seen from MemAvailable (0 until 10 or more were booted at once)."""
+    """The most memory a lab host took so far: its processes' PSS and the kernel's part (0 until measured)."""
+    host_tasks: int = 0
+    """The most threads a lab host ran so far."""
     routes: dict[str, int] = field(default_factory=dict)
     """Host address -> loopback port of its proxy, while the runs go through the proxies."""
     wait_quiet: float = 0.0
@@ -179,18 +190,26 @@ class Harness:
             h.start(timeout=BOOT_TIMEOUT)
 
         t = time.monotonic()
-        before = mem_available_mib()
         parallel([lambda h=h: wipe_and_start(h) for h in hosts], workers=10)
-        if n >= 10:  # what a booted host takes, for host_capacity (settles as systemd finishes booting)
-            self.host_mib = max(self.host_mib, (before - mem_available_mib()) / n)
-            self.say(f"memory: {self.host_mib:.0f} MiB per booted host at most so far, "
-                     f"{mem_available_mib() / 1024:.1f} GiB available")
+        self.weigh_hosts(hosts, "booted")
         if reduced_ca:
             for h in hosts:
                 reduce_ca_bundle(h.root)
         self.say(f"booted {n} fresh host(s) in {time.monotonic() - t:.1f}s"
                  + (", each trusting 3 system CAs" if reduced_ca else ""))
         return hosts
+
+    def weigh_hosts(self, hosts: Sequence[Any], state: str) -> None:
+        """Record the memory and threads of the most demanding of `hosts` (for host_capacity), and say them."""
+        if not hosts:
+            return
+        weights = parallel([lambda h=h: host_memory(h.cgroups[0]) for h in hosts], workers=8)
+        mib = max(w[0] for w in weights) + KERNEL_MIB_PER_HOST
+        self.host_mib, self.host_tasks = max(self.host_mib, mib), max(self.host_tasks, *(w[1] for w in weights))
+        mean = sum(w[0] for w in weights) / len(weights) + KERNEL_MIB_PER_HOST
+        self.say(f"memory of {len(hosts)} {state} host(s): {mean:.1f} MiB each on average, {mib:.1f} at most "
+                 f"(PSS + {KERNEL_MIB_PER_HOST} kernel), {self.host_tasks} threads at most; "
+                 f"{mem_available_mib() / 1024:.1f} GiB available")
 
     @staticmethod
     def ssh_opens(hosts: Sequence[Any]) -> int:

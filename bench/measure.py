@@ -344,15 +344,41 @@ def mem_available_mib() -> float:
                 if line.startswith("MemAvailable:")) / 1024
 
 
-def host_capacity(host_mib: float, running: int) -> int:
+#: Kernel memory a lab host takes outside its processes' PSS (slab, page tables, kernel stacks): 50 hosts on this
+#: machine gave back 8.9 MiB each when torn down, of which 7.4 MiB was their processes' PSS (docs/benchmark-method.md).
+KERNEL_MIB_PER_HOST = 2.5
+#: Memory per host assumed until one is measured in the run (a booted host took 10 MiB; the agent adds its own).
+ASSUMED_HOST_MIB = 25.0
+
+
+def host_memory(cgroup: Path) -> tuple[float, int]:
+    """(MiB, tasks) of the processes in a host's cgroup subtree: their proportional set size (shared pages split
+    between the processes sharing them) and their threads."""
+    pss_kib = tasks = 0
+    for d in [cgroup, *(p for p in cgroup.rglob("*") if p.is_dir())]:
+        try:
+            tasks += len((d / "cgroup.threads").read_text().split())
+            pids = (d / "cgroup.procs").read_text().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+            except OSError:
+                continue
+            pss_kib += next((int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")), 0)
+    return pss_kib / 1024, tasks
+
+
+def host_capacity(host_mib: float, running: int, tasks: int = 0) -> int:
     """How many lab hosts this machine holds: 85% of the available memory (with the `running` hosts' back) and pids.
 
-    `host_mib` is what a booted host took in this run (at least 80 MiB assumed:
-    a host keeps booting after its sshd answers; ~100 MiB RSS measured per host).
+    `host_mib` is the most a host took in this run (its processes' PSS and the kernel's part, booted and onboarded;
+    ASSUMED_HOST_MIB before any was measured); `tasks` the most threads a host ran (pids: twice that, at least 20).
     """
-    per_host = max(host_mib, 80.0)
+    per_host = host_mib or ASSUMED_HOST_MIB
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
-    return min(int((mem_available_mib() + running * per_host) * 0.85 / per_host), pid_max // 100)
+    return min(int((mem_available_mib() + running * per_host) * 0.85 / per_host), pid_max // max(2 * tasks, 20))
 
 
 def machine_description() -> dict[str, str]:

@@ -38,9 +38,9 @@ from bench.config import SEQ as SEQ
 from bench.config import SIGNED_UP as SIGNED_UP
 from bench.config import UP as UP
 from bench.harness import reduce_ca_bundle as reduce_ca_bundle
+from bench.measure import ASSUMED_HOST_MIB, host_capacity, machine_description, own_cgroup
 from bench.measure import Counters as Counters
 from bench.measure import Result as Result
-from bench.measure import host_capacity, machine_description, own_cgroup
 from bench.page import estimate_minutes, list_text, report, rerender
 from bench.scenarios import Bench
 from bench.scenarios import proxy_host_blocks as proxy_host_blocks
@@ -177,10 +177,11 @@ def main(argv: list[str] | None = None) -> int:
             for size in latency_sizes:
                 part(bench.run_latency, size)
             for size in scale_sizes + shard_sizes:
-                capacity = host_capacity(bench.host_mib, sum(1 for h in bench.lab.hosts.values() if h.running))
+                running = sum(1 for h in bench.lab.hosts.values() if h.running)
+                capacity = host_capacity(bench.host_mib, running, bench.host_tasks)
                 if size > capacity:
                     skipped.append(f"runs at {size} nodes skipped: this machine holds about {capacity} lab hosts "
-                                   f"({max(bench.host_mib, 80):.0f} MiB each)")
+                                   f"({bench.host_mib or ASSUMED_HOST_MIB:.0f} MiB each)")
                     print(skipped[-1], flush=True)
                 elif size in scale_sizes:
                     part(bench.run_scale, size)

@@ -91,6 +91,7 @@ class Bench(Harness):
         if not up.ok:
             return None
         # As `pulumi stack export` prints it: secrets stay encrypted, as in the stored state.
+        self.weigh_hosts(hosts, "onboarded")
         exported = stack.export_raw()
         up.state, up.state_bytes = state_size(json.loads(exported)["deployment"], size), len(exported)
         if "noop" in then:

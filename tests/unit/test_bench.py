@@ -348,3 +348,41 @@ def test_the_backend_table_shows_the_checkpoint_traffic_over_the_state():
     rows = backend_table([baseline, measured]).splitlines()
     assert len(rows) == 3
     assert rows[2].split(" | ")[3:11] == ["12.00", "3.0", "1.5", "0.5", "0.167", "500", "5.00", "10.0"]
+
+
+def test_a_hosts_memory_is_the_pss_of_the_processes_in_its_cgroup_subtree(tmp_path):
+    from bench.measure import host_memory
+
+    # A process holding 48 MiB it has written (so its pages are its own), then waiting; a cgroup-like tree of files.
+    child = subprocess.Popen([sys.executable, "-c", "import sys; b = b'x' * (48 * 2**20); print('ready', flush=True); "
+                              "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        (tmp_path / "cgroup.procs").write_text(f"{child.pid}\n")
+        (tmp_path / "cgroup.threads").write_text(f"{child.pid}\n")
+        (tmp_path / "sub").mkdir()
+        (tmp_path / "sub" / "cgroup.procs").write_text("")
+        (tmp_path / "sub" / "cgroup.threads").write_text("1\n2\n")
+        mib, tasks = host_memory(tmp_path)
+        assert 48 <= mib < 200
+        assert tasks == 3
+    finally:
+        child.kill()
+        child.wait()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert host_memory(empty) == (0.0, 0)
+
+
+def test_the_machine_holds_as_many_hosts_as_memory_and_pids_allow(monkeypatch):
+    from bench import measure
+
+    monkeypatch.setattr(measure, "mem_available_mib", lambda: 10_000.0)
+    assert measure.host_capacity(10.0, 0) == min(850, measure_pid_max() // 20)
+    assert measure.host_capacity(10.0, 100) == min(935, measure_pid_max() // 20)  # the running hosts' memory back
+    assert measure.host_capacity(0.0, 0) == int(10_000 * 0.85 / measure.ASSUMED_HOST_MIB)  # none measured yet
+    assert measure.host_capacity(1.0, 0, tasks=1000) == measure_pid_max() // 2000
+
+
+def measure_pid_max() -> int:
+    return int(Path("/proc/sys/kernel/pid_max").read_text())
