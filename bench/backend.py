@@ -16,9 +16,18 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+#: --backend lab-postgres[:RTT_MS]: the lab's own PostgreSQL server (lab/postgres.py, where it exists), started by the
+#: benchmark, optionally behind a toxiproxy proxy adding RTT_MS to each round trip.
+LAB_POSTGRES = "lab-postgres"
 
 #: /proc/<pid>/io's counter of bytes a process (and the children it reaped) dirtied in a disk file system's pages.
 WRITE_BYTES = "write_bytes"
@@ -91,3 +100,25 @@ class Backend:
             return max(0, int(disk_written) - event_log_bytes)
         after = self.position()
         return None if before is None or after is None else wal_bytes(before, after)
+
+
+def lab_postgres_rtt(url: str) -> int:
+    """The round trip added in front of the lab's server: 'lab-postgres:10' -> 10, 'lab-postgres' -> 0."""
+    _, _, rtt = url.partition(":")
+    if rtt and not (rtt.isdigit() and int(rtt) % 2 == 0):
+        raise ValueError(f"{url!r}: give lab-postgres or lab-postgres:<even milliseconds>, e.g. lab-postgres:10")
+    return int(rtt or 0)
+
+
+def start_lab_postgres(url: str, pki_dir: Path, toxiproxy: Callable[[], Any]) -> tuple[Backend, Any]:
+    """Start lab/postgres.py's server for `--backend lab-postgres[:RTT_MS]`; (its backend, the server to stop).
+
+    Its password goes into this process's environment (PGPASSWORD), which the CLI and `psql` inherit.
+    """
+    rtt = lab_postgres_rtt(url)
+    if importlib.util.find_spec("lab.postgres") is None:
+        raise RuntimeError("--backend lab-postgres needs lab/postgres.py (the PostgreSQL lab server), which this "
+                           "checkout lacks; give a postgres:// URL of a server of your own instead")
+    server = importlib.import_module("lab.postgres").Postgres(pki_dir).start()
+    os.environ.update(server.client_env())
+    return Backend(server.behind(toxiproxy(), round_trip_ms=rtt) if rtt else server.url), server

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import daily, engine
-from bench.backend import Backend
+from bench.backend import LAB_POSTGRES, Backend, start_lab_postgres
 from bench.config import (
     AGENT_TIMEOUT,
     BOOT_TIMEOUT,
@@ -90,6 +90,8 @@ class Harness:
     started: float = field(default_factory=time.monotonic)
     backend: Backend = field(default_factory=lambda: Backend(f"file://{WORK / 'state'}"))
     """Where every stack keeps its state (--backend; bench/backend.py)."""
+    postgres: Any = None
+    """The lab's PostgreSQL server, when --backend lab-postgres started one."""
     daily: bool = False
     """Scale runs: the daily changes follow, on the same stack (bench/daily.py)."""
     stack_counts: list[int] = field(default_factory=list)
@@ -159,6 +161,8 @@ class Harness:
         assert proc.stdout is not None
         if b"listening" not in proc.stdout.readline():
             raise RuntimeError(f"the release server did not start; see {self.log_dir / 'release-server.log'}")
+        if self.backend.url.startswith(LAB_POSTGRES):
+            self.backend, self.postgres = start_lab_postgres(self.backend.url, self.pki_dir, self.ensure_toxiproxy)
         self.control_plane = ControlPlane(self.pki_dir, self.lab.gateway).start()
         self.engine_bin = engine_bin()
         assert self.engine_bin is not None
@@ -174,6 +178,8 @@ class Harness:
     def teardown(self) -> None:
         if self.control_plane is not None:
             self.control_plane.stop()
+        if self.postgres is not None:
+            self.postgres.stop()
         if self.lab is not None:
             self.lab.teardown()
 
@@ -302,16 +308,6 @@ class Harness:
         env.update(extra_env or {})
         return LabStack(WORK / "projects" / name, self.backend.stack_name(name, self.log_dir.name), env, project=project)
 
-    def empty_project(self) -> Path:
-        """The repository's Pulumi.yaml beside a __main__.py that registers nothing: the engine's own floor."""
-        project = WORK / "empty-project"
-        shutil.rmtree(project, ignore_errors=True)
-        project.mkdir(parents=True)
-        shutil.copy2(REPO / "Pulumi.yaml", project / "Pulumi.yaml")
-        (project / "__main__.py").write_text(
-            '"""Registers nothing (bench/onboard.py): `pulumi up` of it is what the engine costs on its own."""\n')
-        return project
-
     def stack_config(self, nodes: Sequence[tuple[str, str]]) -> dict[str, Any]:
         """Like stacks/Pulumi.local.yaml, for (node id, address) pairs of this lab."""
         return {
@@ -330,15 +326,20 @@ class Harness:
 
     def route_through_proxies(self, hosts: Sequence[Any], rtt_ms: int) -> None:
         """From now on reach `hosts` through their toxiproxy proxies, with `rtt_ms` added to each round trip."""
+        toxiproxy = self.ensure_toxiproxy()
+        for h in hosts:
+            if h.addr not in self.routes:
+                self.routes[h.addr] = toxiproxy.proxy(h.hostname, h.addr)
+            toxiproxy.set_latency(h.hostname, rtt_ms // 2)
+        self.delay_ms = rtt_ms
+
+    def ensure_toxiproxy(self) -> Any:
+        """The benchmark's toxiproxy-server, started on first use."""
         from bench.toxiproxy import Toxiproxy
 
         if self.toxiproxy is None:
             self.toxiproxy = Toxiproxy(self.tools_dir / "toxiproxy-server", self.log_dir / "toxiproxy.log").start()
-        for h in hosts:
-            if h.addr not in self.routes:
-                self.routes[h.addr] = self.toxiproxy.proxy(h.hostname, h.addr)
-            self.toxiproxy.set_latency(h.hostname, rtt_ms // 2)
-        self.delay_ms = rtt_ms
+        return self.toxiproxy
 
     def route_directly(self) -> None:
         self.routes.clear()

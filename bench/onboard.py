@@ -30,7 +30,7 @@ from typing import Any
 
 # The `name as name` imports re-export what tests/unit/test_bench.py imports from here (from before the split).
 from bench import engine
-from bench.backend import Backend
+from bench.backend import LAB_POSTGRES, Backend, lab_postgres_rtt
 from bench.config import DELAY_MS, DOC, REPO, SCALE_N, TARGET_N, WORK
 from bench.config import FLOOR as FLOOR
 from bench.config import PAR as PAR
@@ -49,9 +49,15 @@ from bench.targets import signer_comparison as signer_comparison
 
 
 def backend_arg(text: str) -> Backend:
-    """--backend: a file:// or postgres:// URL."""
-    if not text.startswith(("file:///", "postgres://", "postgresql://")):
-        raise argparse.ArgumentTypeError(f"{text!r}: give file:///a/dir or postgres://user:password@host:port/db")
+    """--backend: a file:// or postgres:// URL, or lab-postgres[:RTT_MS] (bench/backend.py)."""
+    if text.startswith(LAB_POSTGRES):
+        try:
+            lab_postgres_rtt(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    elif not text.startswith(("file:///", "postgres://", "postgresql://")):
+        raise argparse.ArgumentTypeError(f"{text!r}: give file:///a/dir, postgres://user@host:port/db (the password "
+                                         "in PGPASSWORD) or lab-postgres[:RTT_MS]")
     return Backend(text)
 
 
@@ -93,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stacks", type=sizes_arg, default=[], metavar="K,...",
                         help="scale runs: the same nodes also as K stacks at once against the one backend, e.g. 1,4,8")
     parser.add_argument("--backend", type=backend_arg, metavar="URL",
-                        help=f"the state backend of every stack: file://DIR or postgres://USER:PASSWORD@HOST:PORT/DB "
-                             f"(default file://{WORK / 'state'}, emptied first)")
+                        help=f"the state backend of every stack: file://DIR, postgres://USER@HOST:PORT/DB (the "
+                             f"password in PGPASSWORD), or lab-postgres[:RTT_MS] to start lab/postgres.py's server, "
+                             f"behind toxiproxy with RTT_MS added (default file://{WORK / 'state'}, emptied first)")
     parser.add_argument("--reduced-ca", action="store_true",
                         help="scale runs: the hosts trust 3 system CAs (a smaller bundle for update-ca-certificates)")
     parser.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE",

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import daily
-from bench.config import DELAY_MS, FLOOR, RELEASE, SCRIPT_PHASES, SEED_SCRIPT, SIGNED_UP, SSH_USER, SSH_WAIT, WORK
+from bench.config import DELAY_MS, FLOOR, RELEASE, REPO, SCRIPT_PHASES, SEED_SCRIPT, SIGNED_UP, SSH_USER, SSH_WAIT, WORK
 from bench.harness import Harness
 from bench.measure import Counters, Result, parallel, state_size
 from bench.toxiproxy import LOOPBACK
@@ -111,6 +111,16 @@ class Bench(Harness):
         self.repeated(size, "pulumi up, empty stack", hosts, lambda i: self.engine_run(empty, "up", f"{tag}-empty-{i}"))
         return stack
 
+
+    def empty_project(self) -> Path:
+        """The repository's Pulumi.yaml beside a __main__.py that registers nothing: the engine's own floor."""
+        project = WORK / "empty-project"
+        shutil.rmtree(project, ignore_errors=True)
+        project.mkdir(parents=True)
+        shutil.copy2(REPO / "Pulumi.yaml", project / "Pulumi.yaml")
+        (project / "__main__.py").write_text(
+            '"""Registers nothing (bench/onboard.py): `pulumi up` of it is what the engine costs on its own."""\n')
+        return project
 
     # ----------------------------------------------------------------- the floor
 

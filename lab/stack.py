@@ -175,11 +175,10 @@ class LabStack:
             if not venv.exists():
                 venv.symlink_to(REPO / ".venv")
         (self.work_dir / "stacks").mkdir(exist_ok=True)
-        # The engine's event logs go beside the state, not into the project (beside the project dirs for a backend
-        # that is not a directory, e.g. postgres://).
-        backend = self.env["PULUMI_BACKEND_URL"]
-        root = Path(backend.removeprefix("file://")) if backend.startswith("file://") else self.work_dir.parent
-        self.logs = root / "events" / self.name
+        # The engine's event logs go beside the state (in PULUMI_HOME for another backend), not into the project.
+        backend = self.env.get("PULUMI_BACKEND_URL", "")
+        beside = Path(backend.removeprefix("file://")) if backend.startswith("file://") else Path(self.env["PULUMI_HOME"])
+        self.logs = beside / "events" / self.name
         self.logs.mkdir(parents=True, exist_ok=True)
         self.cli("stack", "select", "--create", self.name, "--secrets-provider", "passphrase")
 

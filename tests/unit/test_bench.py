@@ -386,3 +386,18 @@ def test_the_machine_holds_as_many_hosts_as_memory_and_pids_allow(monkeypatch):
 
 def measure_pid_max() -> int:
     return int(Path("/proc/sys/kernel/pid_max").read_text())
+
+
+def test_the_lab_postgres_backend_names_its_added_round_trip_and_needs_lab_postgres(monkeypatch, tmp_path):
+    import importlib.util
+
+    from bench import backend
+
+    assert backend.lab_postgres_rtt("lab-postgres") == 0
+    assert backend.lab_postgres_rtt("lab-postgres:10") == 10
+    for bad in ("lab-postgres:3", "lab-postgres:ten"):
+        with pytest.raises(ValueError, match="even milliseconds"):
+            backend.lab_postgres_rtt(bad)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(RuntimeError, match="needs lab/postgres.py"):
+        backend.start_lab_postgres("lab-postgres:10", tmp_path, lambda: None)
