@@ -1,21 +1,20 @@
 """Where the benchmark's stacks keep their state, and how many bytes a run writes there (checkpoint traffic).
 
 - The file backend (the default, `file://<work dir>/state`): the engine rewrites the
-  whole snapshot after each step (a temporary file, then a rename). The bytes are
-  the `write_bytes` of /proc/self/io of this process over the run, which counts what
-  it and every child it has reaped (the `pulumi` CLI, and through it the plugins it
-  reaped) handed to a disk file system, at the time each page was dirtied; minus the
-  engine's event log (`--event-log`, append-only, so its size is what was written to
-  it), which is the bench's, not the backend's. Nothing else of this process writes
-  to disk during a measured run.
-- A PostgreSQL backend (`--backend postgres://...`): the WAL the server generated over
-  the run (`pg_current_wal_lsn()` before and after, through `psql`), i.e. what the
-  server wrote for the checkpoints, with its own overhead; other clients of the same
-  server count too (the runs of several stacks at once share it on purpose).
+  whole snapshot after each step. The bytes are the sizes of every file version
+  written under the backend directory during the run, as inotify reports them
+  (bench/fswatch.py); the engine's event logs, which the benchmark keeps in that
+  directory's `events/`, are left out.
+- A PostgreSQL backend (`--backend postgres://...` or `lab-postgres`): the WAL the
+  server generated over the run (`pg_current_wal_lsn()` before and after, through
+  `psql`), i.e. what the server wrote for the checkpoints, with its own overhead;
+  other clients of the same server count too (the runs of several stacks at once
+  share it on purpose).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -25,27 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.fswatch import WriteWatch
+
 #: --backend lab-postgres[:RTT_MS]: the lab's own PostgreSQL server (lab/postgres.py, where it exists), started by the
 #: benchmark, optionally behind a toxiproxy proxy adding RTT_MS to each round trip.
 LAB_POSTGRES = "lab-postgres"
-
-#: /proc/<pid>/io's counter of bytes a process (and the children it reaped) dirtied in a disk file system's pages.
-WRITE_BYTES = "write_bytes"
-
-
-def own_write_bytes(io_path: Path = Path("/proc/self/io")) -> int:
-    """`write_bytes` of /proc/self/io: this process, its threads and every child it has waited for."""
-    return io_counter(io_path.read_text(), WRITE_BYTES)
-
-
-def io_counter(text: str, name: str) -> int:
-    """One counter of a /proc/<pid>/io text ('rchar: 1\\nwrite_bytes: 4096\\n...')."""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == name:
-            return int(value)
-    raise ValueError(f"no {name} in /proc/<pid>/io: {text[:200]!r}")
-
 
 def wal_bytes(lsn_before: str, lsn_after: str) -> int:
     """Bytes of WAL between two LSNs as PostgreSQL prints them ('16/B374D848': high and low 32 bits, hex)."""
@@ -66,6 +49,11 @@ class Backend:
     @property
     def is_file(self) -> bool:
         return self.url.startswith("file://")
+
+    @property
+    def root(self) -> Path:
+        """The file backend's directory."""
+        return Path(self.url.removeprefix("file://"))
 
     @property
     def kind(self) -> str:
@@ -94,10 +82,14 @@ class Backend:
                               text=True, check=False)
         return done.stdout.strip() if done.returncode == 0 and "/" in done.stdout else None
 
-    def written(self, disk_written: float, event_log_bytes: int, before: str | None) -> int | None:
+    def watch(self) -> contextlib.AbstractContextManager[WriteWatch | None]:
+        """Around a run: the file backend's directory watched for what is written (none for another backend)."""
+        return WriteWatch(self.root, skip=("events",)) if self.is_file else contextlib.nullcontext()
+
+    def written(self, watched: WriteWatch | None, before: str | None) -> int | None:
         """Bytes the run wrote to the backend: see the module docstring. None when it cannot be told."""
-        if self.is_file:
-            return max(0, int(disk_written) - event_log_bytes)
+        if watched is not None:
+            return None if watched.overflowed else watched.bytes
         after = self.position()
         return None if before is None or after is None else wal_bytes(before, after)
 

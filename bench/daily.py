@@ -102,7 +102,7 @@ def merged(details: Sequence[dict[str, Any]], oks: Sequence[bool]) -> tuple[bool
         for op, n in (d.get("changes") or {}).items():
             total["changes"][op] = total["changes"].get(op, 0) + n
     total["remote_ops"] = sum(d.get("remote_ops") or 0 for d in details)
-    total["event_log_bytes"] = sum(d.get("event_log_bytes", 0) for d in details)
+    total["engine_run"] = any(d.get("engine_run") for d in details)
     notes = [d["note"] for d in details if d.get("note")]
     if notes:
         total["note"] = "; ".join(notes)

@@ -267,7 +267,8 @@ class Harness:
         backend_at = self.backend.position()
         since = time.time()
         c0 = Counters.now()
-        ok, detail = action()
+        with self.backend.watch() as watched:
+            ok, detail = action()
         wall = time.monotonic() - c0.wall
         agents_up = None
         if agents and ok:
@@ -282,8 +283,8 @@ class Harness:
         result = Result(size, label, ok, wall, ssh, cpu, idle, idle_own, agents_up=agents_up,
                         remote_ops=detail.pop("remote_ops", None), note=detail.pop("note", ""), detail=detail,
                         delay_ms=self.delay_ms, shards=self.shards, kind=scenario.rsplit(" #", 1)[0])
-        if "event_log_bytes" in detail:
-            result.backend_bytes = self.backend.written(cpu.disk_written, detail.pop("event_log_bytes"), backend_at)
+        if detail.pop("engine_run", False):
+            result.backend_bytes = self.backend.written(watched, backend_at)
         self.results.append(result)
         self.say(one_line(result))
         return result
@@ -359,8 +360,7 @@ class Harness:
             "timeline": steps.timeline(),
             "chains": steps.chains(transport_idle_seconds()),
         }
-        log = Path(run.command[run.command.index("--event-log") + 1])
-        detail["event_log_bytes"] = log.stat().st_size if log.exists() else 0  # not the backend's: see measure()
+        detail["engine_run"] = True  # measure() records what it wrote to the backend
         if not run.ok:
             detail["note"] = f"FAILED (see {self.log_dir / (log_name + '.log')}): " + run.output.strip()[-300:]
         return run.ok, detail

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench.backend import own_write_bytes
 from bench.config import CLK_TCK, ENGINE_CGROUP, HOSTS_CGROUP, OWN_CGROUP, PEM_RE, PROGRAM_CGROUP, PROVIDER_CGROUP, REMOTE_TYPES
 
 T = TypeVar("T")
@@ -62,14 +61,11 @@ class Counters:
     """The dynamic-provider plugin processes (the project's providers run there)."""
     program: float = 0.0
     """The Python language host and the program's python it starts (`__main__.py`: the resource graph)."""
-    disk_written: float = 0.0
-    """Bytes this process and the children it reaped (the CLI runs) wrote to disk files (bench/backend.py)."""
 
     @classmethod
     def now(cls) -> Counters:
         return cls(time.monotonic(), machine_cpu(), cgroup_cpu(OWN_CGROUP), cgroup_cpu(HOSTS_CGROUP),
-                   cgroup_cpu(ENGINE_CGROUP), cgroup_cpu(PROVIDER_CGROUP), cgroup_cpu(PROGRAM_CGROUP),
-                   float(own_write_bytes()))
+                   cgroup_cpu(ENGINE_CGROUP), cgroup_cpu(PROVIDER_CGROUP), cgroup_cpu(PROGRAM_CGROUP))
 
     def __sub__(self, other: Counters) -> Counters:
         return Counters(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)))

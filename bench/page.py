@@ -153,8 +153,8 @@ times the run rewrote its whole snapshot. See bench/daily.py and bench/backend.p
 
 
 BACKEND_HOW = {
-    True: "what the `pulumi` CLI and the children it reaped wrote to disk files over the run (`write_bytes` of "
-          "/proc/self/io of the benchmark, which adds in its reaped children's), minus the engine's event log.",
+    True: "the sizes of every file version written under the backend directory during the run (inotify: each file "
+          "closed after writing or renamed into place, counted once; bench/fswatch.py), event logs left out.",
     False: "the WAL the PostgreSQL server generated over the run (`pg_current_wal_lsn()` before and after).",
 }
 

@@ -261,21 +261,29 @@ def test_wal_positions_subtract_as_64_bit_numbers():
     assert wal_bytes("16/B374D848", "16/B374D848") == 0
 
 
-def test_write_bytes_counts_what_a_reaped_child_wrote_to_disk(tmp_path):
-    from bench.backend import WRITE_BYTES, io_counter, own_write_bytes
+def test_the_watch_counts_every_version_written_under_the_backend_once(tmp_path):
+    from bench.fswatch import WriteWatch
 
-    assert io_counter("rchar: 7\nwrite_bytes: 4096\ncancelled_write_bytes: 0\n", WRITE_BYTES) == 4096
-    with pytest.raises(ValueError):
-        io_counter("rchar: 7\n", WRITE_BYTES)
-    before = own_write_bytes()
-    # 8 MiB read and written through a pipe (counted in rchar and wchar, not in write_bytes), then 3 MiB to a file.
-    subprocess.run("dd if=/dev/zero bs=1M count=8 status=none | cat > /dev/null", shell=True, check=True)
-    subprocess.run(["dd", "if=/dev/zero", f"of={tmp_path / 'f'}", "bs=1M", "count=3", "status=none"], check=True)
-    written = own_write_bytes() - before
-    fs = subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip()
-    if fs == "tmpfs":
-        pytest.skip("tmpfs pages are not counted as written to storage")
-    assert 3 * 2**20 <= written < 4 * 2**20
+    root = tmp_path / "state"
+    (root / "events").mkdir(parents=True)
+    (root / ".pulumi" / "stacks").mkdir(parents=True)
+    (root / ".pulumi" / "stacks" / "old.json").write_bytes(b"x" * 50)  # there before: not written during the run
+    with WriteWatch(root, skip=("events",)) as watch:
+        stacks = root / ".pulumi" / "stacks"
+        for size in (1000, 1200):  # written to a temporary file, then renamed into place, as the engine saves
+            tmp = stacks / "tmp-1234"
+            tmp.write_bytes(b"c" * size)
+            tmp.rename(stacks / "s.json")
+        (stacks / "s.json.attrs").write_bytes(b"a" * 30)
+        history = root / ".pulumi" / "history" / "s"
+        history.mkdir(parents=True)  # a new directory: watched from now on
+        (history / "s-1.checkpoint.json").write_bytes(b"h" * 400)
+        (root / "events" / "events-0.jsonl").write_bytes(b"e" * 9999)  # the bench's event log: left out
+        subprocess.run(["sync"], check=True)  # a command between the writes and the end: nothing else
+    assert not watch.overflowed
+    # Each version at its own size, though the second replaced the first before the watch read either.
+    assert watch.bytes == 1000 + 1200 + 30 + 400
+    assert watch.versions == 4
 
 
 def test_the_backend_names_stacks_per_run_unless_emptied_and_hides_its_password():
@@ -283,8 +291,7 @@ def test_the_backend_names_stacks_per_run_unless_emptied_and_hides_its_password(
 
     file = Backend("file:///var/cache/x/state")
     assert file.is_file and file.kind == "file" and file.stack_name("bench-n30", "20261201-1200") == "bench-n30"
-    assert file.position() is None
-    assert file.written(10_000.0, 1_000, None) == 9_000
+    assert file.position() is None and file.root == Path("/var/cache/x/state")
     pg = Backend("postgres://bench:s3cret@127.0.0.1:5432/state")
     assert not pg.is_file and pg.kind == "postgres"
     assert pg.stack_name("bench-n30", "20261201-1200") == "bench-n30-20261201-1200"
@@ -328,12 +335,12 @@ def test_a_daily_change_the_engine_did_not_make_is_a_failed_run():
 def test_stacks_run_at_once_add_up_to_one_run():
     from bench.daily import merged
 
-    ok, detail = merged([{"changes": {"create": 8}, "remote_ops": 6, "event_log_bytes": 100},
-                         {"changes": {"create": 4, "same": 1}, "remote_ops": 3, "event_log_bytes": 50,
+    ok, detail = merged([{"changes": {"create": 8}, "remote_ops": 6, "engine_run": True},
+                         {"changes": {"create": 4, "same": 1}, "remote_ops": 3, "engine_run": True,
                           "note": "FAILED (see log)"}], [True, False])
     assert not ok
     assert detail["changes"] == {"create": 12, "same": 1}
-    assert (detail["remote_ops"], detail["event_log_bytes"], detail["note"]) == (9, 150, "FAILED (see log)")
+    assert (detail["remote_ops"], detail["engine_run"], detail["note"]) == (9, True, "FAILED (see log)")
     assert merged([{"changes": {}}], [True])[0]
 
 
