@@ -45,6 +45,8 @@ class Backend:
 
     url: str
     """`file://<dir>` or `postgres://user:password@host:port/database`."""
+    note: str = ""
+    """What else the report should say about it (the lab's server, the round trip added in front of it)."""
 
     @property
     def is_file(self) -> bool:
@@ -113,4 +115,6 @@ def start_lab_postgres(url: str, pki_dir: Path, toxiproxy: Callable[[], Any]) ->
                            "checkout lacks; give a postgres:// URL of a server of your own instead")
     server = importlib.import_module("lab.postgres").Postgres(pki_dir).start()
     os.environ.update(server.client_env())
-    return Backend(server.behind(toxiproxy(), round_trip_ms=rtt) if rtt else server.url), server
+    note = f"lab/postgres.py's server, behind toxiproxy adding {rtt} ms to each round trip" if rtt else \
+        "lab/postgres.py's server, on loopback"
+    return Backend(server.behind(toxiproxy(), round_trip_ms=rtt) if rtt else server.url, note), server

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         return {"plan": {"sizes": sizes, "latency_sizes": latency_sizes, "scale_sizes": scale_sizes,
                          "shard_counts": shard_counts, "shard_sizes": shard_sizes, "signer_sizes": signer_sizes,
                          "reduced_ca": args.reduced_ca, "daily": args.daily, "stack_counts": args.stacks,
-                         "backend": bench.backend.shown,
+                         "backend": bench.backend.shown, "backend_note": bench.backend.note,
                          "repeats": repeats, "imports": bench.imports, "engine_env": bench.engine_env},
                 "machine": machine, "fingerprint": fingerprint, "started": started, "seconds": time.monotonic() - t0,
                 "command": command, "skipped": skipped, "estimate": estimate,

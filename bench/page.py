@@ -138,8 +138,9 @@ the lab hosts; and the rest of the machine.
 
 ## Daily changes, stacks at once and the state backend (issue 21)
 
-Backend: {bench.backend.shown} ({bench.backend.kind}). Daily changes: {'measured after the scale runs, on the same '
-'stack (--daily)' if bench.daily else 'not measured (--daily not given)'}; stacks at once:
+Backend: {bench.backend.shown} ({"; ".join(filter(None, (bench.backend.kind, bench.backend.note)))}).
+Daily changes: {'measured after the scale runs, on the same stack (--daily)' if bench.daily else
+'not measured (--daily not given)'}; stacks at once:
 {list_text(bench.stack_counts)} (--stacks). *written to the backend* = {BACKEND_HOW[bench.backend.is_file]}
 *written / state* = that over the state the run left (`pulumi stack export`, all stacks of the run): how many
 times the run rewrote its whole snapshot. See bench/daily.py and bench/backend.py.
@@ -223,5 +224,5 @@ def rerender(path: Path, out: Path) -> int:
                   imports=plan["imports"], engine_env=plan.get("engine_env", {}), daily=plan.get("daily", False),
                   stack_counts=plan.get("stack_counts", []))
     if plan.get("backend"):
-        bench.backend = Backend(plan["backend"])  # as shown: for the report only
+        bench.backend = Backend(plan["backend"], plan.get("backend_note", ""))  # as shown: for the report only
     return report(bench, record, out)
