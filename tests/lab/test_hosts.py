@@ -11,6 +11,7 @@ The other tests are pure and run anywhere.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -46,6 +47,23 @@ def test_lab_name_and_subnet_are_validated(tmp_path: Path) -> None:
     assert lab.gateway == "10.251.7.1"
     assert lab.bridge == "lgabcbr"
     assert lab.addr(200) == "10.251.7.220"
+
+
+def test_a_lab_of_more_than_234_hosts_spans_a_slash_21(tmp_path: Path) -> None:
+    small = Lab(name="abc", subnet="10.251.8", workdir=tmp_path)
+    assert small.prefix_len == 24
+    with pytest.raises(ValueError, match="host index must be 1..200"):
+        small.prepare(201)
+    big = Lab(name="abc", subnet="10.251.8", workdir=tmp_path, max_hosts=1000)
+    assert big.prefix_len == 21
+    assert [big.addr(i) for i in (1, 234, 235, 1000)] == ["10.251.8.21", "10.251.8.254", "10.251.8.255", "10.251.11.252"]
+    assert big.gateway == "10.251.8.1"
+    with pytest.raises(ValueError, match="private segment needs an index of 1..234"):
+        big.prepare(235, segment="private")
+    with pytest.raises(ValueError, match="multiple of 8"):
+        Lab(name="abc", subnet="10.251.7", workdir=tmp_path, max_hosts=235)
+    with pytest.raises(ValueError, match="max_hosts must be 1..2026"):
+        Lab(name="abc", subnet="10.251.8", workdir=tmp_path, max_hosts=2027)
 
 
 def test_extra_netns_suffix_is_validated(tmp_path: Path) -> None:
@@ -116,16 +134,22 @@ def run_as(lab: Lab, host: Host, command: str, user: str = "deploy", stdin: str 
         return ssh.run(command, stdin)
 
 
+#: The kernel objects lab "x" names (hosts, its one extra netns "repo", the private segment, veths, bridge, base layer
+#: and nspawn tmpfs mounts): by full name, so that another lab whose name starts with "x" (e.g. "xb", an xdist
+#: worker's lab of another run on the machine) is not taken for ours.
+OURS = re.compile(rf"{PREFIX}(h\d+|repo|-priv|v(\d+|repo)|br|base|run)(@\S*)?")
+
+
 def leftovers(lab: Lab) -> list[str]:
     """Everything of this lab's name that is still in the kernel or in the process table."""
     found = []
     netns = subprocess.run(["ip", "netns", "list"], check=True, capture_output=True, text=True).stdout
-    found += [f"netns {line.split()[0]}" for line in netns.splitlines() if line.startswith(PREFIX)]
+    found += [f"netns {line.split()[0]}" for line in netns.splitlines() if OURS.fullmatch(line.split()[0])]
     links = subprocess.run(["ip", "-o", "link", "show"], check=True, capture_output=True, text=True).stdout
-    found += [f"link {line.split(':')[1].strip()}" for line in links.splitlines() if f": {PREFIX}" in line]
+    found += [f"link {line.split(':')[1].strip()}" for line in links.splitlines() if OURS.fullmatch(line.split(":")[1].strip())]
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         mountpoint, source = line.split()[4], line.split(" - ")[1].split()[1]
-        if source.startswith(PREFIX) or mountpoint.startswith(str(lab.workdir)):
+        if OURS.fullmatch(source) or mountpoint.startswith(str(lab.workdir)):
             found.append(f"mount {mountpoint}")
     found += [f"cgroup {cg / PREFIX}" for cg in CGROUP_ROOTS if (cg / PREFIX).exists()]
     for pid_dir in Path("/proc").glob("[0-9]*"):

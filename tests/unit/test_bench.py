@@ -248,3 +248,163 @@ def test_the_signer_comparison_puts_the_two_ups_side_by_side_with_the_hsms_over_
     missing = signer_comparison([up("pkiDir", 30.0, 4.0, 1.0, (2.0, 8.0), 0.001)])
     assert "| 30 | `pulumi up` wall, s | 30.00 | n/a | n/a |" in missing
     assert signer_comparison([]) == "(not measured)"
+
+
+# --------------------------------------------------------------------------- issue 21: backend bytes, daily changes
+
+
+def test_wal_positions_subtract_as_64_bit_numbers():
+    from bench.backend import wal_bytes
+
+    assert wal_bytes("0/10", "0/30") == 0x20
+    assert wal_bytes("0/FFFFFFF0", "1/10") == 0x20  # across the low word's wrap
+    assert wal_bytes("16/B374D848", "16/B374D848") == 0
+
+
+def test_the_watch_counts_every_version_written_under_the_backend_once(tmp_path):
+    from bench.fswatch import WriteWatch
+
+    root = tmp_path / "state"
+    (root / "events").mkdir(parents=True)
+    (root / ".pulumi" / "stacks").mkdir(parents=True)
+    (root / ".pulumi" / "stacks" / "old.json").write_bytes(b"x" * 50)  # there before: not written during the run
+    with WriteWatch(root, skip=("events",)) as watch:
+        stacks = root / ".pulumi" / "stacks"
+        for size in (1000, 1200):  # written to a temporary file, then renamed into place, as the engine saves
+            tmp = stacks / "tmp-1234"
+            tmp.write_bytes(b"c" * size)
+            tmp.rename(stacks / "s.json")
+        (stacks / "s.json.attrs").write_bytes(b"a" * 30)
+        history = root / ".pulumi" / "history" / "s"
+        history.mkdir(parents=True)  # a new directory: watched from now on
+        (history / "s-1.checkpoint.json").write_bytes(b"h" * 400)
+        (root / "events" / "events-0.jsonl").write_bytes(b"e" * 9999)  # the bench's event log: left out
+        subprocess.run(["sync"], check=True)  # a command between the writes and the end: nothing else
+    assert not watch.overflowed
+    # Each version at its own size, though the second replaced the first before the watch read either.
+    assert watch.bytes == 1000 + 1200 + 30 + 400
+    assert watch.versions == 4
+
+
+def test_the_backend_names_stacks_per_run_unless_emptied_and_hides_its_password():
+    from bench.backend import Backend
+
+    file = Backend("file:///var/cache/x/state")
+    assert file.is_file and file.kind == "file" and file.stack_name("bench-n30", "20261201-1200") == "bench-n30"
+    assert file.position() is None and file.root == Path("/var/cache/x/state")
+    pg = Backend("postgres://bench:s3cret@127.0.0.1:5432/state")
+    assert not pg.is_file and pg.kind == "postgres"
+    assert pg.stack_name("bench-n30", "20261201-1200") == "bench-n30-20261201-1200"
+    assert pg.shown == "postgres://bench:***@127.0.0.1:5432/state" and "s3cret" not in pg.shown
+    assert Backend("postgres://bench@db/state").shown == "postgres://bench@db/state"
+
+
+def test_the_daily_changes_are_1_percent_and_10_nodes_at_most_half_the_fleet():
+    from bench import daily
+
+    assert [daily.upgraded_count(n) for n in (1, 10, 30, 200, 500, 1000)] == [1, 1, 1, 2, 5, 10]
+    assert [daily.changed_count(n) for n in (1, 10, 30, 1000)] == [1, 5, 10, 10]
+
+
+def test_nodes_split_round_robin_over_the_stacks():
+    from bench.daily import split
+
+    assert split(list(range(10)), 4) == [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]]
+    assert split([1, 2], 1) == [[1, 2]]
+    for parts in (0, 3):
+        with pytest.raises(ValueError, match="give 1 to 2 stacks"):
+            split([1, 2], parts)
+
+
+def test_a_daily_change_the_engine_did_not_make_is_a_failed_run():
+    from bench.daily import ADD, REMOVE, UPGRADE, check_changes
+    from bench.onboard import Counters, Result
+
+    def run(kind: str, changes: dict[str, int]) -> Result:
+        return Result(30, kind, True, 1.0, 0, Counters(1.0, 0, 0, 0), 0, 0, kind=kind, detail={"changes": changes})
+
+    done = [run(UPGRADE, {"update": 1, "same": 119}), run(ADD, {"create": 40}), run(REMOVE, {"delete": 40})]
+    for r in done:
+        check_changes(r)
+        assert r.ok, r.note
+    missed = run(UPGRADE, {"same": 120})
+    check_changes(missed)
+    assert not missed.ok and "expected update steps" in missed.note
+
+
+def test_stacks_run_at_once_add_up_to_one_run():
+    from bench.daily import merged
+
+    ok, detail = merged([{"changes": {"create": 8}, "remote_ops": 6, "engine_run": True},
+                         {"changes": {"create": 4, "same": 1}, "remote_ops": 3, "engine_run": True,
+                          "note": "FAILED (see log)"}], [True, False])
+    assert not ok
+    assert detail["changes"] == {"create": 12, "same": 1}
+    assert (detail["remote_ops"], detail["engine_run"], detail["note"]) == (9, True, "FAILED (see log)")
+    assert merged([{"changes": {}}], [True])[0]
+
+
+def test_the_backend_table_shows_the_checkpoint_traffic_over_the_state():
+    from bench.onboard import Counters, Result
+    from bench.report import backend_table
+
+    measured = Result(30, "daily: nodes added", True, 12.0, 0, Counters(12.0, 0, 0, 0, 3.0, 1.5, 0.5), 0, 0,
+                      backend_bytes=5_000_000, state_bytes=500_000)
+    baseline = Result(30, "baseline script, parallel", True, 50.0, 30, Counters(50.0, 0, 0, 0), 0, 0)
+    assert backend_table([baseline]) == "(no engine runs measured)"
+    rows = backend_table([baseline, measured]).splitlines()
+    assert len(rows) == 3
+    assert rows[2].split(" | ")[3:11] == ["12.00", "3.0", "1.5", "0.5", "0.167", "500", "5.00", "10.0"]
+
+
+def test_a_hosts_memory_is_the_pss_of_the_processes_in_its_cgroup_subtree(tmp_path):
+    from bench.measure import host_memory
+
+    # A process holding 48 MiB it has written (so its pages are its own), then waiting; a cgroup-like tree of files.
+    child = subprocess.Popen([sys.executable, "-c", "import sys; b = b'x' * (48 * 2**20); print('ready', flush=True); "
+                              "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        (tmp_path / "cgroup.procs").write_text(f"{child.pid}\n")
+        (tmp_path / "cgroup.threads").write_text(f"{child.pid}\n")
+        (tmp_path / "sub").mkdir()
+        (tmp_path / "sub" / "cgroup.procs").write_text("")
+        (tmp_path / "sub" / "cgroup.threads").write_text("1\n2\n")
+        mib, tasks = host_memory(tmp_path)
+        assert 48 <= mib < 200
+        assert tasks == 3
+    finally:
+        child.kill()
+        child.wait()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert host_memory(empty) == (0.0, 0)
+
+
+def test_the_machine_holds_as_many_hosts_as_memory_and_pids_allow(monkeypatch):
+    from bench import measure
+
+    monkeypatch.setattr(measure, "mem_available_mib", lambda: 10_000.0)
+    assert measure.host_capacity(10.0, 0) == min(850, measure_pid_max() // 20)
+    assert measure.host_capacity(10.0, 100) == min(935, measure_pid_max() // 20)  # the running hosts' memory back
+    assert measure.host_capacity(0.0, 0) == int(10_000 * 0.85 / measure.ASSUMED_HOST_MIB)  # none measured yet
+    assert measure.host_capacity(1.0, 0, tasks=1000) == measure_pid_max() // 2000
+
+
+def measure_pid_max() -> int:
+    return int(Path("/proc/sys/kernel/pid_max").read_text())
+
+
+def test_the_lab_postgres_backend_names_its_added_round_trip_and_needs_lab_postgres(monkeypatch, tmp_path):
+    import importlib.util
+
+    from bench import backend
+
+    assert backend.lab_postgres_rtt("lab-postgres") == 0
+    assert backend.lab_postgres_rtt("lab-postgres:10") == 10
+    for bad in ("lab-postgres:3", "lab-postgres:ten"):
+        with pytest.raises(ValueError, match="even milliseconds"):
+            backend.lab_postgres_rtt(bad)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(RuntimeError, match="needs lab/postgres.py"):
+        backend.start_lab_postgres("lab-postgres:10", tmp_path, lambda: None)
