@@ -69,7 +69,7 @@ TARGETS = (
     Target("release.py (checksums, signature)", "llmgw_pulumi/release.py",
            _in("llmgw_pulumi.release", "x_parse_checksums_", "x_allowed_signers_line_", "x_verify_signature_",
                "x_approve_", "x_fetch_binary_", "x_digests_problem_", "x_https_get_", "x__opener_", "ǁredirect_request_"),
-           ("tests/unit/test_release.py",)),
+           ("tests/unit/test_release.py", "tests/unit/test_release_fetch.py")),
     Target("providers (diff)", "llmgw_pulumi/providers/*.py",
            ("llmgw_pulumi.providers.*ǁdiff__*", *_in("llmgw_pulumi.providers.identity", "x_changes_"),
             *_in("llmgw_pulumi.providers.agent", "x_drift_"), *_in("llmgw_pulumi.providers.certificate", "x_renewal_due_"),
