@@ -75,7 +75,7 @@ TARGETS = (
             *_in("llmgw_pulumi.providers.agent", "x_drift_"), *_in("llmgw_pulumi.providers.certificate", "x_renewal_due_"),
             *_in("llmgw_pulumi.providers._glue", "x_changed_keys_", "x_diff_result_", "x_normalise_", "x_same_machine_",
                  "x_operator_side_only_")),
-           ("tests/unit/test_providers.py", "tests/unit/test_trust.py")),
+           ("tests/unit/test_providers.py", "tests/unit/test_diff_decisions.py", "tests/unit/test_trust.py")),
 )
 
 
