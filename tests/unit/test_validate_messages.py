@@ -89,7 +89,7 @@ SAID: list[tuple[Any, object, tuple[str, str]]] = [
 ]
 
 
-@pytest.mark.parametrize("validator, value, said", SAID, ids=[f"{v.__name__}:{value!r}" for v, value, _ in SAID])
+@pytest.mark.parametrize("validator, value, said", SAID, ids=[f"{v.__name__}-{i}" for i, (v, _, _) in enumerate(SAID)])
 def test_each_refusal_says_what_is_wrong_and_what_to_write(validator: Any, value: object, said: tuple[str, str]) -> None:
     assert validator(value) == said
 
@@ -127,7 +127,7 @@ def test_hours_take_their_upper_bound() -> None:
     ("deploy@bastion:2222", ("deploy", "bastion", 2222)),
     ("deploy@fd00::1", ("deploy", "fd00::1", 22)),
     ("deploy@10.0.0.1:22", ("deploy", "10.0.0.1", 22)),
-])
+], ids=["no port", "port", "ipv6", "ipv4 and port"])
 def test_a_jump_host_splits_into_user_host_and_port(hop: str, parts: tuple[str, str, int]) -> None:
     assert validate.hop(hop) is None
     assert validate.split_hop(hop) == parts
