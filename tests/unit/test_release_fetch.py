@@ -258,3 +258,41 @@ def test_an_ssh_keygen_that_cannot_run_or_hangs_is_an_error(signed: tuple[bytes,
     text = verify_error(*signed)
     assert text.startswith("llmgw: cannot run ssh-keygen to verify https://r.example/v1.2.3/checksums.txt: ")
     assert "timed out after 0.5 seconds" in text
+
+
+# --------------------------------------------------------------------------- what a refusal of checksums.txt or a pin says
+
+CHECKSUMS_FIX = ("\n  fix: republish checksums.txt in sha256sum format (`sha256sum llmgw-v1.2.3-linux-* > checksums.txt`): "
+                 "one line per file, 64 hex digits, two spaces, the file name")
+
+
+def test_blank_lines_and_other_files_before_the_binaries_are_passed_over() -> None:
+    text = f"\n{'c' * 64}  llmgw-{TAG}.tar.gz\n\n{'a' * 64}  llmgw-{TAG}-linux-amd64\n"
+    assert release.parse_checksums(text, TAG) == {"amd64": "a" * 64}
+
+
+def test_a_bad_line_is_named_by_file_tag_source_and_number() -> None:
+    with pytest.raises(errors.ChecksumMismatchError) as err:
+        release.parse_checksums(f"\n{'a' * 63}  llmgw-{TAG}-linux-amd64\n", TAG)
+    assert str(err.value) == (f"llmgw: checksums.txt of {TAG}, line 2: '{'a' * 63}  llmgw-{TAG}-linux-amd64' is not "
+                              f"'<sha256> <file name>'{CHECKSUMS_FIX}")
+    with pytest.raises(errors.ChecksumMismatchError) as err:
+        release.parse_checksums("", TAG, "https://r.example/v1.2.3/checksums.txt")
+    assert str(err.value) == (f"llmgw: checksums.txt of {TAG} (https://r.example/v1.2.3/checksums.txt) lists no "
+                              f"llmgw-{TAG}-linux-<arch> binary{CHECKSUMS_FIX}")
+
+
+PIN_FIX = "give each architecture's sha256 as `sha256sum` prints it, e.g. {amd64: 3f9c...(64 hex digits)}"
+
+
+@pytest.mark.parametrize("pins, problem", [
+    ({}, "is not a mapping of architecture to sha256"),
+    (["a" * 64], "is not a mapping of architecture to sha256"),
+    ({"AMD64": "a" * 64}, "'AMD64' is not an architecture (amd64, arm64, ...)"),
+    ({5: "a" * 64}, "5 is not an architecture (amd64, arm64, ...)"),
+    ({"amd64": "a" * 63}, "the amd64 digest is not 64 hex digits"),
+    ({"amd64": None}, "the amd64 digest is not 64 hex digits"),
+], ids=["empty", "list", "capitals", "number", "short", "none"])
+def test_a_bad_pin_says_what_is_wrong_with_it(pins: object, problem: str) -> None:
+    assert release.digests_problem(pins) == (problem, PIN_FIX)
+    assert release.digests_problem({"amd64": "A" * 64, "arm64": "b" * 64}) is None
