@@ -4,6 +4,7 @@ to change tells the others. Values are shaped as the engine sends them (numbers 
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
@@ -78,3 +79,59 @@ def test_a_canary_whose_agent_has_nothing_to_change_says_so_and_only_then(tmp_pa
         assert run.state(node) is None  # it has something to change: the others wait for it
         assert p.diff(node, olds, olds).changes is False
         assert run.state(node) == (rollout.UNCHANGED, "")
+
+
+def test_what_a_preview_or_an_unpinned_key_leaves_out_is_not_a_change_but_a_removed_setting_is() -> None:
+    p = EngineCheckProvider()
+    pin = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE3xKPxu6nJJKFsDdOlnXSh6kp1jpfjf1W6cXBx5OfVZ"
+    pinned = {**CONN, "host_key": pin, "private_key_path": "/home/op/.ssh/id_ed25519", "passphrase": "x"}
+    olds = checked(p, {**ENGINES, "connection": pinned})
+    # The pin dropped (the key recorded is expected from now on), a reviewer's preview without the secret key or
+    # its path: nothing to do.
+    left_out = {k: v for k, v in pinned.items() if k not in ("host_key", "private_key", "private_key_path")}
+    assert p.diff("gpu-01", olds, {**olds, "connection": left_out}).changes is False
+    without_passphrase = {k: v for k, v in pinned.items() if k != "passphrase"}
+    assert p.diff("gpu-01", olds, {**olds, "connection": without_passphrase}).changes is True
+
+
+def test_a_config_or_unit_changed_on_the_node_is_drift_the_next_up_repairs() -> None:
+    import hashlib
+
+    p = AgentInstallProvider()
+    inputs = checked(p, AGENT)
+    seen = {"binary_sha256": "b" * 64, "config_sha256": hashlib.sha256(inputs["agent_yaml"].encode()).hexdigest(),
+            "unit_sha256": hashlib.sha256(inputs["unit"].encode()).hexdigest(), "active": "active", "enabled": "enabled"}
+    olds = {**inputs, "installed_sha256": "b" * 64, "node_state": seen}
+    assert p.diff("gpu-01", olds, inputs).changes is False
+    for key in ("config_sha256", "unit_sha256", "binary_sha256"):
+        drifted = {**olds, "node_state": {**seen, key: "0" * 64}}
+        assert p.diff("gpu-01", drifted, inputs).changes is True, key
+
+
+def test_the_renewal_window_defaults_for_a_stack_that_never_set_it_and_includes_its_start() -> None:
+    from llmgw_pulumi.providers.certificate import reissue_reasons
+
+    now = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
+    month = dt.timedelta(hours=24 * 30)  # the default renewBeforeHours, written out
+    news = {"node_id": "gpu-01", "pki_dir": "/pki", "key_origin": "node"}  # no renew_before_hours: an old stack
+    record = {**news, "ca_not_after": (now + 3650 * dt.timedelta(days=1)).isoformat()}
+    assert reissue_reasons({**record, "not_after": (now + month).isoformat()}, news, now) == ["not_after"]
+    assert reissue_reasons({**record, "not_after": (now + month + dt.timedelta(seconds=1)).isoformat()}, news, now) == []
+    hours = {**news, "renew_before_hours": 1.0}
+    assert reissue_reasons({**record, "not_after": (now + dt.timedelta(hours=1)).isoformat()}, hours, now) == ["not_after"]
+    assert reissue_reasons({**record, "not_after": (now + dt.timedelta(hours=2)).isoformat()}, hours, now) == []
+    # Nothing recorded yet, or the window not known yet in a preview: nothing to renew.
+    assert reissue_reasons(record, news, now) == []
+    assert reissue_reasons({**record, "not_after": now.isoformat()}, {**news, "renew_before_hours": Unknown()}, now) == []
+
+
+def test_a_key_made_on_the_node_is_expected_to_stay_what_the_last_read_saw() -> None:
+    from llmgw_pulumi.providers.identity import NodeIdentityProvider, changes, desired_hashes
+
+    news = {"node_id": "gpu-01", "connection": CONN, "ca_pem": "-----BEGIN CERTIFICATE-----\nCA\n",
+            "cert_pem": "-----BEGIN CERTIFICATE-----\nC\n"}
+    files = {**(desired_hashes(news) or {}), "/etc/llmgw/agent-key.pem": "f" * 64}  # as install or refresh saw it
+    olds = {**news, "host_key": HOST_KEY, "hostname": "gpu-01", "files": files}
+    assert changes(olds, news) == [] and NodeIdentityProvider().diff("gpu-01", olds, news).changes is False
+    drifted = {**olds, "files": {**files, "/etc/llmgw/ca.pem": "absent"}}
+    assert changes(drifted, news) == ["files"]
