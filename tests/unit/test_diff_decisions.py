@@ -90,6 +90,7 @@ def test_what_a_preview_or_an_unpinned_key_leaves_out_is_not_a_change_but_a_remo
     # its path: nothing to do.
     left_out = {k: v for k, v in pinned.items() if k not in ("host_key", "private_key", "private_key_path")}
     assert p.diff("gpu-01", olds, {**olds, "connection": left_out}).changes is False
+    assert p.diff("gpu-01", olds, {**olds, "connection": {**left_out, "user": "ops"}}).changes is True  # compared on
     without_passphrase = {k: v for k, v in pinned.items() if k != "passphrase"}
     assert p.diff("gpu-01", olds, {**olds, "connection": without_passphrase}).changes is True
 
