@@ -78,6 +78,7 @@ SAID: list[tuple[Any, object, tuple[str, str]]] = [
     (validate.hop, "bastion", ("'bastion' is not user@host[:port]", HOP_FIX)),
     (validate.hop, 7, ("7 is not user@host[:port]", HOP_FIX)),
     (validate.hop, "deploy@bastion:2x", ("'deploy@bastion:2x' has a port that is not a number", HOP_FIX)),
+    (validate.hop, "a@b:1@bastion", ("'a@b:1@bastion' has a port that is not a number", HOP_FIX)),
     (validate.hop, "Deploy@bastion", ("'Deploy@bastion': 'Deploy' is not a user name", HOP_FIX)),
     (validate.hop, "deploy@-b", ("'deploy@-b': '-b' is not an IP address or a DNS name", HOP_FIX)),
     (validate.hop, "deploy@bastion:0", ("'deploy@bastion:0': 0 is not a TCP port", HOP_FIX)),
