@@ -136,3 +136,12 @@ def test_a_key_made_on_the_node_is_expected_to_stay_what_the_last_read_saw() -> 
     assert changes(olds, news) == [] and NodeIdentityProvider().diff("gpu-01", olds, news).changes is False
     drifted = {**olds, "files": {**files, "/etc/llmgw/ca.pem": "absent"}}
     assert changes(drifted, news) == ["files"]
+
+
+def test_a_setting_turned_off_or_emptied_is_a_change_but_jump_keys_not_known_yet_are_not() -> None:
+    p = EngineCheckProvider()
+    olds = checked(p, {**ENGINES, "fail_on_problems": True, "known_jump_host_keys": {"127.0.0.1:1": HOST_KEY}})
+    assert p.diff("gpu-01", olds, {**olds, "fail_on_problems": False}).changes is True
+    assert p.diff("gpu-01", olds, {**olds, "engines": {}}).changes is True
+    for unknown in (Unknown(), {}, None):  # a preview while NodeIdentity updates, or nothing recorded yet
+        assert p.diff("gpu-01", olds, {**olds, "known_jump_host_keys": unknown}).changes is False, unknown
