@@ -81,15 +81,15 @@ def test_a_server_that_no_longer_offers_the_recorded_key_type_is_refused(server:
 
 def test_a_node_that_refuses_is_waited_for_once_with_the_reason_then_given_up_on(caplog: pytest.LogCaptureFixture) -> None:
     port = closed_port()
-    conn = Connection.from_props({"host": "127.0.0.1", "port": port, "user": "deploy", "wait": 0.5,
+    conn = Connection.from_props({"host": "127.0.0.1", "port": port, "user": "deploy", "wait": 2.0,
                                   "private_key": ed25519_pair()[1]}, "gpu-01")
     with caplog.at_level(logging.INFO, logger="llmgw_pulumi.transport"), \
             pytest.raises(transport.WaitExpired) as expired:
-        transport.establish(conn, conn, "gpu-01", None, time.monotonic() + 0.5)
+        transport.establish(conn, conn, "gpu-01", None, time.monotonic() + 2.0)  # three tries or more
     assert str(expired.value).startswith(
-        "gpu-01: cannot reach deploy@127.0.0.1 over ssh after 0s (last error: [Errno 111] Connection refused)\n  fix: ")
+        "gpu-01: cannot reach deploy@127.0.0.1 over ssh after 2s (last error: [Errno 111] Connection refused)\n  fix: ")
     waits = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
-    assert waits == [f"gpu-01: waiting up to 0s for ssh to deploy@127.0.0.1:{port} ([Errno 111] Connection refused)"]
+    assert waits == [f"gpu-01: waiting up to 2s for ssh to deploy@127.0.0.1:{port} ([Errno 111] Connection refused)"]
 
 
 def test_a_login_refused_at_first_is_tried_again_and_the_wait_is_reported(server: Server,
@@ -101,8 +101,10 @@ def test_a_login_refused_at_first_is_tried_again_and_the_wait_is_reported(server
     t.close()
     assert presented == public_text(server.host_key) and server.logins == ["deploy", "deploy"]
     said = [r.getMessage() for r in caplog.records]
-    assert said[0].startswith(f"gpu-01: waiting up to 5s for ssh to deploy@127.0.0.1:{server.port} (")
+    assert said[0].startswith(f"gpu-01: waiting up to 5s for ssh to deploy@127.0.0.1:{server.port} "
+                              "(deploy@127.0.0.1 refused every key tried: key llmgw:sshPrivateKey SHA256:")
     assert [m.rsplit(" ", 1)[0] for m in said[1:]] == [f"gpu-01: ssh to deploy@127.0.0.1:{server.port} answered after"]
+    assert 0 <= float(said[1].rsplit(" ", 1)[1].removesuffix("s")) <= 5  # seconds since the first try
 
 
 def test_a_node_that_did_not_answer_is_reported_unreachable_at_once_for_a_while() -> None:
@@ -160,3 +162,17 @@ def test_a_node_behind_a_jump_host_is_reached_through_it_and_both_keys_are_check
         assert bastion.logins == ["jumper"] and server.logins == ["deploy"]
     finally:
         fresh.close_all()
+
+
+def test_a_new_pooled_connection_expects_the_key_recorded(server: Server) -> None:
+    pool = transport.Pool()
+    other = public_text(ed25519_pair()[0])
+    try:
+        with pytest.raises(errors.HostKeyChangedError, match="recorded when the node was onboarded"), \
+                pool.session(connection(server), "gpu-01", other):
+            pytest.fail("a session was handed out")
+        assert server.logins == [] and server.commands == []
+        with pool.session(connection(server), "gpu-01", public_text(server.host_key)) as s:
+            assert s.host_key == public_text(server.host_key)
+    finally:
+        pool.close_all()
