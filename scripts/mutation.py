@@ -1,8 +1,9 @@
 """Mutation run over the code that decides trust; see docs/mutation.md. Run it as `scripts/mutation`.
 
 1. mutmut (pinned in pyproject's `mutation` extra) mutates, one change at a time, the functions of each target
-   below, and runs against each mutant the fast unit tests that reach the mutated function. It works in a copy
-   of the tree (``.mutation/``), never in the checkout.
+   below, and runs against each mutant those of the target's own unit tests that reach the mutated function.
+   Each target works in its own copy of the tree (``.mutation/<target>/``), never in the checkout; the mutants
+   that timed out are run once more with a longer limit.
 2. The mutants the security review found alive (some outside mutmut's reach: module-level constants, a shell
    script) are applied one by one to another copy, and the unit tests are run against each.
 
