@@ -58,6 +58,8 @@ MAX_CHECKSUMS_BYTES = 1 << 20
 MAX_BINARY_BYTES = 2 << 30
 CHECKSUMS_DEADLINE = 60.0
 BINARY_DEADLINE = 600.0
+VERIFY_SECONDS = 60.0
+"""How long ``ssh-keygen -Y verify`` may take before it is given up on."""
 WHO = "llmgw"
 """Errors here are about a release, before any node is reached: they name the stack's agent settings."""
 
@@ -167,7 +169,8 @@ def verify_signature(data: bytes, signature: bytes, signing_key: str, what: str)
         sig.write_bytes(signature)
         try:
             done = subprocess.run([keygen, "-Y", "verify", "-f", str(signers), "-I", NAMESPACE, "-n", NAMESPACE,
-                                   "-s", str(sig)], input=data, capture_output=True, timeout=60, check=False)
+                                   "-s", str(sig)], input=data, capture_output=True, timeout=VERIFY_SECONDS,
+                                  check=False)
         except (OSError, subprocess.SubprocessError) as exc:
             raise ReleaseSignatureError(WHO, f"cannot run ssh-keygen to verify {what}: {exc}",
                                         "check that `ssh-keygen -Y verify` works on this machine") from None

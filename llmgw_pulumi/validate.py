@@ -110,8 +110,10 @@ def server(value: object) -> Problem:
             return f"{host!r} is not an IPv6 address", "write an IPv6 server as [addr]:port"
     else:
         host, sep, portpart = value.rpartition(":")
-        if not sep or not host:
+        if not sep:
             return f"{value!r} has no port", f"add the control plane's port, e.g. {value}:7443"
+        if not host:
+            return f"{value!r} has no host", "write the control plane's address before its port, e.g. cp1.example.net:7443"
         bad = address(host)
         if bad:
             return f"{value!r}: host {bad[0]}", "write it as host:port"

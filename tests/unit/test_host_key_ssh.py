@@ -9,11 +9,12 @@ records each login and command, so a refusal is seen to come before either.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import paramiko
@@ -47,6 +48,11 @@ class Server:
     logins: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
     port: int = 0
+    refuse_logins: int = 0
+    """The first this many logins are refused (a user not made yet), then the client key is accepted."""
+    forwards: list[tuple[str, int]] = field(default_factory=list)
+    """Where direct-tcpip channels (ssh -J through this server) were opened to; each is carried to that address."""
+    _tcpip: dict[int, tuple[str, int]] = field(default_factory=dict)
 
     def serve(self) -> Iterator[Server]:
         listener = socket.create_server(("127.0.0.1", 0))
@@ -62,7 +68,11 @@ class Server:
                 t = paramiko.Transport(sock)
                 t.add_server_key(self.host_key)
                 transports.append(t)
-                t.start_server(server=_Interface(self))
+                try:
+                    t.start_server(server=_Interface(self))
+                except (OSError, EOFError, paramiko.SSHException):
+                    continue  # a client that hung up in the handshake (one refusing the key types offered)
+                threading.Thread(target=self._carry, args=(t,), daemon=True).start()
 
         threading.Thread(target=accept, daemon=True).start()
         try:
@@ -71,6 +81,27 @@ class Server:
             listener.close()
             for t in transports:
                 t.close()
+
+
+    def _carry(self, t: paramiko.Transport) -> None:
+        """Carry each direct-tcpip channel the client opens to the address it asked for, both ways."""
+        while t.is_active():
+            try:
+                chan = t.accept(timeout=0.5)
+            except (OSError, EOFError, paramiko.SSHException):
+                return  # the client went away
+            destination = self._tcpip.get(chan.get_id()) if chan is not None else None
+            if destination is None:
+                continue  # a session channel, answered by check_channel_exec_request
+            out = socket.create_connection(destination)
+
+            def pump(read: Callable[[int], bytes], write: Callable[[bytes], object]) -> None:
+                with contextlib.suppress(OSError, EOFError):
+                    while data := read(65536):
+                        write(data)
+
+            threading.Thread(target=pump, args=(chan.recv, out.sendall), daemon=True).start()
+            threading.Thread(target=pump, args=(out.recv, chan.sendall), daemon=True).start()
 
 
 class _Interface(paramiko.ServerInterface):
@@ -82,11 +113,20 @@ class _Interface(paramiko.ServerInterface):
 
     def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
         self.server.logins.append(username)
+        if self.server.refuse_logins:
+            self.server.refuse_logins -= 1
+            return paramiko.AUTH_FAILED
         same = key.get_base64() == self.server.client_key.get_base64()
         return paramiko.AUTH_SUCCESSFUL if same else paramiko.AUTH_FAILED
 
     def check_channel_request(self, kind: str, chanid: int) -> int:
         return paramiko.OPEN_SUCCEEDED if kind == "session" else paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+
+    def check_channel_direct_tcpip_request(self, chanid: int, origin: tuple[str, int],
+                                           destination: tuple[str, int]) -> int:
+        self.server.forwards.append(destination)
+        self.server._tcpip[chanid] = destination
+        return paramiko.OPEN_SUCCEEDED
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
         self.server.commands.append(command.decode())
@@ -153,7 +193,7 @@ def test_a_pooled_connection_is_not_handed_to_a_resource_expecting_another_machi
         with (pytest.raises(errors.HostKeyChangedError, match="was expected; refusing to use it") as refused,
               pool.session(conn, "gpu-01", other)):
             pytest.fail("a session was handed out")
-        assert "ssh-keygen -lf" in refused.value.fix
+        assert "ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub" in refused.value.fix
         assert len(server.commands) == commands
         # A pin wins over what the resource recorded, on a pooled connection too.
         with (pytest.raises(errors.HostKeyChangedError),

@@ -15,7 +15,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from lab import pki as labpki
 from llmgw_pulumi import pki
-from llmgw_pulumi.errors import AuthorityError, CertificatePolicyError, CertificateRequestError
+from llmgw_pulumi.errors import AuthorityError, CertificatePolicyError, CertificateRequestError, SignedCertificateError
 from tests.unit import fake_pem
 
 NOW = dt.datetime.now(dt.UTC)
@@ -635,3 +635,150 @@ def test_several_problems_are_all_named_in_order(ca, test_ca, node_key, caplog) 
     assert [r.getMessage() for r in caplog.records] == [
         "gpu-01: the certificate on the node is not kept (its BasicConstraints say CA:TRUE: it could sign certificates; "
         "its ExtendedKeyUsage is serverAuth, not clientAuth only); a new key pair is made there and signed"]
+
+
+# --------------------------------------------------------------------------- signer caKey and the signers' requests
+#
+# llmgw:signer.ca (a CA certificate given as text) and the llmgw:caKey secret, and what a signer is asked for.
+
+def _pem(cert: x509.Certificate) -> str:
+    return cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def _key_pem(key: Any) -> str:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption()).decode()
+
+
+def test_the_signer_ca_must_be_a_pem_ca_certificate_valid_now(test_ca) -> None:
+    ca_cert, ca_key = test_ca
+    assert pki.ca_certificate(_pem(ca_cert), NODE, NOW) == ca_cert
+    with pytest.raises(AuthorityError) as err:
+        pki.ca_certificate("not a certificate\n", NODE, NOW)
+    assert str(err.value) == ("gpu-01: llmgw:signer.ca is not a PEM certificate\n"
+                              "  fix: give the CA certificate (ca.pem) as a path or as its PEM text")
+    leaf = _self_signed(ca_key, (x509.BasicConstraints(ca=False, path_length=None), True))
+    with pytest.raises(AuthorityError) as err:
+        pki.ca_certificate(_pem(leaf), NODE, NOW)
+    assert str(err.value) == ("gpu-01: llmgw:signer.ca is not a CA certificate (its BasicConstraints say CA:FALSE)\n"
+                              "  fix: give the cluster CA's certificate (CA:TRUE)")
+    end = ca_cert.not_valid_after_utc
+    with pytest.raises(AuthorityError) as err:
+        pki.ca_certificate(_pem(ca_cert), NODE, end)
+    assert str(err.value).startswith(f"gpu-01: the CA in llmgw:signer.ca expired on {end:%Y-%m-%d}\n  fix: ")
+    start = ca_cert.not_valid_before_utc
+    with pytest.raises(AuthorityError, match="gpu-01: the CA in llmgw:signer.ca is not valid before"):
+        pki.ca_certificate(_pem(ca_cert), NODE, start - dt.timedelta(seconds=1))
+    assert pki.ca_certificate(_pem(ca_cert), NODE, start) == ca_cert
+
+
+def test_the_ca_key_secret_must_be_the_signer_cas_key_and_is_never_quoted(test_ca) -> None:
+    ca_cert, ca_key = test_ca
+    auth = pki.authority_from_pem(_pem(ca_cert), _key_pem(ca_key), NODE, NOW)
+    assert auth.cert == ca_cert and auth.key.public_key() == ca_key.public_key()  # type: ignore[attr-defined]
+    issued = pki.issue(auth, NODE, dt.timedelta(hours=1), NOW)
+    assert pki.verify_issued(_pem(ca_cert), issued.cert_pem)
+    with pytest.raises(AuthorityError) as err:
+        pki.authority_from_pem(_pem(ca_cert), fake_pem("PRIVATE KEY", "TOPSECRETBYTES"), NODE, NOW)
+    assert str(err.value) == ("gpu-01: the llmgw:caKey secret is not an unencrypted PEM private key\n"
+                              "  fix: set it again: `pulumi config set --secret llmgw:caKey < ca-key.pem`")
+    encrypted = ca_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                     serialization.BestAvailableEncryption(b"pass")).decode()
+    with pytest.raises(AuthorityError, match="is not an unencrypted PEM private key"):
+        pki.authority_from_pem(_pem(ca_cert), encrypted, NODE, NOW)
+    other = ec.generate_private_key(ec.SECP256R1())
+    with pytest.raises(AuthorityError) as err:
+        pki.authority_from_pem(_pem(ca_cert), _key_pem(other), NODE, NOW)
+    assert str(err.value) == ("gpu-01: the CA key does not belong to the CA certificate of llmgw:signer.ca and "
+                              "llmgw:caKey\n  fix: give the key and the certificate of the same CA")
+    assert _key_pem(other) not in str(err.value)
+    with pytest.raises(AuthorityError, match="expired"):
+        pki.authority_from_pem(_pem(ca_cert), _key_pem(ca_key), NODE, ca_cert.not_valid_after_utc)
+
+
+def test_a_key_here_signs_exactly_the_validity_a_signer_request_asks_for(test_ca, node_key) -> None:
+    from llmgw_pulumi import signer
+
+    ca_cert, ca_key = test_ca
+    auth = pki.Authority(cert=ca_cert, key=ca_key)
+    req = signer.request(NODE, _csr(node_key), dt.timedelta(hours=30), NOW, ca_cert.not_valid_after_utc)
+    cert = x509.load_pem_x509_certificate(pki.issue_for_request(auth, req).encode())
+    assert cert.not_valid_before_utc == req.not_before
+    assert cert.not_valid_after_utc == req.not_after
+    assert cert.public_key() == node_key.public_key()
+    assert pki.check_node_certificate(cert, ca_cert, NODE, node_key.public_key(), NOW) == []
+    weak = signer.request(NODE, _csr(ec.generate_private_key(ec.SECP192R1())), dt.timedelta(hours=1), NOW,
+                          ca_cert.not_valid_after_utc)
+    with pytest.raises(CertificateRequestError, match="gpu-01: the node's key is an EC key on curve secp192r1"):
+        pki.issue_for_request(auth, weak)
+
+
+def test_an_operator_key_pair_comes_with_its_own_request_for_the_node(test_ca) -> None:
+    key_pem, csr_pem = pki.operator_key_and_csr(NODE)
+    key = serialization.load_pem_private_key(key_pem.encode(), None)
+    csr = x509.load_pem_x509_csr(csr_pem.encode())
+    assert csr.is_signature_valid and csr.public_key() == key.public_key()
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp256r1"
+    assert [a.value for a in csr.subject] == [NODE]
+    assert pki.requested_key(csr_pem, NODE) == key.public_key()
+    assert pki.operator_key_and_csr(NODE)[0] != key_pem
+
+
+SIGNED_FIX = ("do not use it: fix the signer's profile so that it issues what it is asked (docs/operations.md, "
+              "'Signers'); nothing was changed on the node")
+
+
+def _request(test_ca, key: Any, hours: int = 30) -> tuple[Any, dt.datetime]:
+    """A signer request for ``key`` made at a whole second (so its validity is whole hours), and that second."""
+    from llmgw_pulumi import signer
+
+    now = NOW.replace(microsecond=0)
+    return signer.request(NODE, _csr(key), dt.timedelta(hours=hours), now, test_ca[0].not_valid_after_utc), now
+
+
+def test_what_a_signer_returns_is_held_to_the_request(test_ca, node_key) -> None:
+    from llmgw_pulumi import signer
+
+    req, now = _request(test_ca, node_key)
+    assert pki.signed_problems(test_ca[0], node_cert(test_ca, node_key, not_before=req.not_before,
+                                                     not_after=req.not_after), req, now) == []
+    other = node_cert(test_ca, ec.generate_private_key(ec.SECP256R1()), not_before=req.not_before, not_after=req.not_after)
+    assert pki.signed_problems(test_ca[0], other, req, now) == ["its key is not the key it was asked for"]
+    late = req.not_after + pki.CLOCK_SKEW
+    assert pki.signed_problems(test_ca[0], node_cert(test_ca, node_key, not_before=req.not_before, not_after=late),
+                               req, now) == []
+    longer = node_cert(test_ca, node_key, not_before=req.not_before, not_after=late + dt.timedelta(seconds=1))
+    assert pki.signed_problems(test_ca[0], longer, req, now) == [
+        f"it is valid until {when(late + dt.timedelta(seconds=1))} UTC, longer than the 30 h asked"]
+    early = req.not_before - pki.CLOCK_SKEW
+    assert pki.signed_problems(test_ca[0], node_cert(test_ca, node_key, not_before=early, not_after=req.not_after),
+                               req, now) == []
+    earlier = node_cert(test_ca, node_key, not_before=early - dt.timedelta(seconds=1), not_after=req.not_after)
+    assert pki.signed_problems(test_ca[0], earlier, req, now) == [
+        f"it starts {early - dt.timedelta(seconds=1):%Y-%m-%d %H:%M}, before the start asked ({req.not_before:%Y-%m-%d %H:%M})"]
+    unreadable = signer.SigningRequest(NODE, "not a request\n", req.not_before, req.not_after)
+    assert pki.signed_problems(test_ca[0], node_cert(test_ca, node_key, not_before=req.not_before,
+                                                     not_after=req.not_after), unreadable, now) == [
+        "the request's public key cannot be read"]
+
+
+def test_the_first_certificate_a_signer_prints_is_taken_and_checked(test_ca, node_key) -> None:
+    req, now = _request(test_ca, node_key)
+    leaf = _pem(node_cert(test_ca, node_key, not_before=req.not_before, not_after=req.not_after))
+    chain = _pem(test_ca[0])
+    for printed in (leaf, f"signing {NODE}...\n{leaf}{chain}", f"-----END CERTIFICATE-----\n{leaf}",
+                    leaf.replace("\n", "\r\n") + chain):
+        got = pki.accept_signed(test_ca[0], printed, req, now)
+        assert got.cert_pem == leaf and got.key_pem == ""
+    for printed in ("", "signed.\n", leaf.split("-----END")[0], leaf.split("\n", 1)[1]):
+        with pytest.raises(SignedCertificateError) as err:
+            pki.accept_signed(test_ca[0], printed, req, now)
+        assert str(err.value) == f"gpu-01: the signer printed no readable PEM certificate\n  fix: {SIGNED_FIX}"
+    other = ec.generate_private_key(ec.SECP256R1())
+    bad = _pem(node_cert(test_ca, other, not_before=req.not_before, not_after=req.not_after + dt.timedelta(days=1)))
+    with pytest.raises(SignedCertificateError) as err:
+        pki.accept_signed(test_ca[0], bad, req, now)
+    assert str(err.value) == (
+        "gpu-01: the signer returned a certificate that is refused: its key is not the key it was asked for; "
+        f"it is valid until {when(req.not_after + dt.timedelta(days=1))} UTC, longer than the 30 h asked\n"
+        f"  fix: {SIGNED_FIX}")

@@ -143,6 +143,7 @@ def test_an_approval_is_fetched_once_per_release(monkeypatch: pytest.MonkeyPatch
         return f"{'d' * 64}  llmgw-v7.7.7-linux-amd64\n".encode()
 
     monkeypatch.setattr(release, "https_get", get)
+    release.approve.cache_clear()  # an earlier run of the tests in this process (the mutation run's) fetched it
     source = release.Release("https://once.example", "v7.7.7")
     assert release.approve(source) == release.approve(source) == {"amd64": "d" * 64}
     assert fetched == ["https://once.example/v7.7.7/checksums.txt"]

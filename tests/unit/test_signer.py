@@ -28,7 +28,7 @@ DAY = dt.timedelta(days=1)
 @pytest.fixture
 def ca(tmp_path: Path) -> pki.Authority:
     labpki.init_ca(tmp_path)
-    return pki.load_authority(str(tmp_path), "gpu-01", NOW)
+    return pki.load_authority(str(tmp_path), "gpu-01")  # now: the CA was made after NOW (import) on a slow run
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,298 @@
+"""The operator's side of a release, against real parts: downloads over real TLS from an in-process server on loopback
+(its own CA, as agent.releaseCa names one), and signatures checked by ssh-keygen (the real one, or a stand-in on
+PATH that answers as the test chooses: missing, failing, hanging, printing junk)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import hashlib
+import ipaddress
+import os
+import stat
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from lab.release_server import _Handler, _Server, make_signing_key, publish_release
+from llmgw_pulumi import errors, release
+
+TAG = "v1.2.3"
+BINARY = b"the release binary\n"
+NOW = dt.datetime.now(dt.UTC)
+FETCH_FIX = ("check agent.releaseUrl and that this machine reaches it and trusts its certificate (agent.releaseCa for a "
+             "private CA); no node was changed")
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+
+def tls_pair(d: Path) -> tuple[Path, Path, Path]:
+    """(ca.pem, server.pem, server-key.pem): a private CA and a certificate for 127.0.0.1 that it signed."""
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    start, end = NOW - dt.timedelta(hours=1), NOW + dt.timedelta(days=1)
+    ca = (x509.CertificateBuilder().subject_name(_name("release CA")).issuer_name(_name("release CA"))
+          .public_key(ca_key.public_key()).serial_number(1).not_valid_before(start).not_valid_after(end)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True).sign(ca_key, hashes.SHA256()))
+    cert = (x509.CertificateBuilder().subject_name(_name("127.0.0.1")).issuer_name(ca.subject)
+            .public_key(key.public_key()).serial_number(2).not_valid_before(start).not_valid_after(end)
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    paths = d / "ca.pem", d / "server.pem", d / "server-key.pem"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(_pem_key(key))
+    return paths
+
+
+class Redirecting(_Handler):
+    """The release server, and two paths that redirect: /to/<url> sends the client to <url>."""
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/to/"):
+            self.send_response(302)
+            self.send_header("Location", self.path[len("/to/"):])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        super().do_GET()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
+    """(base URL, agent.releaseCa, the directory served) of an HTTPS release server on loopback serving TAG."""
+    base = tmp_path_factory.mktemp("releases")
+    ca, cert, key = tls_pair(base)
+    root = base / "root"
+    publish_release(root, TAG, {"amd64": BINARY, "arm64": b"arm"}, tamper={"arm64": b"tampered"})
+    (root / "big").write_bytes(b"x" * 5000)
+    import ssl
+
+    httpd = _Server(("127.0.0.1", 0), functools.partial(Redirecting, directory=str(root)))
+    httpd.ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    httpd.ssl_context.load_cert_chain(str(cert), str(key))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{httpd.server_address[1]}", str(ca), root
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------- https
+
+
+def test_https_get_reads_the_body_trusting_only_the_ca_given(server: tuple[str, str, Path]) -> None:
+    url, ca, root = server
+    assert release.https_get(f"{url}/{TAG}/checksums.txt", ca) == (root / TAG / "checksums.txt").read_bytes()
+    with pytest.raises(errors.ReleaseFetchError) as err:
+        release.https_get(f"{url}/{TAG}/checksums.txt", None)  # the system's trust store does not know this CA
+    assert str(err.value).startswith(f"llmgw: cannot download {url}/{TAG}/checksums.txt: ")
+    assert "CERTIFICATE_VERIFY_FAILED" in str(err.value) and str(err.value).endswith(f"\n  fix: {FETCH_FIX}")
+
+
+def test_a_release_ca_that_cannot_be_read_is_named_with_its_setting(tmp_path: Path, server: tuple[str, str, Path]) -> None:
+    url, _, _ = server
+    with pytest.raises(errors.ReleaseFetchError) as err:
+        release.https_get(f"{url}/{TAG}/checksums.txt", str(tmp_path / "missing.pem"))
+    text = str(err.value)
+    assert text.startswith(f"llmgw: agent.releaseCa: cannot read {tmp_path / 'missing.pem'}: ")
+    assert text.endswith("\n  fix: point agent.releaseCa at the PEM bundle of the release server's CA")
+
+
+def test_what_is_not_there_too_big_or_not_https_is_refused(server: tuple[str, str, Path]) -> None:
+    url, ca, _ = server
+    with pytest.raises(errors.ReleaseFetchError) as err:
+        release.https_get(f"{url}/{TAG}/nothing-here", ca)
+    assert str(err.value) == f"llmgw: cannot download {url}/{TAG}/nothing-here: HTTP 404\n  fix: {FETCH_FIX}"
+    assert release.https_get(f"{url}/big", ca, limit=5000) == b"x" * 5000
+    with pytest.raises(errors.ReleaseFetchError) as err:
+        release.https_get(f"{url}/big", ca, limit=4999)
+    assert str(err.value) == f"llmgw: {url}/big is larger than 4999 bytes\n  fix: {FETCH_FIX}"
+    plain = url.replace("https://", "http://")
+    with pytest.raises(errors.ReleaseFetchError) as err:
+        release.https_get(f"{plain}/big", ca)
+    assert str(err.value) == f"llmgw: refusing to download {plain}/big: not https\n  fix: serve releases over https"
+
+
+def test_a_redirect_is_followed_only_to_https(server: tuple[str, str, Path]) -> None:
+    url, ca, _ = server
+    for scheme in ("https", "HTTPS"):
+        target = url.replace("https", scheme, 1) + "/big"
+        assert release.https_get(f"{url}/to/{target}", ca) == b"x" * 5000
+    plain = url.replace("https://", "http://") + "/big"
+    with pytest.raises(errors.ReleaseFetchError) as err:
+        release.https_get(f"{url}/to/{plain}", ca)
+    assert str(err.value) == (f"llmgw: cannot download {url}/to/{plain}: "
+                              f"{repr(f'redirected to {plain!r}, which is not https')}\n  fix: {FETCH_FIX}")
+
+
+# --------------------------------------------------------------------------- fetch: operator
+
+
+def test_fetch_operator_downloads_over_the_release_ca_into_a_private_cache(server: tuple[str, str, Path],
+                                                                            tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    url, ca, _ = server
+    cache = tmp_path / "not" / "yet" / "there"
+    # The download is written beside the cache, never in the temporary directory (then moved into place).
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))
+    umask = os.umask(0o022)
+    try:
+        assert release.fetch_binary(release.Release(url, TAG, ca_file=ca), "amd64", sha(BINARY), cache) == BINARY
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    assert sorted(p.name for p in cache.iterdir()) == sorted([sha(BINARY), f"{sha(BINARY)}.lock"])
+    assert (cache / sha(BINARY)).read_bytes() == BINARY
+
+
+def test_fetch_operator_leaves_nothing_behind_when_the_download_fails_or_does_not_match(
+        server: tuple[str, str, Path], tmp_path: Path) -> None:
+    url, ca, _ = server
+    source = release.Release(url, TAG, ca_file=ca)
+    with pytest.raises(errors.ReleaseFetchError, match="HTTP 404"):
+        release.fetch_binary(source, "riscv64", "e" * 64, tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["e" * 64 + ".lock"]
+    with pytest.raises(errors.ChecksumMismatchError) as err:
+        release.fetch_binary(source, "arm64", sha(b"arm"), tmp_path)
+    assert str(err.value) == (
+        f"llmgw: {url}/{TAG}/llmgw-{TAG}-linux-arm64 has sha256 {sha(b'tampered')}, but {sha(b'arm')} was approved "
+        "(from checksums.txt as the server sent it over https (no signingKey or sha256 pin)); nothing was pushed to "
+        "any node\n  fix: do not install it: the release or the path to it has been tampered with or corrupted; "
+        "republish it")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["e" * 64 + ".lock", sha(b"arm") + ".lock"])
+
+
+# --------------------------------------------------------------------------- ssh-keygen
+
+
+@pytest.fixture(scope="module")
+def signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes, str]:
+    """(checksums.txt, its signature, the signing key's public line)."""
+    base = tmp_path_factory.mktemp("signed")
+    key, public = make_signing_key(base / "key")
+    publish_release(base / "releases", TAG, {"amd64": BINARY}, sign_with=key)
+    directory = base / "releases" / TAG
+    return (directory / "checksums.txt").read_bytes(), (directory / "checksums.txt.sig").read_bytes(), public
+
+
+def test_verifying_writes_nothing_where_pulumi_runs(signed: tuple[bytes, bytes, str], tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    data, signature, public = signed
+    monkeypatch.chdir(tmp_path)
+    release.verify_signature(data, signature, public, "checksums.txt")
+    assert list(tmp_path.iterdir()) == []
+
+
+def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str | None) -> None:
+    """PATH holds only an ssh-keygen that runs ``body`` (sh), or none at all."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if body is not None:
+        (bin_dir / "ssh-keygen").write_text(body)
+        (bin_dir / "ssh-keygen").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+
+
+def verify_error(data: bytes, signature: bytes, public: str) -> str:
+    with pytest.raises(errors.ReleaseSignatureError) as err:
+        release.verify_signature(data, signature, public, "https://r.example/v1.2.3/checksums.txt")
+    return str(err.value)
+
+
+def test_without_ssh_keygen_a_signature_is_an_error_saying_what_to_install(
+        signed: tuple[bytes, bytes, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stand_in(tmp_path, monkeypatch, None)
+    assert verify_error(*signed) == ("llmgw: cannot verify the signature of https://r.example/v1.2.3/checksums.txt: "
+                                     "ssh-keygen is not installed here\n"
+                                     "  fix: install openssh-client on the machine running Pulumi")
+
+
+REFUSED = "llmgw: the signature of https://r.example/v1.2.3/checksums.txt does not verify with agent.signingKey"
+SIGNATURE_FIX = ("\n  fix: do not install it: checksums.txt was not signed by agent.signingKey; re-sign the release "
+                 "(`ssh-keygen -Y sign -n llmgw-release -f KEY checksums.txt`), or fix agent.signingKey")
+
+
+@pytest.mark.parametrize("body, said", [
+    ("printf 'Could not verify\\n   signature.\\n' >&2; printf 'on stdout' ; exit 255\n",
+     "'Could not verify signature. on stdout'"),
+    ("exit 3\n", "'exit 3'"),
+    ("printf 'bad \\377 byte' >&2; exit 1\n", "'bad \ufffd byte'"),
+    ("printf '%0300d' 0 >&2; exit 1\n", repr("0" * 200 + "...")),
+], ids=["words", "silent", "not utf-8", "long"])
+def test_what_ssh_keygen_says_when_it_refuses_is_quoted_on_one_line(
+        signed: tuple[bytes, bytes, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, said: str) -> None:
+    _, _, public = signed
+    stand_in(tmp_path, monkeypatch, "#!/bin/sh\n/bin/cat >/dev/null\n" + body)
+    expected = f"{REFUSED} {release.key_fingerprint(public)} (ssh-keygen: {said}){SIGNATURE_FIX}"
+    assert verify_error(*signed) == expected
+
+
+def test_an_ssh_keygen_that_cannot_run_or_hangs_is_an_error(signed: tuple[bytes, bytes, str], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    stand_in(tmp_path, monkeypatch, "#!/nonexistent/interpreter\n")
+    text = verify_error(*signed)
+    assert text.startswith("llmgw: cannot run ssh-keygen to verify https://r.example/v1.2.3/checksums.txt: ")
+    assert text.endswith("\n  fix: check that `ssh-keygen -Y verify` works on this machine")
+    (tmp_path / "bin" / "ssh-keygen").write_text("#!/bin/sh\nexec /bin/sleep 600\n")
+    monkeypatch.setattr(release, "VERIFY_SECONDS", 0.5)
+    text = verify_error(*signed)
+    assert text.startswith("llmgw: cannot run ssh-keygen to verify https://r.example/v1.2.3/checksums.txt: ")
+    assert "timed out after 0.5 seconds" in text
+
+
+# --------------------------------------------------------------------------- what a refusal of checksums.txt or a pin says
+
+CHECKSUMS_FIX = ("\n  fix: republish checksums.txt in sha256sum format (`sha256sum llmgw-v1.2.3-linux-* > checksums.txt`): "
+                 "one line per file, 64 hex digits, two spaces, the file name")
+
+
+def test_blank_lines_and_other_files_before_the_binaries_are_passed_over() -> None:
+    text = f"\n{'c' * 64}  llmgw-{TAG}.tar.gz\n\n{'a' * 64}  llmgw-{TAG}-linux-amd64\n"
+    assert release.parse_checksums(text, TAG) == {"amd64": "a" * 64}
+
+
+def test_a_bad_line_is_named_by_file_tag_source_and_number() -> None:
+    with pytest.raises(errors.ChecksumMismatchError) as err:
+        release.parse_checksums(f"\n{'a' * 63}  llmgw-{TAG}-linux-amd64\n", TAG)
+    assert str(err.value) == (f"llmgw: checksums.txt of {TAG}, line 2: '{'a' * 63}  llmgw-{TAG}-linux-amd64' is not "
+                              f"'<sha256> <file name>'{CHECKSUMS_FIX}")
+    with pytest.raises(errors.ChecksumMismatchError) as err:
+        release.parse_checksums("", TAG, "https://r.example/v1.2.3/checksums.txt")
+    assert str(err.value) == (f"llmgw: checksums.txt of {TAG} (https://r.example/v1.2.3/checksums.txt) lists no "
+                              f"llmgw-{TAG}-linux-<arch> binary{CHECKSUMS_FIX}")
+
+
+PIN_FIX = "give each architecture's sha256 as `sha256sum` prints it, e.g. {amd64: 3f9c...(64 hex digits)}"
+
+
+@pytest.mark.parametrize("pins, problem", [
+    ({}, "is not a mapping of architecture to sha256"),
+    (["a" * 64], "is not a mapping of architecture to sha256"),
+    ({"AMD64": "a" * 64}, "'AMD64' is not an architecture (amd64, arm64, ...)"),
+    ({5: "a" * 64}, "5 is not an architecture (amd64, arm64, ...)"),
+    ({"amd64": "a" * 63}, "the amd64 digest is not 64 hex digits"),
+    ({"amd64": None}, "the amd64 digest is not 64 hex digits"),
+], ids=["empty", "list", "capitals", "number", "short", "none"])
+def test_a_bad_pin_says_what_is_wrong_with_it(pins: object, problem: str) -> None:
+    assert release.digests_problem(pins) == (problem, PIN_FIX)
+    assert release.digests_problem({"amd64": "A" * 64, "arm64": "b" * 64}) is None
