@@ -302,22 +302,7 @@ def register(stack_plan: Plan) -> dict[str, Node]:
     # Canaries are registered first, so that the engine reaches their updates before the others'.
     canaries = stack_plan.rollout.canaries if stack_plan.rollout else ()
     for n in sorted(spec.nodes, key=lambda n: n.node_id not in canaries):
-        agent = stack_plan.agents[n.node_id]
-        nodes[n.node_id] = Node(n.node_id, NodeArgs(
-            node_id=n.node_id,
-            connection=dataclasses.replace(n.connection, **stack_plan.credentials),
-            pki_dir=stack_plan.pki_dir,
-            signer=stack_plan.signer,
-            ca_key=stack_plan.ca_key,
-            settings=n.settings,
-            **agent,
-            validity_hours=spec.validity_hours,
-            renew_before_hours=spec.renew_before_hours,
-            fail_on_engine_problems=n.fail_on_engine_problems,
-            key_origin=n.key_origin,
-            rollout=stack_plan.rollout,
-            ca_key_passphrase=stack_plan.ca_key_passphrase,
-        ))  # each node runs in its shard's provider process (llmgw_pulumi.shards)
+        nodes[n.node_id] = Node(n.node_id, node_args(stack_plan, n))  # in its shard's provider process (llmgw_pulumi.shards)
     for n in spec.nodes:
         pulumi.export(n.node_id, node_output(nodes[n.node_id]))
     rows = [fleet_row(n.node_id, nodes[n.node_id]) for n in spec.nodes]
@@ -325,6 +310,25 @@ def register(stack_plan: Plan) -> dict[str, Node]:
     pulumi.export(FLEET_OUTPUT, pulumi.Output.all(*rows).apply(
         lambda known: fleet.fleet_table(known, dt.datetime.now(dt.UTC))))
     return nodes
+
+
+def node_args(stack_plan: Plan, n: stack_config.NodeConfig) -> NodeArgs:
+    """One configured node's NodeArgs: its settings, the stack's credentials, signer, binary and rollout."""
+    return NodeArgs(
+        node_id=n.node_id,
+        connection=dataclasses.replace(n.connection, **stack_plan.credentials),
+        pki_dir=stack_plan.pki_dir,
+        signer=stack_plan.signer,
+        ca_key=stack_plan.ca_key,
+        settings=n.settings,
+        **stack_plan.agents[n.node_id],
+        validity_hours=stack_plan.spec.validity_hours,
+        renew_before_hours=stack_plan.spec.renew_before_hours,
+        fail_on_engine_problems=n.fail_on_engine_problems,
+        key_origin=n.key_origin,
+        rollout=stack_plan.rollout,
+        ca_key_passphrase=stack_plan.ca_key_passphrase,
+    )
 
 
 FLEET_OUTPUT = "fleet"

@@ -14,6 +14,13 @@
 # second. Run scripts/engine.sh first; prints the bin directory on stdout.
 #
 # A regular Pulumi install on PATH that has both hosts beside it is used as is.
+#
+# Then the TypeScript example's npm packages (examples/typescript-vm: package.json
+# and its lock, every version pinned) are installed from the npm registry once
+# into $LLMGW_CACHE/node-modules/<sha of the lock>/node_modules (npm's own cache
+# in $LLMGW_CACHE/npm); Node.js and npm come from Debian packages when missing.
+# The Go example's modules are downloaded through the Go module proxy into
+# $LLMGW_CACHE/go/mod. Prints the bin directory, then the node_modules directory.
 set -euo pipefail
 
 PULUMI_VERSION=${PULUMI_VERSION:-v3.260.0}
@@ -28,10 +35,11 @@ log() { printf 'language-hosts: %s\n' "$*" >&2; }
 
 if have=$(command -v pulumi 2>/dev/null) && [ "$(dirname "$have")" != "$BIN" ] \
   && [ -x "$(dirname "$have")/pulumi-language-nodejs" ] && [ -x "$(dirname "$have")/pulumi-language-go" ]; then
-  dirname "$have"
-  exit 0
+  BIN=$(dirname "$have")
+  LANGUAGES=""
+elif [ ! -f "$OUT/.complete" ]; then
+  log "the engine is not built yet: run scripts/engine.sh first"; exit 1
 fi
-[ -f "$OUT/.complete" ] || { log "the engine is not built yet: run scripts/engine.sh first"; exit 1; }
 
 # The upstream module path of each host, below github.com/pulumi/pulumi.
 module_of() {
@@ -48,7 +56,7 @@ build_host() {  # $1: nodejs or go
   command -v go >/dev/null || { log "the go toolchain is missing (Go >= 1.26 builds the language hosts)"; exit 1; }
   export GOMODCACHE=${GOMODCACHE:-$CACHE/go/mod}
   export GOCACHE=${GOCACHE:-$CACHE/go/build}
-  export GOFLAGS=-trimpath CGO_ENABLED=0 GOTOOLCHAIN=local GONOSUMDB= GOPRIVATE=
+  export GOFLAGS=-trimpath CGO_ENABLED=0 GOTOOLCHAIN=local GONOSUMDB='' GOPRIVATE=''
   rm -rf "$work" && mkdir -p "$work" && cd "$work"
   start=$(date +%s)
   # A wrapper module, as for the Python host: the upstream source replaced in,
@@ -86,7 +94,39 @@ MOD
   log "pulumi-language-$lang built in $(( $(date +%s) - start ))s"
 }
 
+node_modules() {  # the TypeScript example's pinned packages, once per lock file
+  local lock=$HERE/examples/typescript-vm/package-lock.json key dir
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    log "apt-get install nodejs npm"
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >&2
+  fi
+  key=$(sha256sum "$lock" | cut -c1-16)
+  dir=$CACHE/node-modules/$key
+  if [ ! -f "$dir/.complete" ]; then
+    log "npm ci (examples/typescript-vm, pinned)"
+    rm -rf "$dir" && mkdir -p "$dir"
+    cp "$HERE/examples/typescript-vm/package.json" "$lock" "$dir/"
+    (cd "$dir" && npm ci --cache "$CACHE/npm" --prefer-offline --no-audit --no-fund >&2)
+    touch "$dir/.complete"
+  fi
+  echo "$dir/node_modules"
+}
+
+go_modules() {  # the Go example's modules, once per go.sum
+  local dir=$HERE/examples/go-vm key
+  [ -f "$dir/go.sum" ] || return 0
+  key=$(sha256sum "$dir/go.sum" | cut -c1-16)
+  [ -f "$CACHE/go/.complete-go-vm-$key" ] && return 0
+  log "go mod download (examples/go-vm)"
+  (cd "$dir" && GOMODCACHE=${GOMODCACHE:-$CACHE/go/mod} GOFLAGS=-mod=mod go mod download >&2)
+  touch "$CACHE/go/.complete-go-vm-$key"
+}
+
 for lang in $LANGUAGES; do
   [ -f "$OUT/.complete-language-$lang" ] || build_host "$lang"
 done
+modules=$(node_modules)
+go_modules
 echo "$BIN"
+echo "$modules"

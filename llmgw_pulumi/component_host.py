@@ -1,0 +1,54 @@
+"""The entry point of this repository as a Pulumi plugin package (PulumiPlugin.yaml): it serves ``Node``.
+
+The Python language host runs the package directory's ``__main__.py`` both as
+the stack program (`pulumi up` here) and, for a consumer that ran
+``pulumi package add``, as the component's provider; ``started_as_plugin``
+tells which. ``serve()`` hosts llmgw_pulumi.component's ``Node``, with the
+input types the package declares (their docs added to the schema), every
+input checked as stack config before the component is constructed, and a
+clear error when the dynamic-provider plugin would find no Python with this
+package.
+"""
+
+import json
+import sys
+from typing import Any
+
+import pulumi
+from pulumi.errors import InputPropertiesError
+from pulumi.provider import ConstructResult, main
+from pulumi.provider.experimental.analyzer import ComponentDefinition
+from pulumi.provider.experimental.component import ComponentProvider
+
+from . import __version__, component
+
+
+def started_as_plugin() -> bool:
+    """True when the engine started this process as a plugin (no program is being run: no monitor is set)."""
+    return pulumi.runtime.settings.get_monitor() is None and len(sys.argv) > 1
+
+
+class NodeProvider(ComponentProvider):
+    """The component provider of ``Node``: the analyzer's schema, documented; inputs checked first."""
+
+    def __init__(self) -> None:
+        version = __version__ if __version__[:1].isdigit() and "+" not in __version__ else "0.0.0"
+        super().__init__([component.Node], component.PACKAGE_NAME, version=version)
+        self.schema = json.dumps(component.schema_descriptions(json.loads(self.schema or "{}")))
+
+    def map_inputs(self, inputs: Any, component_def: ComponentDefinition) -> Any:
+        """The inputs as given (the stack config's spelling), once the stack config's checks found nothing wrong."""
+        return dict(inputs)
+
+    def construct(self, name: str, resource_type: str, inputs: Any,
+                  options: pulumi.ResourceOptions | None = None) -> ConstructResult:
+        component.parse(name, inputs)  # InputPropertiesError: every problem, before anything is registered
+        missing = component.python_problem(name)
+        if missing is not None:
+            raise InputPropertiesError(missing, [{"property_path": component.VIRTUALENV_ENV, "reason": missing}])
+        return super().construct(name, resource_type, inputs, options)
+
+
+def serve() -> None:
+    """Serve the component to the engine (the arguments it started this process with)."""
+    main(NodeProvider(), sys.argv[1:])
