@@ -69,6 +69,9 @@ SECRETS = {stack_config.SECRET_KEY: "private_key", stack_config.PASSPHRASE_KEY: 
            stack_config.CA_PASSPHRASE_KEY: "ca_key_passphrase", stack_config.CA_KEY: "ca_key"}
 """The secret settings, which the stack config reads with ``--secret``: here, inputs (made secret)."""
 
+RENAMED = {"id": "nodeId"}
+"""Stack-config keys the component spells otherwise: the SDKs take ``id`` for the resource's own (and drop it)."""
+
 VIRTUALENV_ENV = "PULUMI_RUNTIME_VIRTUALENV"
 """Where the dynamic-provider plugin looks for its Python (a virtualenv), as the engine gives it the environment."""
 
@@ -213,7 +216,7 @@ def declared_settings() -> tuple[Declared, ...]:
     constant = {getattr(stack_config, name): doc for name, doc in docs.items() if isinstance(getattr(stack_config, name,
                                                                                                None), str)}
     declared += [Declared(key, str, constant.get(key, "")) for key in SECRETS]
-    return tuple(declared)
+    return tuple(dataclasses.replace(d, key=RENAMED.get(d.key, d.key)) for d in declared)
 
 
 # --------------------------------------------------------------------------- the component's types
@@ -223,23 +226,24 @@ def _snake(key: str) -> str:
     return re.sub(r"(?<!^)([A-Z])", r"_\1", key).lower()
 
 
-def _typed_dict(name: str, settings: Sequence[Declared], required: Sequence[str] = (),
+def _typed_dict(name: str, settings: Sequence[Declared], doc: str, required: Sequence[str] = (),
                 inputs: Sequence[str] = ()) -> type:
     """A TypedDict of ``settings`` (snake_case: the component analyzer spells them back in camelCase)."""
     fields: dict[str, Any] = {}
     for d in settings:
-        tp = d.type if d.children == () else _typed_dict(d.name, d.children)
+        tp = d.type if d.children == () else _typed_dict(d.name, d.children, d.doc)
         tp = list[tp] if d.many else tp  # type: ignore[valid-type]
         tp = pulumi.Input[tp] if d.key in inputs else tp
         fields[_snake(d.key)] = Required[tp] if d.key in required else NotRequired[tp]
     made = TypedDict(name, fields)  # type: ignore[operator]
-    made.__doc__ = f"{name}: " + "; ".join(f"{d.key}: {d.doc}" for d in settings if d.doc)
+    made.__doc__ = doc
     return typing.cast(type, made)
 
 
 def input_type() -> type:
     """The component's input type: one node's settings, spelled as in the stack config."""
-    return _typed_dict("NodeArgs", declared_settings(), required=("id", "address"),
+    return _typed_dict("NodeArgs", declared_settings(), "One node's settings, as the stack config gives them.",
+                       required=(RENAMED["id"], "address"),
                        inputs=(*OUTPUT_CAPABLE, *SECRETS))
 
 
@@ -297,7 +301,8 @@ def parse(name: str, inputs: Mapping[str, Any]) -> Parsed:
     Raises InputPropertiesError listing every problem (node, field, fix), before anything is registered.
     """
     node_keys = set(stack_config.NODE_SCHEMA) - {"agent", "servers", "failOnEngineProblems"}
-    given = {k: v for k, v in inputs.items() if v is not None}
+    spelled = {v: k for k, v in RENAMED.items()}
+    given = {spelled.get(k, k): v for k, v in inputs.items() if v is not None}
     secrets = {k: v if isinstance(v, pulumi.Output) else pulumi.Output.secret(v)
                for k, v in given.items() if k in SECRETS}
     outputs = {k: v for k, v in given.items() if isinstance(v, pulumi.Output) and k not in SECRETS}
@@ -314,11 +319,16 @@ def parse(name: str, inputs: Mapping[str, Any]) -> Parsed:
                                   secret_keys=(), has_agent=bool(os.environ.get("SSH_AUTH_SOCK")),
                                   has_ca_key=stack_config.CA_KEY in secrets)
     except stack_config.StackConfigError as exc:
-        problems += exc.problems
+        problems += [(f"node {name}", _input_name(field), problem, fix) for _, field, problem, fix in exc.problems]
     if problems:
-        raise InputPropertiesError(stack_config.problems_text(problems, f"llmgw Node {name}'s inputs"), [
-            {"property_path": field, "reason": f"{node}: {problem} (fix: {fix})"} for node, field, problem, fix in problems])
+        raise InputPropertiesError(stack_config.problems_text(problems, f"llmgw Node {name}"))
     return Parsed(spec, spec.nodes[0], given, outputs, secrets)
+
+
+def _input_name(field: str) -> str:
+    """A stack-config field name as the component's input is called."""
+    head, sep, rest = field.partition(".")
+    return RENAMED.get(head, head) + sep + rest
 
 
 def python_problem(name: str, environ: Mapping[str, str] | None = None) -> str | None:
@@ -396,13 +406,13 @@ class Node(pulumi.ComponentResource):
     """What the node has: gpus [{index, name, memory_mib, uuid, pci_bus_id, compute_cap}], driver, cuda, hcas."""
 
     def __init__(self, name: str, args: Mapping[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__(f"{PACKAGE_NAME}:index:Node", name, None, opts)
-        parsed = args["__parsed__"] if "__parsed__" in args else parse(name, args)
-        node = node_args(parsed)
+        parsed = parse(name, args)
         opts = opts or pulumi.ResourceOptions()
         if not opts.providers:  # the node's shard, shared by every node of the deployment in it
             opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
                 providers={"pulumi-python": provider_for(parsed.node.node_id, run=_deployment())}))
+        super().__init__(f"{PACKAGE_NAME}:index:Node", name, None, opts)
+        node = node_args(parsed)
         parts = onboard(self, name, node, opts)
         check = parts.engine_check
         self.hostname = parts.identity.hostname

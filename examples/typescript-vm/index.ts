@@ -31,7 +31,7 @@ const vm = new command.local.Command("vm", {
 export const address = vm.stdout.apply(out => JSON.parse(out).address as string);
 
 const node = new llmgw.Node(nodeId, {
-    id: nodeId,
+    nodeId: nodeId,
     address: address,
     pkiDir: config.require("pkiDir"),
     servers: config.requireObject<string[]>("servers"),

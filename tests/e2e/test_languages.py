@@ -132,8 +132,10 @@ def test_language_example_boots_onboards_reimages_and_destroys_in_order(lang, la
     preview = stack.preview(diff=True)
     assert preview.ok, preview.output
     assert not nspawn_running(lab, index)
-    node_ops = {k: v for k, v in step_ops(preview).items() if "llmgw" in k.split("::")[0]}
+    node_ops = {k: v for k, v in step_ops(preview).items() if k.startswith("llmgw:") or "$llmgw:" in k}
     assert node_ops == {k: "create" for k in NODE_RESOURCES}, preview.output
+    # The component's provider (this package, run by the Python language host) is the program's, like command's.
+    assert step_ops(preview)["pulumi:providers:llmgw::default_0_1_0"] == "create"
     assert step_ops(preview)["command:local:Command::vm"] == "create"
     assert preview_inputs(preview, "NodeIdentity")["connection"]["host"] == "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
     assert re.search(r"^\s+address\s*: (output<string>|\[unknown\])$", preview.output, re.M), preview.output
@@ -178,8 +180,7 @@ def test_language_example_boots_onboards_reimages_and_destroys_in_order(lang, la
     assert banner(addr) == b""
 
 
-BAD = {"id": "gpu-vm1", "servers": ["not a server"], "ssh": {"user": "deploy", "privateKeyPath": "relative/key",
-                                                              "wait": 30}}
+BAD = {"servers": ["not a server"], "ssh": {"user": "deploy", "privateKeyPath": "/nonexistent/key", "wait": -1}}
 """Two bad values: what the stack config would refuse, with these fields and fixes."""
 
 
@@ -193,9 +194,10 @@ def test_bad_values_from_a_language_get_the_stack_configs_error_list(lang, lab, 
     preview = stack.preview()
     assert not preview.ok
     assert "Traceback" not in preview.output and 'File "' not in preview.output, preview.output
-    assert "llmgw Node gpu-vm1's inputs has 2 problems" in preview.output, preview.output
-    assert re.search(r"servers\[0\]: .*host:port", preview.output), preview.output
-    assert re.search(r"ssh\.privateKeyPath: .*fix:", preview.output), preview.output
+    assert "llmgw Node gpu-vm1 has 2 problems:" in preview.output, preview.output
+    assert re.search(r"^  node gpu-vm1: servers\[0\]: .*\n    fix: .*host:port", preview.output, re.M), preview.output
+    assert re.search(r"^  node gpu-vm1: ssh\.wait: -1 is out of range\n    fix: give 0 to 3600 seconds", preview.output, re.M), \
+        preview.output
     assert not any(k.startswith("pulumi-python:dynamic") for k in step_ops(preview)), step_ops(preview)
 
 
