@@ -42,6 +42,7 @@ import pulumi
 from pulumi.errors import InputPropertiesError
 
 from . import program, rollout, stack_config
+from .errors import LlmgwError
 from .node import NodeArgs, onboard
 from .shards import provider_for
 from .signer import KIND_CA_KEY
@@ -387,6 +388,26 @@ def node_args(parsed: Parsed) -> NodeArgs:
     return dataclasses.replace(args, connection=connection)
 
 
+class Prepared(dict[str, Any]):
+    """A component's inputs as given, with what ``prepare`` made of them: the node's Python NodeArgs."""
+
+    def __init__(self, inputs: Mapping[str, Any], parsed: Parsed, args: NodeArgs) -> None:
+        super().__init__(inputs)
+        self.parsed, self.args = parsed, args
+
+
+def prepare(name: str, inputs: Mapping[str, Any]) -> Prepared:
+    """The inputs checked as stack config and made the node's NodeArgs (the release approved, the key found).
+
+    Every problem is raised as InputPropertiesError, the list the operator reads, before anything is registered.
+    """
+    parsed = parse(name, inputs)
+    try:
+        return Prepared(inputs, parsed, node_args(parsed))
+    except LlmgwError as exc:  # a release that is not the operator's, an unreadable key...
+        raise InputPropertiesError(f"llmgw Node {name}: {exc}") from None
+
+
 class Node(pulumi.ComponentResource):
     """One GPU node onboarded into an llmgw cluster: ClientCertificate -> NodeIdentity -> AgentInstall ->
     EngineCheck. Its inputs are the node's settings as the stack config gives them (README, "Running it against
@@ -406,14 +427,16 @@ class Node(pulumi.ComponentResource):
     """What the node has: gpus [{index, name, memory_mib, uuid, pci_bus_id, compute_cap}], driver, cuda, hcas."""
 
     def __init__(self, name: str, args: Mapping[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
-        parsed = parse(name, args)
+        prepared = args if isinstance(args, Prepared) else prepare(name, args)
+        parsed = prepared.parsed
         opts = opts or pulumi.ResourceOptions()
         if not opts.providers:  # the node's shard, shared by every node of the deployment in it
             opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
                 providers={"pulumi-python": provider_for(parsed.node.node_id, run=_deployment())}))
         super().__init__(f"{PACKAGE_NAME}:index:Node", name, None, opts)
         node = node_args(parsed)
-        parts = onboard(self, name, node, opts)
+        super().__init__(f"{PACKAGE_NAME}:index:Node", name, None, opts)
+        parts = onboard(self, name, prepared.args, opts)
         check = parts.engine_check
         self.hostname = parts.identity.hostname
         self.host_key = parts.identity.host_key

@@ -36,17 +36,19 @@ class NodeProvider(ComponentProvider):
         super().__init__([component.Node], component.PACKAGE_NAME, version=version)
         self.schema = json.dumps(component.schema_descriptions(json.loads(self.schema or "{}")))
 
-    def map_inputs(self, inputs: Any, component_def: ComponentDefinition) -> Any:
-        """The inputs as given (the stack config's spelling), once the stack config's checks found nothing wrong."""
-        return dict(inputs)
-
     def construct(self, name: str, resource_type: str, inputs: Any,
                   options: pulumi.ResourceOptions | None = None) -> ConstructResult:
-        component.parse(name, inputs)  # InputPropertiesError: every problem, before anything is registered
+        """Every problem (bad inputs, no Python for the dynamic provider) raised as InputPropertiesError, which the
+        CLI shows as the list it is; then the component is constructed from what was checked."""
+        prepared = component.prepare(name, inputs)
         missing = component.python_problem(name)
         if missing is not None:
-            raise InputPropertiesError(missing, [{"property_path": component.VIRTUALENV_ENV, "reason": missing}])
-        return super().construct(name, resource_type, inputs, options)
+            raise InputPropertiesError(missing)
+        return super().construct(name, resource_type, prepared, options)
+
+    def map_inputs(self, inputs: Any, component_def: ComponentDefinition) -> Any:
+        """The inputs ``construct`` prepared, as they are: the stack config's spelling, checked."""
+        return inputs
 
 
 def serve() -> None:

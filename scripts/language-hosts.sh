@@ -19,8 +19,9 @@
 # and its lock, every version pinned) are installed from the npm registry once
 # into $LLMGW_CACHE/node-modules/<sha of the lock>/node_modules (npm's own cache
 # in $LLMGW_CACHE/npm); Node.js and npm come from Debian packages when missing.
-# The Go example's modules are downloaded through the Go module proxy into
-# $LLMGW_CACHE/go/mod. Prints the bin directory, then the node_modules directory.
+# (The Go example's modules come through the Go module proxy, into
+# $LLMGW_CACHE/go/mod when the tests build it.) Prints the bin directory, then
+# the node_modules directory.
 set -euo pipefail
 
 PULUMI_VERSION=${PULUMI_VERSION:-v3.260.0}
@@ -113,20 +114,9 @@ node_modules() {  # the TypeScript example's pinned packages, once per lock file
   echo "$dir/node_modules"
 }
 
-go_modules() {  # the Go example's modules, once per go.sum
-  local dir=$HERE/examples/go-vm key
-  [ -f "$dir/go.sum" ] || return 0
-  key=$(sha256sum "$dir/go.sum" | cut -c1-16)
-  [ -f "$CACHE/go/.complete-go-vm-$key" ] && return 0
-  log "go mod download (examples/go-vm)"
-  (cd "$dir" && GOMODCACHE=${GOMODCACHE:-$CACHE/go/mod} GOFLAGS=-mod=mod go mod download >&2)
-  touch "$CACHE/go/.complete-go-vm-$key"
-}
-
 for lang in $LANGUAGES; do
   [ -f "$OUT/.complete-language-$lang" ] || build_host "$lang"
 done
 modules=$(node_modules)
-go_modules
 echo "$BIN"
 echo "$modules"
