@@ -33,6 +33,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from typing import Any, NotRequired, Required, TypedDict
 
 import pulumi
 from pulumi.errors import InputPropertiesError
+from pulumi.output import Unknown
 
 from . import program, rollout, stack_config
 from .errors import LlmgwError
@@ -47,16 +49,14 @@ from .node import NodeArgs, onboard
 from .shards import provider_for
 from .signer import KIND_CA_KEY
 from .specs import (
+    FABRIC_SCHEMA,
     AgentSettings,
     BinarySource,
     CertificateSpec,
     Connection,
-    Discovery,
     EngineCheckSpec,
     Fabric,
-    Hop,
     Rollout,
-    Unknown,
     settings_of,
 )
 
@@ -120,7 +120,7 @@ def _plain(tp: Any) -> Any:
     """A spec field's type as a plain value type: Optional dropped, sequences lists, mappings dicts."""
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     origin = typing.get_origin(tp)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType")) and len(args) == 1:
+    if origin in (typing.Union, __import__("types").UnionType) and len(args) == 1:
         return _plain(args[0])
     if origin in (tuple, list, Sequence, typing.get_origin(Sequence[str])):
         return list[_plain(args[0])]  # type: ignore[misc]
@@ -159,9 +159,10 @@ def _setting(owner: type, name: str, key: str, tp: Any, sub: Any, path: str,
     plain = _plain(tp)
     item = typing.get_args(plain)[0] if typing.get_origin(plain) is list else None
     if nested is not None or dataclasses.is_dataclass(plain):
-        cls = nested or plain
+        cls = typing.cast(type, nested or plain)
         return Declared(key, None, doc, _from_class(cls, sub or _keys_of(cls), f"{path}{key}."), name=cls.__name__)
     if item is not None and dataclasses.is_dataclass(item):
+        item = typing.cast(type, item)
         item_schema = sub[0] if isinstance(sub, list) else _keys_of(item)
         return Declared(key, None, doc, _from_class(item, item_schema, f"{path}{key}[]."), many=True, name=item.__name__)
     if isinstance(sub, Mapping):  # a mapping declared by its schema only (engines): its leaves are text (paths)
@@ -192,7 +193,7 @@ def declared_settings() -> tuple[Declared, ...]:
     node_classes = (CertificateSpec, Connection, AgentSettings, EngineCheckSpec)
     node_schema = {k: v for k, v in stack_config.NODE_SCHEMA.items() if k not in ("agent", "fabric")}
     declared = list(_from_class(Connection, node_schema, "", node_classes))
-    fabric = _setting(AgentSettings, "fabrics", "fabric", Fabric, stack_config.FABRIC_SCHEMA, "")
+    fabric = _setting(AgentSettings, "fabrics", "fabric", Fabric, FABRIC_SCHEMA, "")
     declared.append(dataclasses.replace(fabric, doc="One fabric (instead of fabrics): " + fabric.doc))
     top = {k: v for k, v in stack_config.SCHEMA.items() if k not in {*stack_config.NODE_SCHEMA, "nodes", *SECRETS}}
     sections = {"agent": BinarySource, "ssh": Connection, "certificate": CertificateSpec, "rollout": Rollout}
@@ -233,10 +234,10 @@ def _typed_dict(name: str, settings: Sequence[Declared], doc: str, required: Seq
     fields: dict[str, Any] = {}
     for d in settings:
         tp = d.type if d.children == () else _typed_dict(d.name, d.children, d.doc)
-        tp = list[tp] if d.many else tp  # type: ignore[valid-type]
-        tp = pulumi.Input[tp] if d.key in inputs else tp
-        fields[_snake(d.key)] = Required[tp] if d.key in required else NotRequired[tp]
-    made = TypedDict(name, fields)  # type: ignore[operator]
+        tp = types.GenericAlias(list, (tp,)) if d.many else tp
+        tp = typing.cast(Any, pulumi.Input)[tp] if d.key in inputs else tp
+        fields[_snake(d.key)] = typing.cast(Any, Required if d.key in required else NotRequired)[tp]
+    made = typing.cast(Any, TypedDict)(name, fields)
     made.__doc__ = doc
     return typing.cast(type, made)
 
@@ -285,10 +286,14 @@ class Parsed:
     secrets: dict[str, pulumi.Output[str]]
 
 
+UNKNOWN: Any = Unknown()  # type: ignore[no-untyped-call]
+"""What a value not known yet is to the checks (llmgw_pulumi.specs.is_unknown)."""
+
+
 def _known(value: Any) -> Any:
     """``value`` with every output replaced by Unknown: what the stack config's checks skip (checked when known)."""
     if isinstance(value, pulumi.Output):
-        return Unknown()
+        return UNKNOWN
     if isinstance(value, Mapping):
         return {k: _known(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -384,7 +389,8 @@ def node_args(parsed: Parsed) -> NodeArgs:
         secrets.get(stack_config.CA_PASSPHRASE_KEY))
     args = program.node_args(plan, n)
     replaced = {"host": parsed.outputs.get("address"), "host_key": parsed.outputs.get("hostKey")}
-    connection = dataclasses.replace(args.connection, **{k: v for k, v in replaced.items() if v is not None})
+    # The spec types are typed for known values; in Args any of them may be a pulumi Output (as in node.Node).
+    connection = dataclasses.replace(args.connection, **{k: v for k, v in replaced.items() if v is not None})  # type: ignore[arg-type]
     return dataclasses.replace(args, connection=connection)
 
 
@@ -433,8 +439,6 @@ class Node(pulumi.ComponentResource):
         if not opts.providers:  # the node's shard, shared by every node of the deployment in it
             opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
                 providers={"pulumi-python": provider_for(parsed.node.node_id, run=_deployment())}))
-        super().__init__(f"{PACKAGE_NAME}:index:Node", name, None, opts)
-        node = node_args(parsed)
         super().__init__(f"{PACKAGE_NAME}:index:Node", name, None, opts)
         parts = onboard(self, name, prepared.args, opts)
         check = parts.engine_check

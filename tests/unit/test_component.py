@@ -13,8 +13,8 @@ from pulumi.errors import InputPropertiesError
 
 from llmgw_pulumi import component, stack_config
 from llmgw_pulumi.component_host import NodeProvider
-from llmgw_pulumi.specs import Hop, names
 from llmgw_pulumi.shards import shard_name, shard_of
+from llmgw_pulumi.specs import Hop, names
 from tests.conftest import REPO
 from tests.unit.test_node import NODE_TYPES, PROVIDER_TYPE, RecordingMonitor, settle
 from tests.unit.test_node import monitor as monitor  # noqa: F401  (the fixture)
