@@ -1,6 +1,7 @@
 // A node on a VM that the same program boots with the VM tool's command line, in Go.
 //
-// The VM is a local.Command of pulumi-command: create boots it and prints it as JSON, delete stops it, and a
+// The VM is a local.Command of pulumi-command (registered by its type token: the Go module proxy does not
+// serve pulumi-command's Go SDK, and the provider plugin is all the engine needs): create boots it and prints it as JSON, delete stops it, and a
 // new image (llmgw:vm.image) replaces it, which re-images the machine. The address comes from the command's
 // stdout, so it is unknown in a preview and the node's onboarding waits for the VM. The node is the llmgw
 // package's Node component (`pulumi package add` generated its SDK in sdks/llmgw): it is replaced with its VM
@@ -15,7 +16,6 @@ import (
 	"strings"
 
 	"example.com/pulumi-llmgw/sdk/go/llmgw"
-	"github.com/pulumi/pulumi-command/sdk/go/command/local"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi/config"
 )
@@ -24,6 +24,13 @@ type vmTool struct {
 	Cli  string `json:"cli"`
 	Dir  string `json:"dir"`
 	Args string `json:"args"`
+}
+
+// vmCommand is a command:local:Command of pulumi-command v1.2.1: its stdout is what create printed.
+type vmCommand struct {
+	pulumi.CustomResourceState
+
+	Stdout pulumi.StringOutput `pulumi:"stdout"`
 }
 
 type vmSpec struct {
@@ -58,12 +65,15 @@ func main() {
 		cli := func(verb string) string {
 			return fmt.Sprintf("%s %s %s --index %d", tool.Cli, verb, tool.Args, spec.Index)
 		}
-		vm, err := local.NewCommand(ctx, "vm", &local.CommandArgs{
-			Create:   pulumi.String(cli("boot") + " --hostname " + quote(spec.Hostname) + " --image " + quote(spec.Image)),
-			Delete:   pulumi.String(cli("stop")),
-			Dir:      pulumi.String(tool.Dir),
-			Triggers: pulumi.Array{pulumi.String(spec.Image)},
-		}, pulumi.DeleteBeforeReplace(true))
+		var vm vmCommand
+		err := ctx.RegisterResource("command:local:Command", "vm", pulumi.Map{
+			"create":   pulumi.String(cli("boot") + " --hostname " + quote(spec.Hostname) + " --image " + quote(spec.Image)),
+			"delete":   pulumi.String(cli("stop")),
+			"dir":      pulumi.String(tool.Dir),
+			"triggers": pulumi.Array{pulumi.String(spec.Image)},
+		}, &vm, pulumi.DeleteBeforeReplace(true), pulumi.Version("1.2.1"),
+			// What the generated SDK says for triggers: a new image is a new machine.
+			pulumi.ReplaceOnChanges([]string{"triggers[*]"}))
 		if err != nil {
 			return err
 		}
@@ -82,7 +92,7 @@ func main() {
 			Servers: servers,
 			Agent:   &agent,
 			Ssh:     &ssh,
-		}, pulumi.DependsOn([]pulumi.Resource{vm}), pulumi.ReplaceWith([]pulumi.Resource{vm}))
+		}, pulumi.DependsOn([]pulumi.Resource{&vm}), pulumi.ReplaceWith([]pulumi.Resource{&vm}))
 		if err != nil {
 			return err
 		}

@@ -80,8 +80,6 @@ def language_stack(new_stack: Any, lang: str, config: dict[str, Any], deps: tupl
     stack.env["GOFLAGS"] = "-mod=mod"
     if lang == "typescript":  # `npm ci`, from the cache scripts/language-hosts.sh filled (hard links: seconds)
         subprocess.run(["cp", "-al", str(deps[1]), str(stack.work_dir / "node_modules")], check=True)
-    if lang == "go":  # pulumi-command's Go SDK, generated from its provider (the module proxy does not serve it)
-        stack.cli("package", "add", "command@1.2.1")
     package_add(stack)
     return stack
 
