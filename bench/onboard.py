@@ -197,6 +197,9 @@ FLOOR = "floor: update-ca-certificates + start agent, 1 SSH connection per node"
 SIGNED_UP = "pulumi up, from scratch, fetch: operator, signer"
 """The signer runs (--signer-sizes): this, then the signer's name (SIGNERS)."""
 SIGNERS = ("pkiDir", "HSM")
+LANGUAGE_UP = "pulumi up, from scratch, program in"
+"""The language runs (--language-sizes): this, then the program's language (LANGUAGES)."""
+LANGUAGES = ("Python", "TypeScript")
 PLOTTED = ("pulumi preview", "pulumi up, no-op", "pulumi up, from scratch", "pulumi refresh")
 """The runs whose figures are plotted against N (plain bridge, the package's default provider count)."""
 
@@ -502,6 +505,8 @@ class Bench:
     shard_counts: list[int] = field(default_factory=list)
     shard_sizes: list[int] = field(default_factory=list)
     signer_sizes: list[int] = field(default_factory=list)
+    language_sizes: list[int] = field(default_factory=list)
+    """Sizes at which `pulumi up` of the Python program and of bench/typescript-fleet are compared (run_languages)."""
     """Sizes at which `pulumi up` with the pkiDir default and with the HSM signer are compared (run_signers)."""
     reduced_ca: bool = False
     """Scale runs: hosts trust 3 system CAs (update-ca-certificates then has less to do)."""
@@ -1117,6 +1122,34 @@ class Bench:
                  f"HSM {alone[signer_bench.HSM]:.4f}")
 
 
+    def run_languages(self, size: int) -> None:
+        """`pulumi up` from scratch of the Python program, then on fresh hosts of bench/typescript-fleet (the Node
+        component from TypeScript, set up as the README says: its npm packages, `pulumi package add`, the one
+        setting), each onboarding `size` nodes of the same stack config."""
+        from tests.e2e.test_languages import VIRTUALENV, dependencies, package_add
+
+        _, node_modules = dependencies()
+        for lang in LANGUAGES:
+            print(f"\n== N = {size}, pulumi up from scratch, program in {lang}", flush=True)
+            hosts = self.fresh_hosts(size)
+            if lang == "Python":
+                stack = self.new_stack(f"lang-python-n{size}")
+            else:
+                project = WORK / "typescript-fleet"
+                shutil.rmtree(project, ignore_errors=True)
+                shutil.copytree(REPO / "bench" / "typescript-fleet", project)
+                for name in ("package.json", "package-lock.json"):
+                    shutil.copy2(REPO / "examples" / "typescript-vm" / name, project / name)
+                stack = self.new_stack(f"lang-typescript-n{size}", project=project, extra_env={
+                    "PULUMI_RUNTIME_VIRTUALENV": VIRTUALENV, "npm_config_cache": str(CACHE / "npm"),
+                    "npm_config_prefer_offline": "true"})
+                subprocess.run(["cp", "-al", str(node_modules), str(stack.work_dir / "node_modules")], check=True)
+                package_add(stack)
+            stack.set_config(self.stack_config([(h.hostname, h.addr) for h in hosts]))
+            self.measure(size, f"{LANGUAGE_UP} {lang}", hosts,
+                         partial(self.engine_run, stack, "up", f"n{size}-language-{lang}-up"), agents=True)
+
+
 def proxy_host_blocks(routes: dict[str, int]) -> str:
     """ssh_config Host blocks sending each host address to its proxy on loopback; the known_hosts name stays the address."""
     if not routes:
@@ -1632,6 +1665,26 @@ the lab hosts; and the rest of the machine.
 """
 
 
+def language_comparison(results: Sequence[Result]) -> str:
+    """The language runs side by side per size: wall time, agents up and CPU of each `pulumi up`."""
+    sizes = sorted({r.size for r in results if r.kind.startswith(LANGUAGE_UP)})
+    if not sizes:
+        return "(not measured)"
+    rows = ["| N | figure | Python | TypeScript | TypeScript / Python |", "|---:|---|---:|---:|---:|"]
+    for size in sizes:
+        py, ts = (next((r for r in results if r.size == size and r.kind == f"{LANGUAGE_UP} {lang}"), None)
+                  for lang in LANGUAGES)
+        figures: list[tuple[str, Callable[[Result], float | None]]] = [
+            ("`pulumi up` wall, s", lambda r: r.wall), ("agents up, s", lambda r: r.agents_up),
+            ("CPU-s operator's side (engine + program + provider)", operator_cpu), ("CPU-s machine", lambda r: r.cpu.machine)]
+        for label, get in figures:
+            a, b = (None if r is None or not r.ok else get(r) for r in (py, ts))
+            ratio = f"{b / a:.2f}" if a and b is not None else "-"
+            rows.append(f"| {size} | {label} | {'-' if a is None else f'{a:.1f}'} | {'-' if b is None else f'{b:.1f}'} "
+                        f"| {ratio} |")
+    return "\n".join(rows)
+
+
 def signer_comparison(results: Sequence[Result]) -> str:
     """The signer runs side by side per size: wall time and CPU of each `pulumi up`, the HSM's over pkiDir's, and
     seconds per certificate (the ClientCertificate steps of the up, and the signing step alone)."""
@@ -1739,6 +1792,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--signer-sizes", type=sizes_arg,
                         help="sizes at which `pulumi up` with pkiDir and with the HSM signer are compared "
                              "(default 30; --quick none)")
+    parser.add_argument("--language-sizes", type=sizes_arg,
+                        help="sizes at which `pulumi up` of the Python program and of the TypeScript one "
+                             "(bench/typescript-fleet) are compared (default none)")
     parser.add_argument("--reduced-ca", action="store_true",
                         help="scale runs: the hosts trust 3 system CAs (a smaller bundle for update-ca-certificates)")
     parser.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE",
@@ -1763,6 +1819,7 @@ def main(argv: list[str] | None = None) -> int:
     shard_counts = pick(args.shards, [], [4, 8, 16])
     shard_sizes = pick(args.shard_sizes, [], [TARGET_N, SCALE_N]) if shard_counts else []
     signer_sizes = pick(args.signer_sizes, [], [TARGET_N])
+    language_sizes = args.language_sizes or []
     repeats = args.repeats or (1 if args.quick else 3)
     out = args.out or (WORK / "benchmark-quick.md" if args.quick else DOC)
     for tool in ("ssh", "scp"):
@@ -1777,7 +1834,8 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     bench = Bench(sizes=sizes, repeats=repeats, log_dir=log_dir, wait_quiet=args.wait_quiet,
                   latency_sizes=latency_sizes, scale_sizes=scale_sizes, shard_counts=shard_counts,
-                  shard_sizes=shard_sizes, signer_sizes=signer_sizes, reduced_ca=args.reduced_ca, tools_dir=tools_dir,
+                  shard_sizes=shard_sizes, signer_sizes=signer_sizes, language_sizes=language_sizes,
+                  reduced_ca=args.reduced_ca, tools_dir=tools_dir,
                   engine_env=dict(item.split("=", 1) for item in args.engine_env))
     command = " ".join(["sudo .venv/bin/python -m bench.onboard", *(sys.argv[1:] if argv is None else argv)])
     machine = machine_description()
@@ -1827,6 +1885,8 @@ def main(argv: list[str] | None = None) -> int:
                     part(bench.run_shards, size)
             for size in signer_sizes:
                 part(bench.run_signers, size)
+            for size in language_sizes:
+                part(bench.run_languages, size)
         except KeyboardInterrupt:
             skipped.append(f"interrupted after {(time.monotonic() - t0) / 60:.1f} min: the report has what was measured")
             print(skipped[-1], flush=True)
@@ -1854,6 +1914,8 @@ def report(bench: Bench, record: dict[str, Any], out: Path) -> int:
     print("\n" + summary(issue12_targets(bench.results), notes))
     if bench.signer_sizes:
         print("\npkiDir beside the HSM signer (--signer-sizes):\n" + signer_comparison(bench.results))
+    if any(r.kind.startswith(LANGUAGE_UP) for r in bench.results):
+        print("\nPython beside TypeScript (--language-sizes):\n" + language_comparison(bench.results))
     return 0 if all(r.ok for r in bench.results) else 1
 
 
