@@ -31,12 +31,12 @@ from tests.conftest import CACHE, RELEASE, REPO, ssh
 from tests.e2e.test_examples import (
     EXAMPLES,
     NODE_RESOURCES,
-    banner,
+    assert_destroy_cleans_the_node_then_stops_the_vm,
+    assert_the_old_machine_was_left_clean,
     host_keys,
     nspawn_running,
     preview_inputs,
     step_ops,
-    stops,
     vm_command_config,
     vm_index,
     vmctl,
@@ -159,20 +159,10 @@ def test_language_example_boots_onboards_reimages_and_destroys_in_order(lang, la
     assert again["hostKey"] in new_keys and again["hostKey"] != out["hostKey"]
     assert cluster.control_plane.wait_for_event(
         lambda e: e.node_id == "gpu-vm1" and e.outcome == "accepted" and e.time > since, timeout=15)
-    reimage_stops = [s for s in stops(lab, index) if s["at"] > since and s["running"]]
-    assert len(reimage_stops) == 1, reimage_stops
-    assert reimage_stops[0]["etc_llmgw"] in (None, []), reimage_stops
-    assert not reimage_stops[0]["paths"]["/usr/local/bin/llmgw"], reimage_stops
+    assert_the_old_machine_was_left_clean(lab, index, since)
 
     # Destroy: the node's files are gone while the VM still runs, then the VM stops.
-    since = time.time()
-    destroy = stack.destroy()
-    assert destroy.ok, destroy.output
-    destroy_stops = [s for s in stops(lab, index) if s["at"] > since]
-    assert destroy_stops == [{**destroy_stops[0], "running": True, "etc_llmgw": None, "paths": {
-        "/etc/llmgw": False, "/usr/local/bin/llmgw": False, "/etc/systemd/system/llmgw-agent.service": False}}]
-    assert not nspawn_running(lab, index)
-    assert banner(addr) == b""
+    assert_destroy_cleans_the_node_then_stops_the_vm(stack, lab, index, addr)
 
 
 BAD = {"servers": ["not a server"], "ssh": {"user": "deploy", "privateKeyPath": "/nonexistent/key", "wait": -1}}
