@@ -327,7 +327,8 @@ def parse(name: str, inputs: Mapping[str, Any]) -> Parsed:
     except stack_config.StackConfigError as exc:
         problems += [(f"node {name}", _input_name(field), problem, fix) for _, field, problem, fix in exc.problems]
     if problems:
-        raise InputPropertiesError(stack_config.problems_text(problems, f"llmgw Node {name}"))
+        # The list, as the stack config prints it; an empty list of property errors (None fails in the SDK).
+        raise InputPropertiesError(stack_config.problems_text(problems, f"llmgw Node {name}"), [])
     return Parsed(spec, spec.nodes[0], given, outputs, secrets)
 
 
@@ -411,7 +412,7 @@ def prepare(name: str, inputs: Mapping[str, Any]) -> Prepared:
     try:
         return Prepared(inputs, parsed, node_args(parsed))
     except LlmgwError as exc:  # a release that is not the operator's, an unreadable key...
-        raise InputPropertiesError(f"llmgw Node {name}: {exc}") from None
+        raise InputPropertiesError(f"llmgw Node {name}: {exc}", []) from None
 
 
 class Node(pulumi.ComponentResource):

@@ -43,7 +43,7 @@ class NodeProvider(ComponentProvider):
         prepared = component.prepare(name, inputs)
         missing = component.python_problem(name)
         if missing is not None:
-            raise InputPropertiesError(missing)
+            raise InputPropertiesError(missing, [])
         return super().construct(name, resource_type, prepared, options)
 
     def map_inputs(self, inputs: Any, component_def: ComponentDefinition) -> Any:
