@@ -43,7 +43,7 @@ import pulumi
 from pulumi.errors import InputPropertiesError
 from pulumi.output import Unknown
 
-from . import program, rollout, stack_config
+from . import program, rollout, specs, stack_config
 from .errors import LlmgwError
 from .node import NodeArgs, onboard
 from .shards import provider_for
@@ -291,9 +291,12 @@ UNKNOWN: Any = Unknown()  # type: ignore[no-untyped-call]
 
 
 def _known(value: Any) -> Any:
-    """``value`` with every output replaced by Unknown: what the stack config's checks skip (checked when known)."""
+    """``value`` with every output replaced by Unknown: what the stack config's checks skip (checked when known);
+    a whole number as YAML gives it (the engine sends every number as a float: 22.0 is the port 22)."""
     if isinstance(value, pulumi.Output):
         return UNKNOWN
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     if isinstance(value, Mapping):
         return {k: _known(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -314,7 +317,7 @@ def parse(name: str, inputs: Mapping[str, Any]) -> Parsed:
     outputs = {k: v for k, v in given.items() if isinstance(v, pulumi.Output) and k not in SECRETS}
     problems: list[tuple[str, str, str, str]] = []
     for key, value in given.items():
-        if key not in (*OUTPUT_CAPABLE, *SECRETS) and _known(value) != value:
+        if key not in (*OUTPUT_CAPABLE, *SECRETS) and specs.is_unknown(_known(value)):
             problems.append((f"node {name}", key, "is another resource's output, which cannot be checked before the "
                              "node is registered", f"give {key} as a plain value; only {' and '.join(OUTPUT_CAPABLE)} "
                              "may be outputs (a VM's address and host key)"))
