@@ -179,8 +179,8 @@ def test_bad_values_from_a_language_get_the_stack_configs_error_list(lang, lab, 
     assert not preview.ok
     assert "Traceback" not in preview.output and 'File "' not in preview.output, preview.output
     assert "llmgw Node gpu-vm1 has 2 problems:" in preview.output, preview.output
-    assert re.search(r"^  node gpu-vm1: servers\[0\]: .*\n    fix: .*host:port", preview.output, re.M), preview.output
-    assert re.search(r"^  node gpu-vm1: ssh\.wait: -1 is out of range\n    fix: give 0 to 3600 seconds", preview.output, re.M), \
+    assert re.search(r"^ +node gpu-vm1: servers\[0\]: .*\n +fix: .*host:port", preview.output, re.M), preview.output
+    assert re.search(r"^ +node gpu-vm1: ssh\.wait: -1 is out of range\n +fix: give 0 to 3600 seconds", preview.output, re.M), \
         preview.output
     assert not any(k.startswith("pulumi-python:dynamic") for k in step_ops(preview)), step_ops(preview)
 
