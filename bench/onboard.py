@@ -4,7 +4,7 @@
     sudo .venv/bin/python -m bench.onboard --quick    # a smoke run, about 3 min
 
 Options: [--sizes 1,10,30] [--latency-sizes 1,10,30] [--scale-sizes 100,200]
-[--shards 4,8,16] [--shard-sizes 30,100] [--signer-sizes 30] [--reduced-ca]
+[--shards 4,8,16] [--shard-sizes 30,100] [--signer-sizes 30] [--language-sizes 30] [--reduced-ca]
 [--repeats R] [--wait-quiet S] [--out FILE]; an empty list ("--scale-sizes ''")
 skips that part. LLMGW_BENCH_LAB=name:subnet picks another lab than b:10.254.0
 (its work dir is then /var/cache/llmgw-pulumi/bench-<name>).
@@ -114,6 +114,11 @@ Issue 12's parts (bench/toxiproxy.py, bench/growth.py, bench/summary.py):
   for the HSM's agents. Then bench/signer.py's signing step alone, per
   certificate, for both. Wall time and CPU of the two ups side by side, with
   the ratio and seconds per certificate.
+- Languages (--language-sizes, the languages issue; default none): at each
+  size, `pulumi up` from scratch of the Python program, then on freshly booted
+  hosts of bench/typescript-fleet (one Node component per node from
+  TypeScript, set up as the README says); wall time, agents up and CPU side by
+  side, with the ratio.
 - Plots: wall time, engine / provider / program CPU and state bytes against N
   (log-log, docs/benchmark-*.png) with growth exponents fitted from 30 nodes on
   and over all sizes; a one-screen summary of issue 12's targets at the end.
