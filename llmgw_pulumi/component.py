@@ -116,6 +116,12 @@ def _module_docs(module: Any) -> dict[str, str]:
             and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)}
 
 
+def _class_doc(cls: type) -> str:
+    """A spec's own first paragraph; "" for the signature a dataclass without a docstring is given."""
+    doc = " ".join((cls.__doc__ or "").split("\n\n")[0].split())
+    return "" if doc.startswith(f"{cls.__name__}(") else doc
+
+
 def _plain(tp: Any) -> Any:
     """A spec field's type as a plain value type: Optional dropped, sequences lists, mappings dicts."""
     args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -197,7 +203,7 @@ def declared_settings() -> tuple[Declared, ...]:
     declared.append(dataclasses.replace(fabric, doc="One fabric (instead of fabrics): " + fabric.doc))
     top = {k: v for k, v in stack_config.SCHEMA.items() if k not in {*stack_config.NODE_SCHEMA, "nodes", *SECRETS}}
     sections = {"agent": BinarySource, "ssh": Connection, "certificate": CertificateSpec, "rollout": Rollout}
-    agent_doc = " ".join((BinarySource.__doc__ or "").split("\n\n")[0].split())
+    agent_doc = _class_doc(BinarySource)
     for key in ("servers", "failOnEngineProblems"):
         declared = [d for d in declared if d.key != key]
     declared += _from_class(AgentSettings, {"servers": None}, "")
@@ -207,8 +213,7 @@ def declared_settings() -> tuple[Declared, ...]:
     for key, sub in top.items():
         if key in sections and key != "agent":
             cls = sections[key]
-            declared.append(Declared(key, None, " ".join((cls.__doc__ or "").split("\n\n")[0].split()),
-                                     _from_class(cls, sub, f"{key}."), name=_pascal(key)))
+            declared.append(Declared(key, None, _class_doc(cls), _from_class(cls, sub, f"{key}."), name=_pascal(key)))
         elif key == "signer":
             declared.append(_from_schema(key, sub, "How certificates are signed: {kind: pkiDir|caKey|command, ca, "
                                          "command, timeoutSeconds, maxParallel} (docs/operations.md, Signers).", ""))
