@@ -56,6 +56,9 @@ FLOOR = "floor: update-ca-certificates + start agent, 1 SSH connection per node"
 SIGNED_UP = "pulumi up, from scratch, fetch: operator, signer"
 """The signer runs (--signer-sizes): this, then the signer's name (SIGNERS)."""
 SIGNERS = ("pkiDir", "HSM")
+LANGUAGE_UP = "pulumi up, from scratch, program in"
+"""The language runs (--language-sizes): this, then the program's language (LANGUAGES)."""
+LANGUAGES = ("Python", "TypeScript")
 PLOTTED = ("pulumi preview", "pulumi up, no-op", "pulumi up, from scratch", "pulumi refresh")
 """The runs whose figures are plotted against N (plain bridge, the package's default provider count)."""
 

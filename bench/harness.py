@@ -66,6 +66,8 @@ class Harness:
     shard_sizes: list[int] = field(default_factory=list)
     signer_sizes: list[int] = field(default_factory=list)
     """Sizes at which `pulumi up` with the pkiDir default and with the HSM signer are compared (run_signers)."""
+    language_sizes: list[int] = field(default_factory=list)
+    """Sizes at which `pulumi up` of the Python program and of bench/typescript-fleet are compared (run_languages)."""
     reduced_ca: bool = False
     """Scale runs: hosts trust 3 system CAs (update-ca-certificates then has less to do)."""
     delay_ms: int = 0
@@ -104,7 +106,7 @@ class Harness:
         """The most hosts one part boots at once: its size, and the scale runs' idle hosts for the daily changes."""
         scale = max(self.scale_sizes, default=0)
         extra = daily.changed_count(scale) if self.daily and scale else 0
-        return max([*self.sizes, *self.latency_sizes, *self.shard_sizes, *self.signer_sizes, scale + extra, 1])
+        return max([*self.sizes, *self.latency_sizes, *self.shard_sizes, *self.signer_sizes, *self.language_sizes, scale + extra, 1])
 
     @property
     def pki_dir(self) -> Path:

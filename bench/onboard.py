@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--signer-sizes", type=sizes_arg,
                         help="sizes at which `pulumi up` with pkiDir and with the HSM signer are compared "
                              "(default 30; --quick none)")
+    parser.add_argument("--language-sizes", type=sizes_arg,
+                        help="sizes at which `pulumi up` of the Python program and of the TypeScript one "
+                             "(bench/typescript-fleet) are compared (default none)")
     parser.add_argument("--daily", action="store_true",
                         help="scale runs: then the daily changes on the same stack: 1%% of the agents upgraded with "
                              "llmgw:rollout, 10 nodes added, 10 removed (bench/daily.py)")
@@ -126,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     shard_counts = pick(args.shards, [], [4, 8, 16])
     shard_sizes = pick(args.shard_sizes, [], [TARGET_N, SCALE_N]) if shard_counts else []
     signer_sizes = pick(args.signer_sizes, [], [TARGET_N])
+    language_sizes = args.language_sizes or []
     repeats = args.repeats or (1 if args.quick else 3)
     out = args.out or (WORK / "benchmark-quick.md" if args.quick else DOC)
     for tool in ("ssh", "scp"):
@@ -140,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     bench = Bench(sizes=sizes, repeats=repeats, log_dir=log_dir, wait_quiet=args.wait_quiet,
                   latency_sizes=latency_sizes, scale_sizes=scale_sizes, shard_counts=shard_counts,
-                  shard_sizes=shard_sizes, signer_sizes=signer_sizes, reduced_ca=args.reduced_ca, tools_dir=tools_dir,
+                  shard_sizes=shard_sizes, signer_sizes=signer_sizes, language_sizes=language_sizes,
+                  reduced_ca=args.reduced_ca, tools_dir=tools_dir,
                   engine_env=dict(item.split("=", 1) for item in args.engine_env), daily=args.daily,
                   stack_counts=args.stacks)
     if args.backend is not None:
@@ -197,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                     part(bench.run_shards, size)
             for size in signer_sizes:
                 part(bench.run_signers, size)
+            for size in language_sizes:
+                part(bench.run_languages, size)
         except KeyboardInterrupt:
             skipped.append(f"interrupted after {(time.monotonic() - t0) / 60:.1f} min: the report has what was measured")
             print(skipped[-1], flush=True)

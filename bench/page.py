@@ -14,7 +14,16 @@ from bench.harness import Harness
 from bench.measure import Counters, Result, StateSize
 from bench.report import backend_table, cpu_breakdown, ratio_table, ratios, state_breakdown, table, where_time_goes
 from bench.summary import summary
-from bench.targets import draw_plots, growth_figures, growth_table, issue12_targets, shard_comparison, signer_comparison, superlinear_notes
+from bench.targets import (
+    draw_plots,
+    growth_figures,
+    growth_table,
+    issue12_targets,
+    language_comparison,
+    shard_comparison,
+    signer_comparison,
+    superlinear_notes,
+)
 
 
 def latency_method(bench: Harness) -> str:
@@ -200,6 +209,8 @@ def report(bench: Harness, record: dict[str, Any], out: Path) -> int:
     print("\n" + summary(issue12_targets(bench.results), notes))
     if bench.signer_sizes:
         print("\npkiDir beside the HSM signer (--signer-sizes):\n" + signer_comparison(bench.results))
+    if bench.language_sizes:
+        print("\nPython beside TypeScript (--language-sizes):\n" + language_comparison(bench.results))
     return 0 if all(r.ok for r in bench.results) else 1
 
 

@@ -18,7 +18,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import daily
-from bench.config import DELAY_MS, FLOOR, RELEASE, REPO, SCRIPT_PHASES, SEED_SCRIPT, SIGNED_UP, SSH_USER, SSH_WAIT, WORK
+from bench.config import (
+    CACHE,
+    DELAY_MS,
+    FLOOR,
+    LANGUAGE_UP,
+    LANGUAGES,
+    RELEASE,
+    REPO,
+    SCRIPT_PHASES,
+    SEED_SCRIPT,
+    SIGNED_UP,
+    SSH_USER,
+    SSH_WAIT,
+    WORK,
+)
 from bench.harness import Harness
 from bench.measure import Counters, Result, parallel, state_size
 from bench.toxiproxy import LOOPBACK
@@ -295,6 +309,33 @@ class Bench(Harness):
         ups["HSM"].detail["signing_alone_s"] = alone[signer_bench.HSM]
         self.say(f"signing step alone, s per certificate: pkiDir {alone[signer_bench.PKI_DIR]:.4f}, "
                  f"HSM {alone[signer_bench.HSM]:.4f}")
+
+    def run_languages(self, size: int) -> None:
+        """`pulumi up` from scratch of the Python program, then on fresh hosts of bench/typescript-fleet (the Node
+        component from TypeScript, set up as the README says: its npm packages, `pulumi package add`, the one
+        setting), each onboarding `size` nodes of the same stack config."""
+        from tests.e2e.test_languages import VIRTUALENV, dependencies, package_add
+
+        _, node_modules = dependencies()
+        for lang in LANGUAGES:
+            print(f"\n== N = {size}, pulumi up from scratch, program in {lang}", flush=True)
+            hosts = self.fresh_hosts(size)
+            if lang == "Python":
+                stack = self.new_stack(f"lang-python-n{size}")
+            else:
+                project = WORK / "typescript-fleet"
+                shutil.rmtree(project, ignore_errors=True)
+                shutil.copytree(REPO / "bench" / "typescript-fleet", project)
+                for name in ("package.json", "package-lock.json"):
+                    shutil.copy2(REPO / "examples" / "typescript-vm" / name, project / name)
+                stack = self.new_stack(f"lang-typescript-n{size}", project=project, extra_env={
+                    "PULUMI_RUNTIME_VIRTUALENV": VIRTUALENV, "npm_config_cache": str(CACHE / "npm"),
+                    "npm_config_prefer_offline": "true"})
+                subprocess.run(["cp", "-al", str(node_modules), str(stack.work_dir / "node_modules")], check=True)
+                package_add(stack)
+            stack.set_config(self.stack_config([(h.hostname, h.addr) for h in hosts]))
+            self.measure(size, f"{LANGUAGE_UP} {lang}", hosts,
+                         partial(self.engine_run, stack, "up", f"n{size}-language-{lang}-up"), agents=True)
 
 
 def proxy_host_blocks(routes: dict[str, int]) -> str:

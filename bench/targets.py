@@ -6,7 +6,23 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench import growth
-from bench.config import DELAY_MS, FLOOR, NOOP, PAR, PLOTTED, PREVIEW, SCALE_N, SEQ, SIGNED_UP, SIGNERS, STATE_LIMIT, TARGET_N, UP
+from bench.config import (
+    DELAY_MS,
+    FLOOR,
+    LANGUAGE_UP,
+    LANGUAGES,
+    NOOP,
+    PAR,
+    PLOTTED,
+    PREVIEW,
+    SCALE_N,
+    SEQ,
+    SIGNED_UP,
+    SIGNERS,
+    STATE_LIMIT,
+    TARGET_N,
+    UP,
+)
 from bench.measure import Result
 from bench.summary import Target, fmt, ratio
 
@@ -158,4 +174,22 @@ def signer_comparison(results: Sequence[Result]) -> str:
         failed = [r.scenario for r in (base, hsm) if r is not None and not r.ok]
         if failed:
             rows.append(f"| {size} | FAILED | {'; '.join(failed)} | | |")
+    return "\n".join(rows)
+
+
+def language_comparison(results: Sequence[Result]) -> str:
+    """The language runs side by side per size: wall time, agents up and CPU of each `pulumi up`."""
+    sizes = sorted({r.size for r in results if r.kind.startswith(LANGUAGE_UP)})
+    if not sizes:
+        return "(not measured)"
+    rows = ["| N | figure | Python | TypeScript | TypeScript / Python |", "|---:|---|---:|---:|---:|"]
+    for size in sizes:
+        py, ts = (next((r for r in results if r.size == size and r.kind == f"{LANGUAGE_UP} {lang}"), None)
+                  for lang in LANGUAGES)
+        figures: list[tuple[str, Callable[[Result], float | None]]] = [
+            ("`pulumi up` wall, s", lambda r: r.wall), ("agents up, s", lambda r: r.agents_up),
+            ("CPU-s operator's side (engine + program + provider)", operator_cpu), ("CPU-s machine", lambda r: r.cpu.machine)]
+        for label, get in figures:
+            a, b = (None if r is None or not r.ok else get(r) for r in (py, ts))
+            rows.append(f"| {size} | {label} | {fmt(a, 1)} | {fmt(b, 1)} | {fmt(ratio(b, a))} |")
     return "\n".join(rows)

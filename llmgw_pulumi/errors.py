@@ -108,9 +108,10 @@ class StackConfigError(ConfigError):
         LlmgwError.__init__(self, "", problems_text(problems), "")
 
 
-def problems_text(problems: list[tuple[str, str, str, str]]) -> str:
-    """'stack config has N problems:' and one entry per (node, field, problem, fix), with its fix below."""
-    head = f"stack config has {len(problems)} problem{'s' if len(problems) != 1 else ''}:"
+def problems_text(problems: list[tuple[str, str, str, str]], what: str = "stack config") -> str:
+    """'stack config has N problems:' (or ``what`` has) and one entry per (node, field, problem, fix), with its fix
+    below."""
+    head = f"{what} has {len(problems)} problem{'s' if len(problems) != 1 else ''}:"
     return "\n".join([head, *(f"  {node}: {name}: {problem}\n    fix: {fix}" for node, name, problem, fix in problems)])
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import pulumi
 
@@ -94,6 +94,15 @@ def engine_problems(problems: list[dict[str, str]] | None) -> list[dict[str, str
     return [p for p in problems or [] if "engine" in p]
 
 
+class Parts(NamedTuple):
+    """The four resources of one node, in the order of the chain."""
+
+    certificate: ClientCertificate
+    identity: NodeIdentity
+    agent: AgentInstall
+    engine_check: EngineCheck
+
+
 class Node(pulumi.ComponentResource):
     certificate: ClientCertificate
     identity: NodeIdentity
@@ -102,52 +111,7 @@ class Node(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: NodeArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("llmgw:index:Node", name, None, opts)
-        child = self._child_options(name, args, opts or pulumi.ResourceOptions())
-        conn = args.connection
-
-        key_on_node = args.key_origin in (None, KEY_ORIGIN_NODE)
-        self.certificate = ClientCertificate(name, ClientCertificateArgs(
-            node_id=args.node_id, pki_dir=args.pki_dir,
-            validity_hours=args.validity_hours, renew_before_hours=args.renew_before_hours,
-            key_origin=args.key_origin or KEY_ORIGIN_NODE, connection=conn if key_on_node else None,
-            signer=args.signer, ca_key=args.ca_key, ca_key_passphrase=args.ca_key_passphrase,
-        ), child)
-
-        # With the key made on the node, ClientCertificate reached it first: its host keys are expected.
-        self.identity = NodeIdentity(name, NodeIdentityArgs(
-            node_id=args.node_id, connection=conn,
-            ca_pem=self.certificate.ca_pem, cert_pem=self.certificate.cert_pem,
-            key_pem=None if key_on_node else self.certificate.key_pem,
-            key_origin=args.key_origin or KEY_ORIGIN_NODE,
-            known_host_key=self.certificate.host_key if key_on_node else None,
-            known_jump_host_keys=self.certificate.jump_host_keys if key_on_node else None,
-        ), child)
-
-        # Every later connection expects the host key NodeIdentity saw (or was given).
-        known_host_key = self.identity.host_key
-
-        self.agent = AgentInstall(name, AgentInstallArgs(
-            node_id=args.node_id, connection=conn, known_host_key=known_host_key,
-            known_jump_host_keys=self.identity.jump_host_keys, hostname=self.identity.hostname,
-            settings=args.settings, binary=args.binary, rollout=args.rollout,
-        ), child)
-
-        self.engine_check = EngineCheck(name, EngineCheckArgs(
-            node_id=args.node_id, connection=conn, known_host_key=known_host_key,
-            known_jump_host_keys=self.identity.jump_host_keys, engines=args.settings.engines,
-            fail_on_problems=args.fail_on_engine_problems,
-            fabrics=args.settings.fabrics, discovery=args.settings.discovery,
-        ), pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[self.agent])))
-
-        # Engine and hardware problems are warnings on this node's check, visible in `pulumi up`.
-        check = self.engine_check
-
-        def warn(problems: list[dict[str, str]] | None) -> None:
-            for p in problems or []:
-                pulumi.log.warn(f"{p['problem']}\n  hint: {p['hint']}", resource=check)
-
-        check.problems.apply(warn)
-
+        self.certificate, self.identity, self.agent, self.engine_check = onboard(self, name, args, opts)
         # The component records no outputs of its own: each value it could repeat (hostname, host key,
         # certificate, agent hash, problems, inventory) is in its resources' state already, the stack
         # outputs show them (llmgw_pulumi.program), and a program reads them from the four resources'
@@ -155,14 +119,65 @@ class Node(pulumi.ComponentResource):
         # the SDK to wait on (it waits on every Output at the end of a run, each time one resolves).
         self.register_outputs({})
 
-    def _child_options(self, name: str, args: NodeArgs, opts: pulumi.ResourceOptions) -> pulumi.ResourceOptions:
-        """Options of the four resources: this node as parent, the node's VM dependencies, its provider process.
 
-        ``depends_on`` and ``replace_with`` act on the resources that do the
-        work, not on the component. Without a `pulumi-python` provider given
-        (in opts or by a parent), the node's shard is used.
-        """
-        child = pulumi.ResourceOptions(parent=self, depends_on=opts.depends_on, replace_with=opts.replace_with)
-        if self.get_provider(f"{PACKAGE}:dynamic:Resource") is None:
-            child.providers = {PACKAGE: provider_for(args.node_id if isinstance(args.node_id, str) else name)}
-        return child
+def onboard(parent: pulumi.ComponentResource, name: str, args: NodeArgs,
+            opts: pulumi.ResourceOptions | None = None) -> Parts:
+    """The node's four resources as children of ``parent`` (a Node; or the component of llmgw_pulumi.component)."""
+    child = child_options(parent, name, args, opts or pulumi.ResourceOptions())
+    conn = args.connection
+
+    key_on_node = args.key_origin in (None, KEY_ORIGIN_NODE)
+    certificate = ClientCertificate(name, ClientCertificateArgs(
+        node_id=args.node_id, pki_dir=args.pki_dir,
+        validity_hours=args.validity_hours, renew_before_hours=args.renew_before_hours,
+        key_origin=args.key_origin or KEY_ORIGIN_NODE, connection=conn if key_on_node else None,
+        signer=args.signer, ca_key=args.ca_key, ca_key_passphrase=args.ca_key_passphrase,
+    ), child)
+
+    # With the key made on the node, ClientCertificate reached it first: its host keys are expected.
+    identity = NodeIdentity(name, NodeIdentityArgs(
+        node_id=args.node_id, connection=conn,
+        ca_pem=certificate.ca_pem, cert_pem=certificate.cert_pem,
+        key_pem=None if key_on_node else certificate.key_pem,
+        key_origin=args.key_origin or KEY_ORIGIN_NODE,
+        known_host_key=certificate.host_key if key_on_node else None,
+        known_jump_host_keys=certificate.jump_host_keys if key_on_node else None,
+    ), child)
+
+    # Every later connection expects the host key NodeIdentity saw (or was given).
+    known_host_key = identity.host_key
+
+    agent = AgentInstall(name, AgentInstallArgs(
+        node_id=args.node_id, connection=conn, known_host_key=known_host_key,
+        known_jump_host_keys=identity.jump_host_keys, hostname=identity.hostname,
+        settings=args.settings, binary=args.binary, rollout=args.rollout,
+    ), child)
+
+    check = EngineCheck(name, EngineCheckArgs(
+        node_id=args.node_id, connection=conn, known_host_key=known_host_key,
+        known_jump_host_keys=identity.jump_host_keys, engines=args.settings.engines,
+        fail_on_problems=args.fail_on_engine_problems,
+        fabrics=args.settings.fabrics, discovery=args.settings.discovery,
+    ), pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[agent])))
+
+    # Engine and hardware problems are warnings on this node's check, visible in `pulumi up`.
+    def warn(problems: list[dict[str, str]] | None) -> None:
+        for p in problems or []:
+            pulumi.log.warn(f"{p['problem']}\n  hint: {p['hint']}", resource=check)
+
+    check.problems.apply(warn)
+    return Parts(certificate, identity, agent, check)
+
+
+def child_options(parent: pulumi.ComponentResource, name: str, args: NodeArgs,
+                  opts: pulumi.ResourceOptions) -> pulumi.ResourceOptions:
+    """Options of the four resources: the node as parent, the node's VM dependencies, its provider process.
+
+    ``depends_on`` and ``replace_with`` act on the resources that do the
+    work, not on the component. Without a `pulumi-python` provider given
+    (in opts or by a parent), the node's shard is used.
+    """
+    child = pulumi.ResourceOptions(parent=parent, depends_on=opts.depends_on, replace_with=opts.replace_with)
+    if parent.get_provider(f"{PACKAGE}:dynamic:Resource") is None:
+        child.providers = {PACKAGE: provider_for(args.node_id if isinstance(args.node_id, str) else name)}
+    return child

@@ -304,21 +304,7 @@ def register(registration: Registration) -> dict[str, Node]:
     # Canaries are registered first, so that the engine reaches their updates before the others'.
     canaries = registration.rollout.canaries if registration.rollout else ()
     for n in sorted(spec.nodes, key=lambda n: n.node_id not in canaries):
-        nodes[n.node_id] = Node(n.node_id, NodeArgs(
-            node_id=n.node_id,
-            connection=dataclasses.replace(n.connection, **registration.credentials),
-            pki_dir=registration.pki_dir,
-            signer=registration.signer,
-            ca_key=registration.ca_key,
-            settings=n.settings,
-            binary=registration.agents[n.node_id],
-            validity_hours=spec.validity_hours,
-            renew_before_hours=spec.renew_before_hours,
-            fail_on_engine_problems=n.fail_on_engine_problems,
-            key_origin=n.key_origin,
-            rollout=registration.rollout,
-            ca_key_passphrase=registration.ca_key_passphrase,
-        ))  # each node runs in its shard's provider process (llmgw_pulumi.shards)
+        nodes[n.node_id] = Node(n.node_id, node_args(registration, n))  # in its shard's provider process (llmgw_pulumi.shards)
     for n in spec.nodes:
         pulumi.export(n.node_id, node_output(nodes[n.node_id]))
     rows = [fleet_row(n.node_id, nodes[n.node_id]) for n in spec.nodes]
@@ -326,6 +312,25 @@ def register(registration: Registration) -> dict[str, Node]:
     pulumi.export(FLEET_OUTPUT, pulumi.Output.all(*rows).apply(
         lambda known: fleet.fleet_table(known, dt.datetime.now(dt.UTC))))
     return nodes
+
+
+def node_args(registration: Registration, n: stack_config.NodeConfig) -> NodeArgs:
+    """One configured node's NodeArgs: its settings, the stack's credentials, signer, binary and rollout."""
+    return NodeArgs(
+        node_id=n.node_id,
+        connection=dataclasses.replace(n.connection, **registration.credentials),
+        pki_dir=registration.pki_dir,
+        signer=registration.signer,
+        ca_key=registration.ca_key,
+        settings=n.settings,
+        binary=registration.agents[n.node_id],
+        validity_hours=registration.spec.validity_hours,
+        renew_before_hours=registration.spec.renew_before_hours,
+        fail_on_engine_problems=n.fail_on_engine_problems,
+        key_origin=n.key_origin,
+        rollout=registration.rollout,
+        ca_key_passphrase=registration.ca_key_passphrase,
+    )
 
 
 FLEET_OUTPUT = "fleet"

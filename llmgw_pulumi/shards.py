@@ -74,14 +74,17 @@ def shard_name(k: int) -> str:
     return f"llmgw-shard-{k}"
 
 
-def provider_for(node_id: str) -> pulumi.ProviderResource:
-    """The provider resource (process) of this node id's shard, created on first use in this program run."""
+def provider_for(node_id: str, run: object = None) -> pulumi.ProviderResource:
+    """The provider resource (process) of this node id's shard, created on first use in this program run.
+
+    ``run``: what identifies the run, when it is not the engine connection (a component
+    provider, llmgw_pulumi.component, has one per construct call, for one deployment)."""
     k = shard_of(node_id, shard_count())
     # A program run is one engine connection (monitor); a process may run several
     # programs one after another (tests, the Automation API), each with its own resources.
-    monitor = pulumi.runtime.settings.get_monitor()
+    monitor = pulumi.runtime.settings.get_monitor() if run is None else run
     with _lock:
-        if _run["monitor"] is not monitor:
+        if _run["monitor"] != monitor:
             _run["monitor"], _run["providers"] = monitor, {}
         providers: dict[int, pulumi.ProviderResource] = _run["providers"]
         if k not in providers:

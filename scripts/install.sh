@@ -3,7 +3,8 @@
 # cached outside the repository (LLMGW_CACHE, default /var/cache/llmgw-pulumi):
 #   - Debian packages for the test hosts (systemd-nspawn, debootstrap, ...)
 #   - the Python virtualenv .venv with the package and its pinned dependencies
-#   - the Pulumi engine, built from Go modules (scripts/engine.sh)
+#   - the Pulumi engine, built from Go modules (scripts/engine.sh), and the Node.js
+#     and Go language hosts beside it (scripts/language-hosts.sh)
 #   - the Debian rootfs the test hosts boot (lab/rootfs.sh)
 #   - actionlint, which checks examples/ci (scripts/actionlint.sh)
 # With --bench, also what only the benchmark needs (scripts/bench-tools.sh:
@@ -40,6 +41,7 @@ fi
 
 scripts/engine.sh >/dev/null
 scripts/actionlint.sh >/dev/null
+scripts/language-hosts.sh >/dev/null
 lab/rootfs.sh >/dev/null
 if [ "${1:-}" = --bench ]; then scripts/bench-tools.sh >/dev/null; fi
 say "ready in $(( $(date +%s) - t0 ))s"

@@ -159,6 +159,26 @@ def serial_on(addr: str, cluster: Any) -> str:
     return format(x509.load_pem_x509_certificate(pem.encode()).serial_number, "x")
 
 
+def assert_the_old_machine_was_left_clean(lab: Any, index: int, since: float) -> None:
+    """A re-image since ``since`` stopped the VM once while it ran, the node's files already removed."""
+    reimage_stops = [s for s in stops(lab, index) if s["at"] > since and s["running"]]
+    assert len(reimage_stops) == 1, reimage_stops
+    assert reimage_stops[0]["etc_llmgw"] in (None, []), reimage_stops
+    assert not reimage_stops[0]["paths"]["/usr/local/bin/llmgw"], reimage_stops
+
+
+def assert_destroy_cleans_the_node_then_stops_the_vm(stack: Any, lab: Any, index: int, addr: str) -> None:
+    """`pulumi destroy`: the node's files are gone while the VM still runs, then the VM stops."""
+    since = time.time()
+    destroy = stack.destroy()
+    assert destroy.ok, destroy.output
+    destroy_stops = [s for s in stops(lab, index) if s["at"] > since]
+    assert destroy_stops == [{**destroy_stops[0], "running": True, "etc_llmgw": None, "paths": {
+        "/etc/llmgw": False, "/usr/local/bin/llmgw": False, "/etc/systemd/system/llmgw-agent.service": False}}]
+    assert not nspawn_running(lab, index)
+    assert banner(addr) == b""
+
+
 def test_vm_command_example_boots_onboards_reimages_and_destroys_in_order(lab, cluster, new_stack):
     index = vm_index()
     addr = lab.addr(index)
@@ -207,20 +227,10 @@ def test_vm_command_example_boots_onboards_reimages_and_destroys_in_order(lab, c
         # The old machine was left clean before it went down.
         # (The boot of the new image stops a VM that is already off; only one stop found it running.
         # The engine deletes a VM's replace_with dependents in no fixed order, so an emptied /etc/llmgw may remain.)
-        reimage_stops = [s for s in stops(lab, index) if s["at"] > since and s["running"]]
-        assert len(reimage_stops) == 1, reimage_stops
-        assert reimage_stops[0]["etc_llmgw"] in (None, []), reimage_stops
-        assert not reimage_stops[0]["paths"]["/usr/local/bin/llmgw"], reimage_stops
+        assert_the_old_machine_was_left_clean(lab, index, since)
 
         # Destroy: the node's files are gone while the VM still runs, then the VM stops.
-        since = time.time()
-        destroy = stack.destroy()
-        assert destroy.ok, destroy.output
-        destroy_stops = [s for s in stops(lab, index) if s["at"] > since]
-        assert destroy_stops == [{**destroy_stops[0], "running": True, "etc_llmgw": None, "paths": {
-            "/etc/llmgw": False, "/usr/local/bin/llmgw": False, "/etc/systemd/system/llmgw-agent.service": False}}]
-        assert not nspawn_running(lab, index)
-        assert banner(addr) == b""
+        assert_destroy_cleans_the_node_then_stops_the_vm(stack, lab, index, addr)
     finally:
         vmctl(lab, "stop", index)
 

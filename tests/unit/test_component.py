@@ -1,0 +1,152 @@
+"""Node as a component package (llmgw_pulumi.component): its schema from the declarations, its inputs checked as
+stack config, its wiring under the SDK's mock monitor, and the Python the dynamic-provider plugin would run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import pulumi
+import pytest
+from pulumi.errors import InputPropertiesError
+
+from llmgw_pulumi import component, stack_config
+from llmgw_pulumi.component_host import NodeProvider
+from llmgw_pulumi.shards import shard_name, shard_of
+from llmgw_pulumi.specs import Hop, names
+from tests.conftest import REPO
+from tests.unit.test_node import NODE_TYPES, PROVIDER_TYPE, RecordingMonitor, settle
+from tests.unit.test_node import monitor as monitor  # noqa: F401  (the fixture)
+
+GOOD = {"nodeId": "gpu-01", "address": "10.0.0.11", "pkiDir": "/pki", "servers": ["cp1:7443"],
+        "agent": {"version": "v1.4.2", "releaseUrl": "https://releases.example.net", "sha256": {"amd64": "a" * 64}},
+        "ssh": {"user": "deploy", "privateKeyPath": "/keys/id_ed25519", "wait": 30}}
+
+
+def schema() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(NodeProvider().schema or "{}")
+    return loaded
+
+
+def paths(props: dict[str, Any], types: dict[str, Any], prefix: str = "") -> set[str]:
+    """Every input as a dotted path, nested types followed (as stack_config.key_paths spells settings)."""
+    found: set[str] = set()
+    for key, prop in props.items():
+        found.add(prefix + key)
+        ref = (prop.get("items") or prop.get("additionalProperties") or prop).get("$ref", "")
+        if ref.startswith("#/types/"):
+            found |= paths(types[ref.removeprefix("#/types/")]["properties"], types, f"{prefix}{key}.")
+    return found
+
+
+def test_the_inputs_are_the_stack_configs_settings_of_one_node():
+    s = schema()
+    node = s["resources"]["llmgw:index:Node"]
+    given = paths(node["inputProperties"], s["types"])
+    # What the stack config declares: the node's settings and the stack-wide ones (a node's `id` is `nodeId`).
+    declared = {p.removeprefix("nodes.") for p in stack_config.key_paths() if p != "nodes"}
+    declared = {"nodeId" + p[2:] if p == "id" or p.startswith("id.") else p for p in declared}
+    # A jump host is one setting there ("user@host", or a list); here always a list of the Hop spec's settings.
+    hops = {f"{jump}.{key}" for jump in ("jump", "ssh.jump") for key in names(Hop, config=True).values()}
+    assert given == declared | hops
+    assert set(node["requiredInputs"]) == {"nodeId", "address"}
+
+
+def test_the_input_types_are_the_declared_ones_and_documented():
+    s = schema()
+    props, types = s["resources"]["llmgw:index:Node"]["inputProperties"], s["types"]
+    ssh = types[props["ssh"]["$ref"].removeprefix("#/types/")]["properties"]
+    assert (ssh["port"]["type"], ssh["wait"]["type"], ssh["user"]["type"]) == ("integer", "number", "string")
+    assert (props["servers"]["type"], props["servers"]["items"]["type"]) == ("array", "string")
+    assert props["failOnEngineProblems"]["type"] == "boolean"
+    fabric = types[props["fabrics"]["items"]["$ref"].removeprefix("#/types/")]["properties"]
+    assert set(fabric) == {"name", "hcas"} and fabric["hcas"]["type"] == "array"
+    # The docs are the declarations' (the spec's attribute docstrings).
+    assert props["hostKey"]["description"].startswith("Pinned host key as 'TYPE BASE64'")
+    assert "Seconds to keep retrying" in ssh["wait"]["description"]
+    # Only a VM's address and host key, and the secrets, may be other resources' outputs; the rest is plain.
+    assert {k for k, p in props.items() if not p.get("plain")} == {"address", "hostKey", *component.SECRETS}
+
+
+def test_the_outputs_are_plain_values():
+    node = schema()["resources"]["llmgw:index:Node"]
+    outputs = node["properties"]
+    assert set(outputs) == {"hostname", "hostKey", "certificateNotAfter", "agentVersion", "problems", "inventory"}
+    assert outputs["problems"]["type"] == "array" and outputs["problems"]["items"]["type"] == "object"
+    assert all("$ref" not in p or p["$ref"] == "pulumi.json#/Any" for p in outputs.values()), outputs
+
+
+def test_bad_values_get_the_stack_configs_list_naming_the_node_field_and_fix():
+    bad = {**GOOD, "servers": ["not a server"], "ssh": {**GOOD["ssh"], "wait": -1}, "hostKey": "garbage",
+           "engines": {"llamacp": {"bin": "/x"}}}
+    with pytest.raises(InputPropertiesError) as caught:
+        component.parse("gpu-01", bad)
+    text = str(caught.value.message)
+    assert text.startswith("llmgw Node gpu-01 has 4 problems:\n"), text
+    assert "  node gpu-01: servers[0]: 'not a server' contains spaces" in text
+    assert "  node gpu-01: ssh.wait: -1 is out of range\n    fix: give 0 to 3600 seconds" in text
+    assert "  node gpu-01: hostKey: " in text
+    assert "  node gpu-01: engines.llamacp: is not an engine the agent knows" in text
+    # The same problems as the stack config reports for the same node.
+    try:
+        stack_config.parse({k: v for k, v in bad.items() if k not in ("nodeId", "address", "hostKey", "engines")}
+                           | {"nodes": [{"id": "gpu-01", "address": "10.0.0.11", "hostKey": "garbage",
+                                         "engines": {"llamacp": {"bin": "/x"}}}]})
+    except stack_config.StackConfigError as exc:
+        assert [(f, p) for _, f, p, _ in exc.problems] == [
+            (f, p) for f, p in (line.split(": ", 2)[1:] for line in text.splitlines()[1::2])]
+    else:
+        raise AssertionError("the stack config took the bad values")
+
+
+def test_a_missing_node_id_is_named_by_its_input_name():
+    with pytest.raises(InputPropertiesError) as caught:
+        component.parse("gpu-01", {k: v for k, v in GOOD.items() if k != "nodeId"})
+    assert "node gpu-01: nodeId: is missing" in caught.value.message
+
+
+def test_an_unknown_address_is_checked_later_and_kept_as_an_output():
+    address = pulumi.Output.from_input("10.0.0.11")
+    parsed = component.parse("gpu-01", {**GOOD, "address": address})
+    assert parsed.outputs == {"address": address}
+    assert parsed.node.node_id == "gpu-01" and parsed.spec.pki_dir == "/pki"
+
+
+def test_an_output_for_a_plain_setting_is_refused_by_name():
+    with pytest.raises(InputPropertiesError) as caught:
+        component.parse("gpu-01", {**GOOD, "pkiDir": pulumi.Output.from_input("/pki")})
+    assert "node gpu-01: pkiDir: is another resource's output" in caught.value.message
+
+
+def test_the_python_the_plugin_would_run_is_checked():
+    assert component.python_problem("gpu-01", {"PULUMI_RUNTIME_VIRTUALENV": str(REPO / ".venv")}) is None
+    missing = component.python_problem("gpu-01", {"PULUMI_PYTHON_CMD": "/usr/bin/python3"})
+    assert missing is not None
+    assert missing.startswith("llmgw Node gpu-01: the dynamic-provider plugin would run /usr/bin/python3 (no "
+                              "PULUMI_RUNTIME_VIRTUALENV is set), which does not have llmgw-pulumi"), missing
+    assert f"fix: export PULUMI_RUNTIME_VIRTUALENV={sys.prefix} " in missing
+    not_a_venv = component.python_problem("gpu-01", {"PULUMI_RUNTIME_VIRTUALENV": "/nonexistent"})
+    assert not_a_venv is not None and "PULUMI_RUNTIME_VIRTUALENV=/nonexistent, which does not" in not_a_venv
+
+
+@pulumi.runtime.test
+def test_the_vm_options_and_the_shard_reach_the_four_resources(monitor: RecordingMonitor):  # noqa: F811
+    vm = pulumi.CustomResource("command:local:Command", "vm", {"stdout": None})
+    good = {**GOOD, "ssh": {**GOOD["ssh"], "privateKeyPath": __file__}}  # readable; read only when a node is reached
+    node = component.Node("gpu-01", {**good, "address": vm.urn.apply(lambda _: "10.0.0.30")},
+                          pulumi.ResourceOptions(depends_on=[vm], replace_with=[vm]))
+    other = component.Node("gpu-02", {**good, "nodeId": "gpu-02", "address": "10.0.0.12"})
+
+    def check(urns: list[str]) -> None:
+        children = [r for r in monitor.of_type(NODE_TYPES) if r.name == "gpu-01"]
+        assert len(children) == 4
+        for r in children:
+            assert list(r.replace_with) == [urns[0]], r.type
+            assert urns[0] in r.dependencies, r.type
+            assert r.provider.split("::")[3] == shard_name(shard_of("gpu-01")), r.type
+        # One provider resource per shard in use for the whole deployment, however many nodes construct it.
+        names = [p.name for p in monitor.of_type(PROVIDER_TYPE)]
+        assert sorted(names) == sorted({shard_name(shard_of(n)) for n in ("gpu-01", "gpu-02")})
+
+    return settle(vm.urn, node.problems, other.problems).apply(check)
