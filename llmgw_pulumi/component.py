@@ -157,7 +157,8 @@ def _from_class(cls: type, schema: Mapping[str, Any], path: str, extra: Sequence
 
 def _setting(owner: type, name: str, key: str, tp: Any, sub: Any, path: str,
              f: dataclasses.Field[Any] | None = None) -> Declared:
-    doc = _attribute_docs(owner).get(name, "")
+    # The declaration's doc (schema.setting(doc=...)); else the attribute docstring (plain dataclasses: Fabric).
+    doc = (f.metadata.get("doc") if f is not None else "") or _attribute_docs(owner).get(name, "")
     nested = f.metadata.get("nested") if f is not None else None
     plain = _plain(tp)
     item = typing.get_args(plain)[0] if typing.get_origin(plain) is list else None
@@ -198,7 +199,7 @@ def declared_settings() -> tuple[Declared, ...]:
     declared = list(_from_class(Connection, node_schema, "", node_classes))
     fabric = _setting(AgentSettings, "fabrics", "fabric", Fabric, FABRIC_SCHEMA, "")
     declared.append(dataclasses.replace(fabric, doc="One fabric (instead of fabrics): " + fabric.doc))
-    top = {k: v for k, v in stack_config.SCHEMA.items() if k not in {*stack_config.NODE_SCHEMA, "nodes", *SECRETS}}
+    top = {k: v for k, v in stack_config.SCHEMA.items() if k not in {*stack_config.NODE_SCHEMA, "nodes", "inventory", *SECRETS}}
     sections = {"agent": BinarySource, "ssh": Connection, "certificate": CertificateSpec, "rollout": Rollout}
     agent_doc = _class_doc(BinarySource)
     for key in ("servers", "failOnEngineProblems"):

@@ -13,8 +13,9 @@ from pulumi.errors import InputPropertiesError
 
 from llmgw_pulumi import component, stack_config
 from llmgw_pulumi.component_host import NodeProvider
+from llmgw_pulumi.schema import Spelling, names
 from llmgw_pulumi.shards import shard_name, shard_of
-from llmgw_pulumi.specs import Hop, names
+from llmgw_pulumi.specs import Hop
 from tests.conftest import REPO
 from tests.unit.test_node import NODE_TYPES, PROVIDER_TYPE, RecordingMonitor, settle
 from tests.unit.test_node import monitor as monitor  # noqa: F401  (the fixture)
@@ -45,10 +46,11 @@ def test_the_inputs_are_the_stack_configs_settings_of_one_node():
     node = s["resources"]["llmgw:index:Node"]
     given = paths(node["inputProperties"], s["types"])
     # What the stack config declares: the node's settings and the stack-wide ones (a node's `id` is `nodeId`).
-    declared = {p.removeprefix("nodes.") for p in stack_config.key_paths() if p != "nodes"}
+    # llmgw:inventory (a file of many nodes) is the stack's, not one node's.
+    declared = {p.removeprefix("nodes.") for p in stack_config.key_paths() if p not in ("nodes", "inventory")}
     declared = {"nodeId" + p[2:] if p == "id" or p.startswith("id.") else p for p in declared}
     # A jump host is one setting there ("user@host", or a list); here always a list of the Hop spec's settings.
-    hops = {f"{jump}.{key}" for jump in ("jump", "ssh.jump") for key in names(Hop, config=True).values()}
+    hops = {f"{jump}.{key}" for jump in ("jump", "ssh.jump") for key in names(Hop, Spelling.STACK_CONFIG).values()}
     assert given == declared | hops
     assert set(node["requiredInputs"]) == {"nodeId", "address"}
 
