@@ -31,8 +31,8 @@ from enum import Enum
 from . import desired
 from .errors import ChecksumMismatchError
 from .facts import ABSENT
-from .release import binary_name
 from .observed import ANY, Observed, Seen, Want, Wanted, content_is
+from .release import binary_name
 
 
 class Do(Enum):

@@ -10,12 +10,12 @@ import dill
 import pytest
 from pulumi.output import Unknown
 
+from llmgw_pulumi.observed import STATE_VERSION, Observed, Seen
 from llmgw_pulumi.providers.agent import AgentInstallProvider
+from llmgw_pulumi.providers.agent import wanted as agent_wanted
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider, reissue_reasons
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider, wanted
-from llmgw_pulumi.providers.agent import wanted as agent_wanted
-from llmgw_pulumi.observed import STATE_VERSION, Observed, Seen
 from tests.unit import fake_pem
 
 KEY = fake_pem("OPENSSH PRIVATE KEY", "SSHKEYBODY")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from llmgw_pulumi import desired, errors, facts, plan, remote
-from llmgw_pulumi.observed import Observed, Want, Wanted
 from llmgw_pulumi.desired import File
+from llmgw_pulumi.observed import Observed, Want, Wanted
 from tests.unit import fake_pem
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "nvidia-h200"
