@@ -25,7 +25,7 @@ def test_a_plan_made_from_a_node_that_changed_since_changes_nothing(agent_node: 
     inputs = agent_inputs(dev_build)
     AgentInstallProvider().create(inputs)
     before = {p: (fake.read(p), fake.mode(p), fake.path(p).stat().st_ino) for p in (BINARY, CONFIG, UNIT)}
-    calls = len(changes_to_systemd(node))
+    calls = len(changes_to_systemd(fake))
     # A plan made from a record that says agent.yaml held other bytes: it writes the new config, and restarts.
     news = agent_inputs(dev_build, servers=["cp2.example.net:7443"])
     seen = Observed({BINARY: Seen(sha(dev_build.read_bytes()), 0o755, "root:root"),
@@ -39,7 +39,7 @@ def test_a_plan_made_from_a_node_that_changed_since_changes_nothing(agent_node: 
     assert f"{CONFIG} changed since the node was read" in res.stderr
     after = {p: (fake.read(p), fake.mode(p), fake.path(p).stat().st_ino) for p in (BINARY, CONFIG, UNIT)}
     assert after == before, "a stale plan changed a file"
-    assert changes_to_systemd(node)[calls:] == [], "a stale plan touched the agent"
+    assert changes_to_systemd(fake)[calls:] == [], "a stale plan touched the agent"
     assert fake.leftovers() == []
 
 
