@@ -179,12 +179,12 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def rollout_plan(props: dict[str, Any]) -> Rollout | None:
+def rollout_of(props: dict[str, Any]) -> Rollout | None:
     """The ``rollout`` input (llmgw:rollout, with the stack's coordination directory), when there is one."""
-    plan = props.get("rollout")
-    if not isinstance(plan, dict) or is_unknown(plan):
+    given = props.get("rollout")
+    if not isinstance(given, dict) or is_unknown(given):
         return None
-    built: Rollout = build(Rollout, plan)
+    built: Rollout = build(Rollout, given)
     return built
 
 
@@ -211,7 +211,7 @@ class AgentInstallProvider(ResourceProvider):
         # ``rollout`` is not among INPUT_KEYS: how updates are spread is never a change to a node.
         found = changes(olds, news)
         if not found and isinstance(news.get("node_id"), str):
-            rollout.unchanged(rollout_plan(news), news["node_id"])
+            rollout.unchanged(rollout_of(news), news["node_id"])
         return _glue.diff_result(found, REPLACE_KEYS)
 
     @_glue.operator_errors
@@ -230,7 +230,7 @@ class AgentInstallProvider(ResourceProvider):
         operator_side = _glue.operator_side_only(changes(olds, news))
         olds = _migrated(olds)
         if operator_side:
-            rollout.unchanged(rollout_plan(news), str(news.get("node_id")))
+            rollout.unchanged(rollout_of(news), str(news.get("node_id")))
             return UpdateResult(_outputs(news, {k: olds.get(k) for k in OUTPUT_KEYS}))
         spec = AgentSpec.from_props(news)
         changed = frozenset(_glue.changed_keys(olds, news, INPUT_KEYS))

@@ -180,7 +180,9 @@ def test_an_upgrade_from_the_base_commit_changes_no_node(cluster, hosts, new_sta
         # keyOrigin node (the default), the release tag, an engine
         {"id": keyed.hostname, "address": keyed.addr, "engines": {"llamacpp": {"bin": engine}}},
         # keyOrigin operator, the release tag, agent.yaml overrides
+        # (pinned to the host key read from its disk, as on a console: a key made here goes only to a known machine)
         {"id": operator_keyed.hostname, "address": operator_keyed.addr, "keyOrigin": "operator",
+         "hostKey": (operator_keyed.read_file("/etc/ssh/ssh_host_ed25519_key.pub") or b"").decode().strip(),
          "mgmtAddr": operator_keyed.addr, "fabric": {"name": "ib-east", "hcas": ["mlx5_0"]},
          "discovery": {"ibRoot": "/run/ib"}},
         # a dev build, copied
