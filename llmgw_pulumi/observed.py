@@ -120,12 +120,17 @@ class Difference:
     seen: str
     wanted: str
 
-    def __str__(self) -> str:
+    @property
+    def text(self) -> str:
+        """What differs, without the path: ``mode 0644, not 0600``."""
         if self.what == "absent":
-            return f"{self.path}: absent"
+            return "absent"
         if self.what == "content":
-            return f"{self.path}: sha256 {self.seen[:12]}..., not {self.wanted[:12]}..."
-        return f"{self.path}: {self.what} {self.seen}, not {self.wanted}"
+            return f"sha256 {self.seen[:12]}..., not {self.wanted[:12]}..."
+        return f"{self.what} {self.seen}, not {self.wanted}"
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.text}"
 
 
 def content_is(seen: Seen, want: Want) -> bool:
@@ -160,7 +165,7 @@ def by_path(found: Iterable[Difference]) -> dict[str, str]:
     """The preview's drift text: path -> what differs there (``; ``-separated)."""
     out: dict[str, list[str]] = {}
     for d in found:
-        out.setdefault(d.path, []).append(str(d).split(": ", 1)[1])
+        out.setdefault(d.path, []).append(d.text)
     return {path: "; ".join(what) for path, what in out.items()}
 
 

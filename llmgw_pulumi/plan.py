@@ -31,7 +31,7 @@ from enum import Enum
 from . import desired
 from .errors import ChecksumMismatchError
 from .facts import ABSENT
-from .observed import ANY, Observed, Seen, Want, Wanted, content_is
+from .observed import ANY, Observed, Seen, Want, Wanted, file_differences
 from .release import binary_name
 
 
@@ -102,15 +102,18 @@ def _before(seen: Seen | None, observed: Observed | None, path: str) -> str:
 
 
 def file_step(path: str, want: Want, observed: Observed | None, replace: Do = Do.WRITE, why: str = "") -> Step:
-    """One file's step: keep, repair its mode and owner, or ``replace`` (write, fetch, ...) its bytes."""
+    """One file's step, from how the node differs there (``observed.file_differences``): its bytes replaced
+    (``replace``: write, fetch, ...) when they are not the ones wanted or it is absent, its mode and owner
+    repaired when only they differ, else kept."""
     seen = observed.files.get(path) if observed else None
     before = _before(seen, observed, path)
-    if seen is None:
-        return Step(path, replace, before, want, why or ("absent" if before == ABSENT else "not seen yet"))
-    if not content_is(seen, want):
-        return Step(path, replace, before, want, why or "other bytes")
-    if (seen.mode, seen.owner) != (want.mode, want.owner):
-        return Step(path, Do.REPAIR, before, want, f"mode {seen.mode:04o} {seen.owner}, not {want.mode:04o} {want.owner}")
+    found = file_differences(path, want, seen)
+    what = {d.what for d in found}
+    if what & {"absent", "content"}:
+        return Step(path, replace, before, want, why or ("not seen yet" if before == ANY else "; ".join(d.text for d in found)))
+    if found:
+        return Step(path, Do.REPAIR, before, want, "; ".join(d.text for d in found))
+    assert seen is not None
     return Step(path, Do.KEEP, before, want, "as wanted" if seen.reads_as is None else "says the same in other words")
 
 
