@@ -12,6 +12,7 @@ use, where it would go to whichever machine answered (``operator_key_unguarded``
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,7 @@ OUTPUT_KEYS = ("host_key", "jump_host_keys", "hostname", "arch", OBSERVED_KEY, "
 PEM_KEYS = ("ca_pem", "cert_pem", "key_pem")
 FILES = desired.files_of(desired.IDENTITY)
 KEY_FILE = desired.file_with(desired.Content.KEY_PEM, desired.IDENTITY)
+log = logging.getLogger(__name__)
 
 
 def key_on_node(props: Mapping[str, Any]) -> bool:
@@ -96,7 +98,7 @@ def _apply(spec: IdentitySpec, props: Mapping[str, Any], recorded: Mapping[str, 
             res = s.run(remote.install_identity(change, files, spki))
             if res.rc != remote.Exit.STALE or attempt == 2:
                 break
-            _glue.log.info("%s: the node changed since it was read: reading it again", spec.node_id)
+            log.info("%s: the node changed since it was read: reading it again", spec.node_id)
             seen = None
         _glue.raise_for(res, spec.node_id, f"installing the identity on {spec.connection.host}")
         node = facts.parse_survey(res.stdout)
