@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmgw_pulumi import desired, plan, remote
+import pytest
+
+from llmgw_pulumi import desired, errors, plan, remote, rollout
 from llmgw_pulumi.observed import Observed, Seen
 from llmgw_pulumi.providers.agent import AgentInstallProvider, wanted
 from tests.fakenode import FakeNode
 from tests.unit.test_providers_fake import (  # noqa: F401
+    agent_binary,
     agent_inputs,
     agent_node,
     changes_to_systemd,
@@ -57,3 +60,21 @@ def test_an_update_planned_from_an_old_record_reads_the_node_again(agent_node: F
     assert fake.mode(BINARY) == 0o755 and fake.path(BINARY).stat().st_ino == inode
     assert b"cp2.example.net:7443" in (fake.read(CONFIG) or b"")
     assert new["observed"]["files"][BINARY] == f"{sha(dev_build.read_bytes())} 755 root:root"
+
+
+def test_an_update_that_fails_on_the_node_is_reported_failed_to_the_rollout(
+        agent_node: FakeNode, dev_build: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The rollout's gate is taken by the plan, and sees the plan's outcome: a canary whose new agent does not
+    stay up is marked failed (so no other node starts), not done."""
+    monkeypatch.setenv(rollout.DIR_ENV, str(tmp_path / "rollout"))
+    directory = rollout.stack_dir("/project", "org", "proj", "prod")
+    rollout.start_run(directory)
+    policy = {"max_parallel": 1, "canaries": ["gpu-01"], "directory": str(directory)}
+    p = AgentInstallProvider()
+    outs = p.create(agent_inputs(dev_build, rollout=policy)).outs
+    broken = tmp_path / "broken"
+    broken.write_bytes(agent_binary("v2.0.0-1-gbad", starts=False))
+    with pytest.raises(errors.AgentStartError):
+        p.update("gpu-01", outs, agent_inputs(broken, rollout=policy))
+    state = rollout.Run.current(directory).state("gpu-01")
+    assert state is not None and state[0] == rollout.FAILED, state
