@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult
 
-from .. import errors, facts, observed, remote, runner
+from .. import errors, facts, remote, runner
 from ..desired import NodeFile
 from ..errors import LlmgwError
 from ..remote import Exit
@@ -148,10 +148,8 @@ def diff_result(changes: list[str], replace_keys: Iterable[str]) -> DiffResult:
 
 
 def outputs(props: Mapping[str, Any], **computed: Any) -> dict[str, Any]:
-    """Outputs are all inputs plus what the operation found out (None values dropped), and the version of the
-    state's shape they are written in (``observed.STATE_VERSION``; see ``observed.migrate``)."""
-    return {**{k: v for k, v in props.items() if v is not None}, **{k: v for k, v in computed.items() if v is not None},
-            observed.VERSION_KEY: observed.STATE_VERSION}
+    """Outputs are all inputs plus what the operation found out (None values dropped)."""
+    return {**{k: v for k, v in props.items() if v is not None}, **{k: v for k, v in computed.items() if v is not None}}
 
 
 def operator_errors(fn: F) -> F:

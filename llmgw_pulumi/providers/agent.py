@@ -24,7 +24,7 @@ from pulumi.output import Unknown
 
 from .. import desired, facts, observed, plan, release, remote, rollout
 from ..errors import ConfigError
-from ..observed import OBSERVED_KEY, VERSION_KEY, Observed, Wanted
+from ..observed import OBSERVED_KEY, STATE_VERSION, VERSION_KEY, Observed, Wanted
 from ..specs import AgentSettings, AgentSpec, BinarySource, Rollout, build, is_unknown, names, to_inputs
 from . import _glue
 
@@ -167,6 +167,7 @@ def _install(spec: AgentSpec, props: Mapping[str, Any], known: tuple[str | None,
         "installed_sha256": node.sha256(desired.BINARY_PATH) or "",
         "arch": node.arch,
         OBSERVED_KEY: seen_on(node, props).record(),
+        VERSION_KEY: STATE_VERSION,
     }
 
 

@@ -21,7 +21,7 @@ import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
 from .. import desired, errors, facts, observed, plan, remote
-from ..observed import ANY, OBSERVED_KEY, VERSION_KEY, Observed, Want, Wanted
+from ..observed import ANY, OBSERVED_KEY, STATE_VERSION, VERSION_KEY, Observed, Want, Wanted
 from ..specs import KEY_ORIGIN_NODE, KEY_ORIGIN_OPERATOR, Connection, IdentitySpec, Problems, is_unknown, to_inputs
 from . import _glue
 
@@ -109,6 +109,7 @@ def _apply(spec: IdentitySpec, props: Mapping[str, Any], recorded: Mapping[str, 
             "arch": node.arch,
             OBSERVED_KEY: observed.from_facts(node, FILES).record(),
             "trust": facts.key_values(res.stdout).get("trust", ""),
+            VERSION_KEY: STATE_VERSION,
         }
 
 
