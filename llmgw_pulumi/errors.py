@@ -207,6 +207,11 @@ class NodeBusyError(LlmgwError, fix="another `pulumi up` is changing this node: 
     """Another change by this package held the node's lock for too long."""
 
 
+class NodeChangedError(LlmgwError, fix="something else is changing this node's files or agent: find it "
+                                        "(another tool, a person), then run `pulumi up --refresh`"):
+    """The node changed under a change twice running, each time after it was read; nothing was changed."""
+
+
 class NoKeygenError(LlmgwError, fix="install openssl on the node (`apt-get install openssl`), or give the node "
                                     "`keyOrigin: operator` to have its key made on the machine running Pulumi"):
     """The node cannot make its own key pair: it has no openssl."""

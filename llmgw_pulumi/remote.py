@@ -43,6 +43,8 @@ from .desired import (
     config_owner_prefix,
 )
 from .facts import INVENTORY_QUERY_FIELDS
+from .observed import Seen
+from .plan import Do, Plan, Step, Unit
 from .specs import DEFAULT_IB_ROOT
 
 SCRIPTS = ("node-key.sh", "install-identity.sh", "remove-identity.sh", "install-agent.sh", "remove-agent.sh",
@@ -81,6 +83,8 @@ class Exit(IntEnum):
     """A directory to install into is writable by a user other than root."""
     NO_LOCK = _CODES["NO_LOCK"]
     """The node cannot take its lock (no flock, or a /run others can write): nothing was changed."""
+    STALE = _CODES["STALE"]
+    """The node no longer holds what the plan was made from: nothing was changed (it is read again)."""
 
 
 if set(_CODES) != set(Exit.__members__) - {"OK"}:
@@ -139,21 +143,34 @@ def make_node_key(node_id: str) -> Script:
                                            identity_dir.owner, PENDING_KEY_PATH, node_id))
 
 
-def install_identity(files: Sequence[File], restart_agent: bool, node_key_spki: str | None = None) -> Script:
-    """SPEC steps 3 and 4. update-ca-certificates runs only when the anchor changed (it costs ~1 CPU-second).
+def _before(step: Step) -> str:
+    """A step's BEFORE as the scripts compare it (prelude.sh ``now_is``): ``sha256,mode,user:group``, ``absent``, ``*``."""
+    seen = Seen.parse(step.before)
+    return f"{seen.sha256},{seen.mode:o},{seen.owner}" if seen else step.before
+
+
+def install_identity(plan: Plan, files: Sequence[File], node_key_spki: str | None = None) -> Script:
+    """NodeIdentity's ``plan`` (SPEC steps 3 and 4), carried out with ``files``' bytes (see install-identity.sh).
 
     ``node_key_spki``: the key was made on the node (keyOrigin node) and is not among ``files``; this is the
     public half of it, as the certificate carries it (base64 DER), for the node to find the key by.
     """
-    args = [_WRITE_DIRS, UNIT_NAME, "yes" if restart_agent else "no", TRUST_ANCHOR_PATH]
+    args = [_WRITE_DIRS, UNIT_NAME, "yes" if plan.unit is Unit.RESTART else "no", TRUST_ANCHOR_PATH,
+            "yes" if plan.trust else "no"]
     for d in desired.DIRECTORIES:
         args += ["dir", d.path, _mode(d.mode), d.owner]
-    for f in files:
-        args += ["file", f.path, _mode(f.mode), f.owner, str(len(f.content))]
-    if node_key_spki is not None:
-        key = desired.file_with(Content.KEY_PEM, desired.IDENTITY)
-        args += ["nodekey", key.path, _mode(key.mode), key.owner, PENDING_KEY_PATH, node_key_spki]
-    return Script(program("install-identity.sh"), tuple(args), b"".join(f.content for f in files))
+    by_path = {f.path: f for f in files}
+    sent = b""
+    for step in plan.steps:
+        if step.do is Do.NODE_KEY:
+            if node_key_spki is None:
+                raise ValueError("a node-key step needs the certificate's public key")
+            args += ["nodekey", step.path, _mode(step.want.mode), step.want.owner, PENDING_KEY_PATH, node_key_spki]
+            continue
+        content = by_path[step.path].content if step.do is Do.WRITE else b""
+        args += ["file", step.do.value, step.path, _mode(step.want.mode), step.want.owner, _before(step), str(len(content))]
+        sent += content
+    return Script(program("install-identity.sh"), tuple(args), sent)
 
 
 def remove_identity(owned: Mapping[str, str]) -> Script:
@@ -173,51 +190,31 @@ def remove_identity(owned: Mapping[str, str]) -> Script:
 # --------------------------------------------------------------------------- agent
 
 
-def install_agent(
-    *,
-    mode: str,
-    config: str,
-    unit: str,
-    version: str = "",
-    release_url: str = "",
-    binary: bytes = b"",
-    binary_sha256: str = "",
-    release_sha256: Mapping[str, str] | None = None,
-    restart: bool = True,
-    settle_seconds: float = 1.5,
-    keep: Sequence[Content] = (),
-) -> Script:
-    """SPEC steps 5, 6 and 8 as one transaction (see install-agent.sh).
+def install_agent(plan: Plan, config: str, unit: str, *, version: str = "", release_url: str = "",
+                  binary: bytes = b"", settle_seconds: float = 1.5) -> Script:
+    """AgentInstall's ``plan`` (SPEC steps 5, 6 and 8) as one transaction (see install-agent.sh).
 
-    ``mode`` is ``release`` (the node downloads ``<url>/<tag>/llmgw-<tag>-linux-<arch>``,
-    which must have the sha256 ``release_sha256`` gives for its arch: what the
-    operator's side approved), ``push`` (a release downloaded and verified on
-    the operator's side arrives on stdin, checked against ``binary_sha256``),
-    ``copy`` (the local build arrives on stdin, checked against
-    ``binary_sha256``) or ``keep`` (the binary is already right: only its
-    mode and owner are made right). A release (``release``, ``push``) must
-    report ``version`` as its ``--version`` before anything is installed. The
-    restarted agent must stay up for ``settle_seconds``, or the previous
-    binary, config and unit are put back. ``keep``: the config and/or unit the
-    node has already say the same in other words (``desired.equivalent``) and
-    stay as they are. When nothing is replaced, a running agent is not restarted.
+    ``binary``: the bytes of a ``push`` or ``copy`` step; ``version`` and ``release_url``: the release a
+    ``fetch`` downloads (``<url>/<tag>/llmgw-<tag>-linux-<arch>``) and a fetched or pushed binary must report.
+    The restarted agent must stay up for ``settle_seconds``, or the previous binary, config and unit are put back.
     """
-    assert mode in ("release", "push", "copy", "keep")
-    want = binary_sha256
-    if mode == "release":
-        want = ",".join(f"{arch}={digest}" for arch, digest in sorted((release_sha256 or {}).items()))
     bin_file = desired.file_with(Content.BINARY, desired.AGENT)
     cfg, unit_file = desired.agent_files(config, unit)
+    texts = {cfg.path: cfg.content, unit_file.path: unit_file.content}
     ticks = max(1, round(settle_seconds / 0.1))
-    args = [_WRITE_DIRS, UNIT_NAME, mode, version, release_url.rstrip("/"), want, str(len(binary)), str(ticks),
-            "restart" if restart else "start",
-            bin_file.path, _mode(bin_file.mode), bin_file.owner]
-    sent = b""
-    for f, content in ((cfg, Content.AGENT_YAML), (unit_file, Content.UNIT)):
-        kept = content in keep
-        args += [f.path, _mode(f.mode), f.owner, "-" if kept else str(len(f.content))]
-        sent += b"" if kept else f.content
-    return Script(program("install-agent.sh"), tuple(args), binary + sent)
+    bin_step = plan.step(bin_file.path)
+    arch = plan.arch if bin_step.do in (Do.FETCH, Do.PUSH) else "*"
+    args = [_WRITE_DIRS, UNIT_NAME, str(ticks), plan.unit.value, plan.unit_before if plan.unit is Unit.KEEP else "*",
+            arch, version, release_url.rstrip("/")]
+    sent = binary if bin_step.do in (Do.PUSH, Do.COPY) else b""
+    args += [bin_step.do.value, bin_step.path, _mode(bin_step.want.mode), bin_step.want.owner, _before(bin_step),
+             str(len(sent)), bin_step.want.sha256]
+    for path in (cfg.path, unit_file.path):
+        step = plan.step(path)
+        content = texts[path] if step.do is Do.WRITE else b""
+        args += [step.do.value, path, _mode(step.want.mode), step.want.owner, _before(step), str(len(content)), "-"]
+        sent += content
+    return Script(program("install-agent.sh"), tuple(args), sent)
 
 
 def remove_agent(node_id: str) -> Script:

@@ -317,16 +317,16 @@ def wait_for_canaries(run: Run, node: str, canaries: Sequence[str], silence: flo
 
 
 @contextlib.contextmanager
-def update(plan: Rollout | None, node: str) -> Iterator[None]:
-    """An update of ``node``'s running agent, gated as the module's docstring says (no plan: not gated)."""
-    if plan is None or not plan.directory:
+def update(policy: Rollout | None, node: str) -> Iterator[None]:
+    """An update of ``node``'s running agent, gated as the module's docstring says (no policy: not gated)."""
+    if policy is None or not policy.directory:
         yield
         return
-    run = Run.current(Path(plan.directory))
+    run = Run.current(Path(policy.directory))
     _refuse_after_failure(run, node)
-    if node not in plan.canaries:
-        wait_for_canaries(run, node, plan.canaries)
-    slot = run.slot(plan.max_parallel, lambda: _refuse_after_failure(run, node)) if plan.max_parallel \
+    if node not in policy.canaries:
+        wait_for_canaries(run, node, policy.canaries)
+    slot = run.slot(policy.max_parallel, lambda: _refuse_after_failure(run, node)) if policy.max_parallel \
         else contextlib.nullcontext()
     with slot:
         _refuse_after_failure(run, node)
@@ -347,21 +347,21 @@ def reported(run: Run, node: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def onboarding(plan: Rollout | None, node: str) -> Iterator[None]:
+def onboarding(policy: Rollout | None, node: str) -> Iterator[None]:
     """A create: never waits; a canary reports its result, as its update would."""
-    if plan is None or not plan.directory or node not in plan.canaries:
+    if policy is None or not policy.directory or node not in policy.canaries:
         yield
         return
-    with reported(Run.current(Path(plan.directory)), node):
+    with reported(Run.current(Path(policy.directory)), node):
         yield
 
 
-def unchanged(plan: Rollout | None, node: str) -> None:
+def unchanged(policy: Rollout | None, node: str) -> None:
     """A canary whose agent has nothing to change this run says so, so that no one waits for it.
 
     Called from the provider's diff too, which must not fail: without a run (a
     preview before any `pulumi up`) there is no one to tell.
     """
-    if plan is not None and plan.directory and node in plan.canaries:
+    if policy is not None and policy.directory and node in policy.canaries:
         with contextlib.suppress(ConfigError, OSError):
-            Run.current(Path(plan.directory)).mark(node, UNCHANGED)
+            Run.current(Path(policy.directory)).mark(node, UNCHANGED)

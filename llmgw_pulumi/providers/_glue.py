@@ -263,6 +263,7 @@ _EXIT_ERRORS: dict[int, type[LlmgwError]] = {
     Exit.VERSION: errors.ReleaseVersionError,
     Exit.UNSAFE_DIR: errors.UnsafeDirectoryError,
     Exit.NO_LOCK: errors.NodeLockUnavailableError,
+    Exit.STALE: errors.NodeChangedError,
 }
 
 

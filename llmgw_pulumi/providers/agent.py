@@ -10,8 +10,10 @@ llmgw_pulumi.release, and report its tag); nothing is re-issued.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +22,9 @@ import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 from pulumi.output import Unknown
 
-from .. import desired, facts, release, remote, rollout
-from ..errors import ChecksumMismatchError, ConfigError
+from .. import desired, facts, observed, plan, release, remote, rollout
+from ..errors import ConfigError
+from ..observed import OBSERVED_KEY, STATE_VERSION, VERSION_KEY, Observed, Wanted
 from ..specs import NODE_REPLACE_KEYS, AgentSettings, AgentSpec, BinarySource, Rollout, build, is_unknown, names, to_inputs
 from . import _glue
 
@@ -34,12 +37,14 @@ preview fetches nothing, so it cannot know the digests) and not repeated in the 
 INPUT_KEYS = ("connection", "known_host_key", "known_jump_host_keys", "hostname", *SETTINGS_KEYS, *BINARY_KEYS,
               "agent_yaml", "unit")
 REPLACE_KEYS = NODE_REPLACE_KEYS
-OUTPUT_KEYS = ("installed_sha256", "arch", "node_state")
+OUTPUT_KEYS = ("installed_sha256", "arch", OBSERVED_KEY, VERSION_KEY)
 log = logging.getLogger(__name__)
 TEXT_FILES_BY_INPUT = {"agent_yaml": desired.file_with(desired.Content.AGENT_YAML, desired.AGENT),
                        "unit": desired.file_with(desired.Content.UNIT, desired.AGENT)}
 """The agent's text files, by the input that holds their text."""
 TEXT_FILES = tuple(TEXT_FILES_BY_INPUT.values())
+FILES = desired.files_of(desired.AGENT)
+BINARY_FILE = desired.file_with(desired.Content.BINARY, desired.AGENT)
 
 
 def derive(inputs: dict[str, Any]) -> None:
@@ -52,28 +57,18 @@ def derive(inputs: dict[str, Any]) -> None:
     inputs["agent_yaml"] = desired.render_agent_yaml(inputs["node_id"], AgentSettings.from_props(inputs), inputs["hostname"])
 
 
-def _state_key(f: desired.NodeFile) -> str:
-    return f"{f.name}_sha256"
+def wanted(props: Mapping[str, Any], installed_sha256: Any = None) -> Wanted:
+    """What the node should hold as far as the inputs know it: agent.yaml and the unit while their text is
+    known, the binary installed last (``installed_sha256``; a preview cannot know a new release's digest), and
+    the unit running and enabled."""
+    files = {f.path: observed.wanted_file(f, desired.sha256_text(props[key]))
+             for key, f in TEXT_FILES_BY_INPUT.items() if isinstance(props.get(key), str)}
+    if isinstance(installed_sha256, str) and installed_sha256:
+        files[BINARY_FILE.path] = observed.wanted_file(BINARY_FILE, installed_sha256)
+    return Wanted(files, observed.UNIT_WANTED)
 
 
-def node_state(node: facts.NodeFacts, wants: dict[str, Any]) -> dict[str, str]:
-    """The ``node_state`` output: each of the agent's files as seen (its sha256, or what differs from the
-    desired state), and the unit's state.
-
-    ``wants``: the inputs holding the texts wanted (``agent_yaml``, ``unit``). A
-    text file that says the same in other words (``desired.equivalent``: one
-    the script wrote, adopted as it is) is recorded as the text wanted, so it
-    is not seen as drift; one that says something else is recorded as it is.
-    """
-    state = {_state_key(f): node.state(f) for f in desired.files_of(desired.AGENT)}
-    for key, f in TEXT_FILES_BY_INPUT.items():
-        sha = node.sha256(f.path)
-        if sha and says_what_is_wanted(node, key, wants):
-            state[_state_key(f)] = state[_state_key(f)].replace(sha, desired.sha256_text(wants[key]), 1)
-    return {**state, "active": node.unit_active, "enabled": node.unit_enabled}
-
-
-def says_what_is_wanted(node: facts.NodeFacts, key: str, wants: dict[str, Any]) -> bool:
+def says_what_is_wanted(node: facts.NodeFacts, key: str, wants: Mapping[str, Any]) -> bool:
     """Does the node's text file for input ``key`` (``agent_yaml``, ``unit``) say what ``wants[key]`` says, in
     the same or other words (see ``desired.equivalent``)?"""
     f = TEXT_FILES_BY_INPUT[key]
@@ -81,86 +76,98 @@ def says_what_is_wanted(node: facts.NodeFacts, key: str, wants: dict[str, Any]) 
     return isinstance(have, str) and isinstance(want, str) and desired.equivalent(f.content, have, want)
 
 
-def equivalent_texts(node: facts.NodeFacts, wants: dict[str, Any]) -> tuple[desired.Content, ...]:
-    """The agent's text files the node has in other words than ``wants`` (see ``desired.equivalent``): kept."""
-    return tuple(f.content for key, f in TEXT_FILES_BY_INPUT.items()
-                 if node.texts.get(f.path) != wants.get(key) and says_what_is_wanted(node, key, wants))
+def seen_on(node: facts.NodeFacts, wants: Mapping[str, Any]) -> Observed:
+    """The agent's files and unit as a script printed them. A text file that says what ``wants`` says in other
+    words (one the script wrote, adopted as it is) is recorded as reading as the text wanted: not drift."""
+    reads_as = {f.path: desired.sha256_text(wants[key]) for key, f in TEXT_FILES_BY_INPUT.items()
+                if node.texts.get(f.path) != wants.get(key) and says_what_is_wanted(node, key, wants)}
+    return observed.from_facts(node, FILES, reads_as, unit=True)
 
 
-def drift(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
-    """What `pulumi refresh` found different on the node from what was installed."""
-    seen = olds.get("node_state")
-    if not isinstance(seen, dict):
-        return []
-    want: dict[desired.Content, Any] = {desired.Content.BINARY: olds.get("installed_sha256")}
-    for content, key in ((desired.Content.AGENT_YAML, "agent_yaml"), (desired.Content.UNIT, "unit")):
-        if isinstance(news.get(key), str):
-            want[content] = desired.sha256_text(news[key])
-    out = [f"node_state.{f.name}" for f in desired.files_of(desired.AGENT)
-           if f.content in want and seen.get(_state_key(f)) != want[f.content]]
-    return out + [f"node_state.{key}" for key, want in desired.UNIT_STATE.items() if seen.get(key) != want]
+def drift(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
+    """What the node was last seen holding that differs from what it should (``observed.differences``)."""
+    seen = Observed.parse(olds.get(OBSERVED_KEY))
+    return [f"{OBSERVED_KEY}.{d.path}" for d in observed.differences(wanted(news, olds.get("installed_sha256")), seen)]
 
 
-def unchanged_texts(olds: dict[str, Any], news: dict[str, Any]) -> tuple[desired.Content, ...]:
-    """The agent's text files an update leaves alone: the text wanted is the same, and the node was last seen
-    holding it (or its equivalent, as adopted from the script)."""
-    seen = olds.get("node_state") or {}
-    return tuple(f.content for key, f in TEXT_FILES_BY_INPUT.items()
-                 if isinstance(news.get(key), str) and olds.get(key) == news[key]
-                 and seen.get(_state_key(f)) == desired.sha256_text(news[key]))
+def changes(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
+    """Changed inputs, and drift. A record of an earlier version of the package is read through its migration
+    (``observed.migrate``): it is no change."""
+    current = _migrated(olds)
+    return _glue.changed_keys(current, news, INPUT_KEYS) + drift(current, news)
 
 
-def _install(spec: AgentSpec, props: dict[str, Any], mode: str, known: tuple[str | None, Any],
-             adopt: bool = False, keep: tuple[desired.Content, ...] = ()) -> dict[str, Any]:
-    """Install the agent over one session. ``adopt`` (create): first read what the node has, and keep what
-    already says what is wanted (a node onboarded by the script): the binary when its sha256 is the one wanted,
-    agent.yaml and the unit when equivalent. A release's binary must have the sha256 approved on the operator's
-    side for the node's architecture; the node compares it (install-agent.sh), and with ``fetch: operator`` the
-    binary is downloaded here, once per architecture, and pushed."""
-    binary, digests, source = b"", {}, None
-    if mode == "copy":
-        path = Path(spec.binary.binary_path or "")
-        try:
-            binary = path.read_bytes()
-        except OSError as exc:
-            raise ConfigError(spec.node_id, "binary_path", f"cannot read the local binary {path}: {exc.strerror}",
-                              "build llmgw there, or point agent.binary at the build") from None
-    if mode == "release":
-        source = release_of(spec.binary)
-        digests = dict(spec.binary.release_sha256 or release.approve(source))  # approved once per process otherwise
-        log.info("%s: %s llmgw %s from %s and verifies it against the sha256 approved on this machine", spec.node_id,
-                 "this machine downloads (and pushes)" if spec.binary.fetched_here else "the node fetches",
-                 spec.binary.version, spec.binary.release_url)
-    push = mode == "release" and spec.binary.fetched_here
-    with _glue.session(spec.connection, spec.node_id, *known) as s:
-        if adopt or push:
-            res = s.run(remote.survey(desired.files_of(desired.AGENT), TEXT_FILES))
-            _glue.raise_for(res, spec.node_id, f"reading the agent's files on {spec.connection.host}")
-            before = facts.parse_survey(res.stdout)
-            if adopt:
-                keep = equivalent_texts(before, props)
-            if mode == "copy" and before.sha256(desired.BINARY_PATH) == (spec.binary.binary_sha256 or _sha256(binary)):
-                mode, binary = "keep", b""
-            if push and source is not None:
-                mode, binary = _pushed(spec, source, digests, before)
-        script = remote.install_agent(
-            mode=mode,
-            config=props["agent_yaml"],
-            unit=props["unit"],
-            version=spec.binary.version,
-            release_url=spec.binary.release_url or "",
-            binary=binary,
-            binary_sha256=spec.binary.binary_sha256 or (_sha256(binary) if mode == "push" else ""),
-            release_sha256=digests,
-            keep=keep,
-        )
-        res = s.run(script)
-    _glue.raise_for(res, spec.node_id, f"installing the agent on {spec.connection.host}")
+def binary_wanted(spec: AgentSpec, olds: Mapping[str, Any], changed: frozenset[str]) -> plan.BinaryWanted:
+    """Where the binary comes from, and the sha256 it must have: the one installed last while the binary's inputs
+    are the same, else a release's as approved here (once per process) or the local build's."""
+    source = plan.Do.COPY if not spec.binary.is_release else plan.Do.PUSH if spec.binary.fetched_here else plan.Do.FETCH
+    installed, arch = olds.get("installed_sha256"), olds.get("arch")
+    if not {"version", "binary_sha256", "binary_path", "release_url"} & changed and installed and arch:
+        return plan.BinaryWanted(source, {"" if source is plan.Do.COPY else arch: installed}, spec.binary.version)
+    if source is plan.Do.COPY:
+        return plan.BinaryWanted(source, {"": spec.binary.binary_sha256 or _sha256(_local_build(spec))})
+    digests = dict(spec.binary.release_sha256 or release.approve(release_of(spec.binary)))
+    log.info("%s: %s llmgw %s from %s and verifies it against the sha256 approved on this machine", spec.node_id,
+             "this machine downloads (and pushes)" if spec.binary.fetched_here else "the node fetches",
+             spec.binary.version, spec.binary.release_url)
+    return plan.BinaryWanted(source, digests, spec.binary.version)
+
+
+def _local_build(spec: AgentSpec) -> bytes:
+    path = Path(spec.binary.binary_path or "")
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(spec.node_id, "binary_path", f"cannot read the local binary {path}: {exc.strerror}",
+                          "build llmgw there, or point agent.binary at the build") from None
+
+
+def _script(spec: AgentSpec, props: Mapping[str, Any], change: plan.Plan) -> remote.Script:
+    """The plan as the script that carries it out, with the binary's bytes where it is pushed or copied."""
+    step = change.step(BINARY_FILE.path)
+    binary = b""
+    if step.do is plan.Do.COPY:
+        binary = _local_build(spec)
+    elif step.do is plan.Do.PUSH:
+        binary = release.fetch_binary(release_of(spec.binary), change.arch, step.want.sha256)
+    return remote.install_agent(change, props["agent_yaml"], props["unit"], version=spec.binary.version,
+                                release_url=spec.binary.release_url or "", binary=binary)
+
+
+def _survey(s: Any, spec: AgentSpec, props: Mapping[str, Any]) -> tuple[Observed, str]:
+    res = s.run(remote.survey(FILES, TEXT_FILES))
+    _glue.raise_for(res, spec.node_id, f"reading the agent's files on {spec.connection.host}")
+    node = facts.parse_survey(res.stdout)
+    return seen_on(node, props), node.arch
+
+
+def _install(spec: AgentSpec, props: Mapping[str, Any], known: tuple[str | None, Any], binary: plan.BinaryWanted,
+             seen: tuple[Observed, str] | None, changed: frozenset[str], gate: Callable[[plan.Plan | None], Any]) -> dict[str, Any]:
+    """Plan the agent's change (llmgw_pulumi.plan) and carry it out over one session. ``seen``: what the node
+    was last seen holding, and its architecture; None (a create), or a plan the node finds stale: the node is
+    read first. ``gate(plan)``: the rollout's context for a plan (None: not known before the node is read)."""
+    want = wanted(props)
+    change = plan.agent_plan(spec.node_id, want, *seen, binary, changed) if seen else None
+    # The gate is the first plan's; what it reports is the outcome, so the error is raised inside it.
+    with gate(change), _glue.session(spec.connection, spec.node_id, *known) as s:
+        for attempt in (1, 2):
+            if seen is None:
+                seen = _survey(s, spec, props)
+                change = plan.agent_plan(spec.node_id, want, *seen, binary, changed)
+            assert change is not None
+            log.debug("%s", plan.render(change))
+            res = s.run(_script(spec, props, change))
+            if res.rc != remote.Exit.STALE or attempt == 2:
+                break
+            log.info("%s: the node changed since it was read: reading it again", spec.node_id)
+            seen = None
+        _glue.raise_for(res, spec.node_id, f"installing the agent on {spec.connection.host}")
     node = facts.parse_survey(res.stdout)
     return {
         "installed_sha256": node.sha256(desired.BINARY_PATH) or "",
         "arch": node.arch,
-        "node_state": node_state(node, props),
+        OBSERVED_KEY: seen_on(node, props).record(),
+        VERSION_KEY: STATE_VERSION,
     }
 
 
@@ -169,30 +176,16 @@ def release_of(binary: BinarySource) -> release.Release:
     return release.Release(binary.release_url or "", binary.version, binary.signing_key, ca_file=binary.release_ca)
 
 
-def _pushed(spec: AgentSpec, source: release.Release, digests: dict[str, str], node: facts.NodeFacts) -> tuple[str, bytes]:
-    """fetch: operator: (mode, bytes) for a node whose files are ``node``: ``keep`` when it has the approved
-    binary for its architecture already, else ``push`` with the binary downloaded and verified here."""
-    want = digests.get(node.arch)
-    if want is None:
-        raise ChecksumMismatchError(spec.node_id, f"checksums.txt of {spec.binary.version} has no line for "
-                                    f"{release.binary_name(spec.binary.version, node.arch)} (or agent.sha256 no "
-                                    f"{node.arch} digest); nothing was installed",
-                                    "publish the release for this node's architecture, or pin its sha256")
-    if node.sha256(desired.BINARY_PATH) == want:
-        return "keep", b""
-    return "push", release.fetch_binary(source, node.arch, want)
-
-
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def rollout_plan(props: dict[str, Any]) -> Rollout | None:
+def rollout_of(props: dict[str, Any]) -> Rollout | None:
     """The ``rollout`` input (llmgw:rollout, with the stack's coordination directory), when there is one."""
-    plan = props.get("rollout")
-    if not isinstance(plan, dict) or is_unknown(plan):
+    given = props.get("rollout")
+    if not isinstance(given, dict) or is_unknown(given):
         return None
-    built: Rollout = build(Rollout, plan)
+    built: Rollout = build(Rollout, given)
     return built
 
 
@@ -201,8 +194,8 @@ def _outputs(props: dict[str, Any], computed: dict[str, Any]) -> dict[str, Any]:
     return _glue.outputs({k: v for k, v in props.items() if k not in RELEASE_KEYS}, **computed)
 
 
-def _mode(spec: AgentSpec) -> str:
-    return "release" if spec.binary.is_release else "copy"
+def _migrated(props: Mapping[str, Any]) -> dict[str, Any]:
+    return observed.migrate(props, desired.AGENT)
 
 
 class AgentInstallProvider(ResourceProvider):
@@ -217,54 +210,65 @@ class AgentInstallProvider(ResourceProvider):
         # A replacement is created before the old one is deleted; the delete
         # leaves the node alone once agent.yaml names another node id.
         # ``rollout`` is not among INPUT_KEYS: how updates are spread is never a change to a node.
-        changes = _glue.changed_keys(olds, news, INPUT_KEYS) + drift(olds, news)
-        if not changes and isinstance(news.get("node_id"), str):
-            rollout.unchanged(rollout_plan(news), news["node_id"])
-        return _glue.diff_result(changes, REPLACE_KEYS)
+        found = changes(olds, news)
+        if not found and isinstance(news.get("node_id"), str):
+            rollout.unchanged(rollout_of(news), news["node_id"])
+        return _glue.diff_result(found, REPLACE_KEYS)
 
     @_glue.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         spec = AgentSpec.from_props(props)
-        with rollout.onboarding(spec.rollout, spec.node_id):  # first-time onboarding never waits
-            computed = _install(spec, props, _mode(spec), _glue.known_keys(props), adopt=True)
+        binary = binary_wanted(spec, {}, frozenset())
+
+        def gate(_: plan.Plan | None) -> Any:
+            return rollout.onboarding(spec.rollout, spec.node_id)  # first-time onboarding never waits
+
+        computed = _install(spec, props, _glue.known_keys(props), binary, None, frozenset(), gate)
         return CreateResult(spec.node_id, _outputs(props, computed))
 
     @_glue.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        if _glue.operator_side_only(_glue.changed_keys(olds, news, INPUT_KEYS) + drift(olds, news)):
-            rollout.unchanged(rollout_plan(news), str(news.get("node_id")))
+        operator_side = _glue.operator_side_only(changes(olds, news))
+        olds = _migrated(olds)
+        if operator_side:
+            rollout.unchanged(rollout_of(news), str(news.get("node_id")))
             return UpdateResult(_outputs(news, {k: olds.get(k) for k in OUTPUT_KEYS}))
         spec = AgentSpec.from_props(news)
-        binary_changed = any(_glue.normalise(olds.get(k)) != _glue.normalise(news.get(k)) for k in ("version", "binary_sha256"))
-        binary_drifted = "node_state.binary" in drift(olds, news)
-        mode = _mode(spec) if binary_changed or binary_drifted else "keep"
-        # A running agent is restarted: canaries first, at most maxParallel at once, none after a failure.
-        with rollout.update(spec.rollout, spec.node_id):
-            computed = _install(spec, news, mode, _glue.known_keys(news, olds), keep=unchanged_texts(olds, news))
+        changed = frozenset(_glue.changed_keys(olds, news, INPUT_KEYS))
+        last = Observed.parse(olds.get(OBSERVED_KEY))
+        seen = (last, str(olds["arch"])) if last is not None and olds.get("arch") else None
+
+        def gate(change: plan.Plan | None) -> Any:
+            # A running agent is restarted: canaries first, at most maxParallel at once, none after a failure.
+            if change is None or change.unit is plan.Unit.RESTART:
+                return rollout.update(spec.rollout, spec.node_id)
+            rollout.unchanged(spec.rollout, spec.node_id)
+            return contextlib.nullcontext()
+
+        computed = _install(spec, news, _glue.known_keys(news, olds), binary_wanted(spec, olds, changed), seen,
+                            changed, gate)
         return UpdateResult(_outputs(news, computed))
 
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        props = _migrated(props)
         spec = AgentSpec.from_props(props)
-        seen = _glue.survey_for_read(spec.connection, spec.node_id, _glue.known_keys(props),
-                                     desired.files_of(desired.AGENT), TEXT_FILES)
-        if seen is None:
+        surveyed = _glue.survey_for_read(spec.connection, spec.node_id, _glue.known_keys(props), FILES, TEXT_FILES)
+        if surveyed is None:
             return ReadResult(id_, props)  # an outage never rewrites the record
-        node = seen.node
-        # The text of agent.yaml and the unit as they are on the node: the preview after a refresh
-        # shows it against the text wanted, line by line.
-        texts = {key: node.texts.get(f.path, "") for key, f in TEXT_FILES_BY_INPUT.items()}
-        state = node_state(node, props)
-        before = props.get("node_state") or {}
-        paths = {_state_key(f): f.path for f in desired.files_of(desired.AGENT)}  # drift by path, as the operator knows it
-        drift = {paths.get(k, f"unit {k}"): v for k, v in state.items() if v != before.get(k)}
-        on_node = {key: None if says_what_is_wanted(node, key, props) else text for key, text in texts.items()}
-        return _glue.read_result(id_, props, OUTPUT_KEYS, {**props, "node_state": state},
-                                 {**on_node, "drift": drift or None})
+        node = surveyed.node
+        seen = seen_on(node, props)
+        found = observed.differences(wanted(props, props.get("installed_sha256")), seen)
+        # The text of agent.yaml and the unit as they are on the node, where it differs: the preview after a
+        # refresh shows it against the text wanted, line by line; the rest of the drift by path.
+        differ = {d.path for d in found if d.what in ("content", "absent")}
+        on_node = {key: node.texts.get(f.path, "") if f.path in differ else None for key, f in TEXT_FILES_BY_INPUT.items()}
+        return _glue.read_result(id_, props, OUTPUT_KEYS, {**props, OBSERVED_KEY: seen.record()},
+                                 {**on_node, "drift": observed.by_path(found) or None})
 
     @_glue.operator_errors
     def delete(self, _id: str, props: dict[str, Any]) -> None:
-        spec = AgentSpec.from_props(props)
+        spec = AgentSpec.from_props(_migrated(props))
         _glue.remove_from_node(spec.connection, spec.node_id, _glue.known_keys(props), remote.remove_agent(spec.node_id),
                                "the agent")
 
@@ -288,7 +292,9 @@ class AgentInstall(Resource, module="llmgw", name="AgentInstall"):
     unit: pulumi.Output[str]
     installed_sha256: pulumi.Output[str]
     arch: pulumi.Output[str]
-    node_state: pulumi.Output[dict[str, Any]]
+    observed: pulumi.Output[dict[str, Any]]
+    """What the node was last seen holding (llmgw_pulumi.observed)."""
+    state_version: pulumi.Output[int]
 
     def __init__(self, name: str, args: AgentInstallArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         props = {**to_inputs(args), "agent_yaml": None, "unit": None, **{k: None for k in OUTPUT_KEYS}}

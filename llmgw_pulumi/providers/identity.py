@@ -12,6 +12,7 @@ use, where it would go to whichever machine answered (``operator_key_unguarded``
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,8 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
-from .. import desired, errors, facts, remote
+from .. import desired, errors, facts, observed, plan, remote
+from ..observed import ANY, OBSERVED_KEY, STATE_VERSION, VERSION_KEY, Observed, Want, Wanted
 from ..schema import defaults
 from ..specs import (
     KEY_ORIGIN_NODE,
@@ -36,39 +38,28 @@ from . import _glue
 
 INPUT_KEYS = ("node_id", "connection", "ca_pem", "cert_pem", "key_pem", "key_origin")
 REPLACE_KEYS = NODE_REPLACE_KEYS
-OUTPUT_KEYS = ("host_key", "jump_host_keys", "hostname", "arch", "files", "trust")
+OUTPUT_KEYS = ("host_key", "jump_host_keys", "hostname", "arch", OBSERVED_KEY, "trust", VERSION_KEY)
 PEM_KEYS = ("ca_pem", "cert_pem", "key_pem")
+FILES = desired.files_of(desired.IDENTITY)
 KEY_FILE = desired.file_with(desired.Content.KEY_PEM, desired.IDENTITY)
-KEY_MADE_ON_NODE = "the key pair made on the node for cert_pem"
-"""What the key file should hold with keyOrigin node, before the node has been seen to hold it."""
+log = logging.getLogger(__name__)
 
 
-def key_on_node(props: dict[str, Any]) -> bool:
+def key_on_node(props: Mapping[str, Any]) -> bool:
     return bool(props.get("key_origin", KEY_ORIGIN_NODE) == KEY_ORIGIN_NODE)
 
 
-def desired_hashes(props: dict[str, Any], recorded: dict[str, Any] | None = None) -> dict[str, str] | None:
-    """path -> sha256 the node should hold, or None while a PEM is unknown (preview).
-
-    With the key made on the node its bytes are never seen here: the key file
-    should hold what it held when this resource last installed or read it
-    (``recorded``'s ``files``), as long as the certificate is the same.
-    """
+def wanted(props: Mapping[str, Any]) -> Wanted | None:
+    """What the node should hold, or None while a PEM is unknown (preview). With the key made on the node its
+    bytes are never seen here: the key file only has to be there, with its mode and owner."""
     on_node = key_on_node(props)
     ca, cert, key = props.get("ca_pem"), props.get("cert_pem"), None if on_node else props.get("key_pem")
     if not isinstance(ca, str) or not isinstance(cert, str) or not (on_node or isinstance(key, str)):
         return None
-    want = {f.path: f.sha256 for f in desired.identity_files(ca, cert, key)}
+    want = {f.path: Want(f.sha256, f.mode, f.owner) for f in desired.identity_files(ca, cert, key)}
     if on_node:
-        seen = ((recorded if recorded is not None else props).get("files") or {}).get(KEY_FILE.path)
-        sha = seen.split(";")[0] if isinstance(seen, str) else facts.ABSENT
-        want[KEY_FILE.path] = sha if sha != facts.ABSENT else KEY_MADE_ON_NODE
-    return want
-
-
-def files_state(node: facts.NodeFacts) -> dict[str, str]:
-    """The ``files`` output: path -> the file as seen (its sha256, or what differs from the desired state)."""
-    return {f.path: node.state(f) for f in desired.files_of(desired.IDENTITY)}
+        want[KEY_FILE.path] = Want(ANY, KEY_FILE.mode, KEY_FILE.owner)
+    return Wanted(want)
 
 
 def recorded_keys(props: Mapping[str, Any]) -> tuple[str | None, Any]:
@@ -93,18 +84,33 @@ def operator_key_unguarded(sends_key: bool, pin: Any, recorded: Mapping[str, Any
     return sends_key and pin is None and recorded_keys(recorded)[0] is None
 
 
-def _apply(spec: IdentitySpec, recorded: dict[str, Any], restart_agent: bool) -> dict[str, Any]:
+def _apply(spec: IdentitySpec, props: Mapping[str, Any], recorded: Mapping[str, Any],
+           seen: Observed | None) -> dict[str, Any]:
+    """Plan and carry out the identity's change (llmgw_pulumi.plan) over one session. ``seen``: what the node
+    was last seen holding; None (a create), or a plan the node finds stale: the node is read first."""
     if operator_key_unguarded(spec.key_pem is not None, spec.connection.host_key, recorded):
         # Refused before any connection: nothing is sent, not even the session's first command.
         raise errors.ConfigError(spec.node_id, "hostKey", *OPERATOR_KEY_UNGUARDED)
     files = desired.identity_files(spec.ca_pem, spec.cert_pem, spec.key_pem)
+    want = wanted(props)
+    assert want is not None  # create and update get known PEMs
     spki = None
     if spec.key_pem is None:
         from .. import pki  # cryptography: only to name the node's key by its public half
 
         spki = pki.spki_b64(spec.cert_pem)
     with _glue.session(spec.connection, spec.node_id, *recorded_keys(recorded)) as s:
-        res = s.run(remote.install_identity(files, restart_agent, spki))
+        for attempt in (1, 2):
+            if seen is None:
+                res = s.run(remote.survey(FILES))
+                _glue.raise_for(res, spec.node_id, f"reading the identity's files on {spec.connection.host}")
+                seen = observed.from_facts(facts.parse_survey(res.stdout), FILES)
+            change = plan.identity_plan(spec.node_id, want, seen, key_on_node(props))
+            res = s.run(remote.install_identity(change, files, spki))
+            if res.rc != remote.Exit.STALE or attempt == 2:
+                break
+            log.info("%s: the node changed since it was read: reading it again", spec.node_id)
+            seen = None
         _glue.raise_for(res, spec.node_id, f"installing the identity on {spec.connection.host}")
         node = facts.parse_survey(res.stdout)
         return {
@@ -112,17 +118,21 @@ def _apply(spec: IdentitySpec, recorded: dict[str, Any], restart_agent: bool) ->
             "jump_host_keys": s.jump_host_keys,  # {} without jump hosts: a known value in every preview
             "hostname": node.hostname,
             "arch": node.arch,
-            "files": files_state(node),
+            OBSERVED_KEY: observed.from_facts(node, FILES).record(),
             "trust": facts.key_values(res.stdout).get("trust", ""),
+            VERSION_KEY: STATE_VERSION,
         }
 
 
-def changes(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
-    """Changed inputs, and drift found by refresh: the node's files differ from what they should hold."""
+def changes(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
+    """Changed inputs, and drift: the node's files, as last seen, differ from what they should hold. A record of
+    an earlier version of the package is read through its migration (``observed.migrate``): it is no change."""
+    olds = _migrated(olds)
     found = _glue.changed_keys(olds, news, INPUT_KEYS)
-    want = desired_hashes(news, olds)
-    if want is not None and not set(PEM_KEYS) & set(found) and olds.get("files") != want:
-        found.append("files")
+    want = wanted(news)
+    if want is not None and not set(PEM_KEYS) & set(found) and \
+            observed.differences(want, Observed.parse(olds.get(OBSERVED_KEY))):
+        found.append(OBSERVED_KEY)
     return found
 
 
@@ -153,41 +163,50 @@ class NodeIdentityProvider(ResourceProvider):
     @_glue.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         spec = IdentitySpec.from_props(props)
-        computed = _apply(spec, props, restart_agent=False)
+        computed = _apply(spec, props, props, None)
         return CreateResult(spec.node_id, _glue.outputs(props, **computed))
 
     @_glue.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        if _glue.operator_side_only(changes(olds, news)):
+        operator_side = _glue.operator_side_only(changes(olds, news))
+        olds = _migrated(olds)
+        if operator_side:
             return UpdateResult(_glue.carried(olds, news, OUTPUT_KEYS))
         spec = IdentitySpec.from_props(news)
-        renewed = olds.get("cert_pem") != news.get("cert_pem") or olds.get("key_pem") != news.get("key_pem")
-        computed = _apply(spec, olds, restart_agent=renewed or olds.get("files") != desired_hashes(news, olds))
+        computed = _apply(spec, news, olds, Observed.parse(olds.get(OBSERVED_KEY)))
         return UpdateResult(_glue.outputs(news, **computed))
 
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        props = _migrated(props)
         spec = IdentitySpec.from_props(props)
-        seen = _glue.survey_for_read(spec.connection, spec.node_id, recorded_keys(props),
-                                     desired.files_of(desired.IDENTITY))
-        if seen is None:
+        surveyed = _glue.survey_for_read(spec.connection, spec.node_id, recorded_keys(props), FILES)
+        if surveyed is None:
             return ReadResult(id_, props)  # an outage never rewrites the record
-        node = seen.node
-        jump_host_keys = {**(props.get("jump_host_keys") or {}), **seen.jump_host_keys}
-        files = files_state(node)
-        outs = _glue.outputs({**props, "files": files, "hostname": node.hostname, "arch": node.arch},
+        node = surveyed.node
+        jump_host_keys = {**(props.get("jump_host_keys") or {}), **surveyed.jump_host_keys}
+        seen = observed.from_facts(node, FILES)
+        outs = _glue.outputs({**props, OBSERVED_KEY: seen.record(), "hostname": node.hostname, "arch": node.arch},
                              jump_host_keys=jump_host_keys)
-        want = desired_hashes(props) or {}
-        drift = {path: state for path, state in files.items() if state != want.get(path)}
+        drift = observed.by_path(observed.differences(wanted(props) or Wanted({}), seen))
         return _glue.read_result(id_, props, OUTPUT_KEYS, outs, {"drift": drift or None})
 
     @_glue.operator_errors
     def delete(self, _id: str, props: dict[str, Any]) -> None:
+        props = _migrated(props)
         spec = IdentitySpec.from_props(props)
-        # What this resource installed: a refresh may since have recorded another identity's files.
-        owned = {path: sha for path, sha in (desired_hashes(props) or {}).items() if sha != KEY_MADE_ON_NODE}
+        # What this resource installed: a refresh may since have recorded another identity's files. The key made
+        # on the node is the one last seen there.
+        last = Observed.parse(props.get(OBSERVED_KEY)) or Observed({})
+        shas = {path: want.sha256 if want.sha256 != ANY else last.sha256(path)
+                for path, want in (wanted(props) or Wanted({})).files.items()}
+        owned = {path: sha for path, sha in shas.items() if sha}
         _glue.remove_from_node(spec.connection, spec.node_id, recorded_keys(props),
                                remote.remove_identity(owned), "the identity")
+
+
+def _migrated(props: Mapping[str, Any]) -> dict[str, Any]:
+    return observed.migrate(props, desired.IDENTITY)
 
 
 @dataclass
@@ -211,8 +230,10 @@ class NodeIdentity(Resource, module="llmgw", name="NodeIdentity"):
     """The key each jump host presented, by 'host:port': checked on every later connection."""
     hostname: pulumi.Output[str]
     arch: pulumi.Output[str]
-    files: pulumi.Output[dict[str, Any]]
+    observed: pulumi.Output[dict[str, Any]]
+    """What the node was last seen holding (llmgw_pulumi.observed)."""
     trust: pulumi.Output[str]
+    state_version: pulumi.Output[int]
 
     def __init__(self, name: str, args: NodeIdentityArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         props = {**to_inputs(args), **{k: None for k in OUTPUT_KEYS}}

@@ -12,6 +12,7 @@ EXIT_KEY_MISSING=77     # the key pair made on the node for this certificate is 
 EXIT_VERSION=78         # a release binary reports another version than the tag asked for; nothing was installed
 EXIT_UNSAFE_DIR=79      # a directory to install into is writable by a user other than root; nothing was changed
 EXIT_NO_LOCK=80         # the node cannot lock (no flock, or /run writable by others); nothing was changed
+EXIT_STALE=81           # the node no longer holds what the plan was made from; nothing was changed
 # shellcheck disable=SC2034 # each script uses the codes it needs; Python reads them all
 readonly EXIT_RELEASE_FETCH EXIT_CHECKSUM EXIT_AGENT_START EXIT_WRITE EXIT_BUSY EXIT_NO_KEYGEN EXIT_KEY_MISSING \
-  EXIT_VERSION EXIT_UNSAFE_DIR EXIT_NO_LOCK
+  EXIT_VERSION EXIT_UNSAFE_DIR EXIT_NO_LOCK EXIT_STALE

@@ -2,26 +2,28 @@
 # AgentInstall's change (SPEC steps 5, 6 and 8) as one transaction: the llmgw
 # binary, agent.yaml and the unit, and the agent running.
 #
-# install-agent.sh DIRS UNIT MODE TAG URL WANT SIZE TICKS START \
-#                  BINARY MODE OWNER  CONFIG MODE OWNER SIZE  UNIT_FILE MODE OWNER SIZE
-#   MODE   release: the node downloads URL/TAG/llmgw-TAG-linux-<arch>, which
-#                   must have the sha256 WANT lists for its arch (WANT:
-#                   arch=sha256,arch=sha256: what the operator's side approved);
-#          push:    a release the operator's side downloaded and verified arrives
-#                   on stdin (SIZE bytes, sha256 WANT);
-#          copy:    the local build arrives on stdin (SIZE bytes, sha256 WANT);
-#          keep:    the binary is already right (its mode and owner are made right).
-#          (release: when the installed binary has the approved sha256
-#          already, nothing is downloaded and it stays.) A release (release,
-#          push) must report TAG as the last word of its `--version`, run
-#          from the staged file, before anything is installed.
+# install-agent.sh DIRS UNIT TICKS AGENT AGENT_BEFORE ARCH TAG URL \
+#                  DO BINARY MODE OWNER BEFORE SIZE SHA256   (the binary)
+#                  DO CONFIG MODE OWNER BEFORE SIZE -        (agent.yaml)
+#                  DO UNIT_FILE MODE OWNER BEFORE SIZE -     (the unit)
+# carries out AgentInstall's plan (llmgw_pulumi.plan) and decides nothing else:
 #   TICKS  tenths of a second the restarted agent must stay up
-#   START  restart|start: how the agent is (re)started
-#   then each file, its mode and owner (user:group); the config's and the
-#   unit's bytes follow the binary's on stdin. A config or unit SIZE of `-`
-#   keeps the node's file (it says the same in other words), and a file that
-#   holds the very bytes already stays too (see `put`): when nothing is to be
-#   replaced, a running agent is not restarted.
+#   AGENT  restart (something is replaced), start (nothing is, but the agent
+#          is not running and enabled) or keep; AGENT_BEFORE: the unit's
+#          state the plan was made from (`*`: not to be re-checked)
+#   ARCH   the architecture the binary's SHA256 is for (`*`: any)
+#   DO     per file: keep, repair (mode and owner made right in place) or
+#          write (SIZE bytes of stdin); the binary: keep, repair, fetch (the
+#          node downloads URL/TAG/llmgw-TAG-linux-ARCH), push (a release the
+#          operator's side downloaded and verified, on stdin) or copy (the
+#          local build, on stdin). A fetched or pushed release must have
+#          SHA256 and report TAG as the last word of its `--version`, run
+#          from the staged file, before anything is installed; a copy must have SHA256.
+#   BEFORE what the file was when the node was read (`*`: not read). Under
+#          the lock, before anything changes, every BEFORE, AGENT_BEFORE and
+#          ARCH is re-checked: a node that changed since exits EXIT_STALE,
+#          unchanged, and the provider reads it again and plans anew.
+#   Stdin: the binary's bytes (push, copy), then the config's and the unit's (write).
 #
 # Everything new is staged first (download, checksum, temporary files next to
 # their destinations), so a failed download, a bad checksum or a full disk end
@@ -36,11 +38,13 @@
 # Prints the architecture, `staged`, the unit's state, a survey line per file
 # and the text of the config and the unit.
 begin_change "$1"
-UNIT=$2 MODE=$3 TAG=$4 URL=$5 WANT=$6 SIZE=$7 SETTLE_TICKS=$8 START=$9
-shift 9
-B=$1 B_MODE=$2 B_OWNER=$3 C=$4 C_MODE=$5 C_OWNER=$6 C_SIZE=$7 U=$8 U_MODE=$9
-shift 9
-U_OWNER=$1 U_SIZE=$2
+UNIT=$2 SETTLE_TICKS=$3 AGENT=$4 AGENT_BEFORE=$5 ARCH=$6 TAG=$7 URL=$8
+shift 8
+MODE=$1 B=$2 B_MODE=$3 B_OWNER=$4 B_BEFORE=$5 SIZE=$6 WANT=$7
+shift 7
+C_DO=$1 C=$2 C_MODE=$3 C_OWNER=$4 C_BEFORE=$5 C_SIZE=$6
+shift 7
+U_DO=$1 U=$2 U_MODE=$3 U_OWNER=$4 U_BEFORE=$5 U_SIZE=$6
 
 # The agent must stay up: a crash shows as a state other than active
 # (Restart=on-failure makes it 'activating (auto-restart)').
@@ -95,6 +99,12 @@ for f in "$B" "$C" "$U"; do safe_dir "$(dirname "$f")"; done
 for f in "$R$B" "$R$C" "$R$U"; do
   if [ -e "$f.llmgw-prev" ] || [ -e "$f.llmgw-absent" ]; then restore keep; break; fi
 done
+arch=$(node_arch)
+recheck "the architecture" "$arch" "$ARCH"
+recheck "$B" "$(now_is "$B")" "$B_BEFORE"
+recheck "$C" "$(now_is "$C")" "$C_BEFORE"
+recheck "$U" "$(now_is "$U")" "$U_BEFORE"
+recheck "$UNIT" "$(unit_is is-active "$UNIT" | grep . || echo unknown) $(unit_is is-enabled "$UNIT" | grep . || echo unknown)" "$AGENT_BEFORE"
 phase=prepare restarted=no
 rollback() {
   case $phase in
@@ -102,7 +112,6 @@ rollback() {
   commit) if [ "$restarted" = yes ]; then restore restart; else restore keep; fi ;;
   esac
 }
-arch=$(node_arch)
 
 # Staged in /run (a root-only tmpfs): a reboot in the middle leaves nothing behind.
 stage=$(mktemp -d "$R/run/llmgw-stage.XXXXXX")
@@ -110,16 +119,9 @@ stage=$(mktemp -d "$R/run/llmgw-stage.XXXXXX")
 # while 30s have not passed); a slow but moving download may take 10 minutes.
 fetch() { curl -fsS --proto =https --connect-timeout 10 --speed-limit 1 --speed-time 20 --max-time "$3" --retry 2 --retry-max-time 30 -o "$1" "$2" 2>&1; }
 case $MODE in
-release)
+fetch)
   name="llmgw-$TAG-linux-$arch"
-  WANT=$(printf '%s\n' "$WANT" | tr ',' '\n' | sed -n "s/^$arch=//p")
-  if [ -z "$WANT" ]; then
-    echo "checksums.txt of $TAG has no line for $name (or agent.sha256 no $arch digest); nothing was installed" >&2
-    exit "$EXIT_CHECKSUM"
-  fi
-  if [ "$(sha256_of "$R$B")" = "$WANT" ]; then
-    MODE=keep  # the node runs this release already: nothing to download
-  elif ! err=$(fetch "$stage/bin" "$URL/$TAG/$name" 600); then
+  if ! err=$(fetch "$stage/bin" "$URL/$TAG/$name" 600); then
     echo "cannot download $URL/$TAG/$name: $err; the installed agent was left as it was" >&2; exit "$EXIT_RELEASE_FETCH"
   fi
   ;;
@@ -129,7 +131,8 @@ copy|push)
   fi
   ;;
 esac
-if [ "$MODE" != keep ]; then
+case $MODE in
+fetch|copy|push)
   got=$(sha256_of "$stage/bin")
   if [ "$got" != "$WANT" ]; then
     echo "llmgw binary for $arch has sha256 $got, but $WANT was expected; nothing was installed" >&2; exit "$EXIT_CHECKSUM"
@@ -145,18 +148,17 @@ if [ "$MODE" != keep ]; then
       exit "$EXIT_VERSION"
     fi
   fi
-elif [ -f "$R$B" ]; then
-  keep "$B" "$B_MODE" "$B_OWNER"  # the right bytes: only its mode and owner are made right, in place
-fi
-# SIZE `-`: the node's file says the same in other words (desired.equivalent), and stays.
-if [ "$C_SIZE" = - ]; then keep "$C" "$C_MODE" "$C_OWNER"; else put "$C" "$C_MODE" "$C_OWNER" "$C_SIZE"; fi
-if [ "$U_SIZE" = - ]; then keep "$U" "$U_MODE" "$U_OWNER"; else put "$U" "$U_MODE" "$U_OWNER" "$U_SIZE"; fi
+  ;;
+*) act "$MODE" "$B" "$B_MODE" "$B_OWNER" 0 ;;
+esac
+act "$C_DO" "$C" "$C_MODE" "$C_OWNER" "$C_SIZE"
+act "$U_DO" "$U" "$U_MODE" "$U_OWNER" "$U_SIZE"
 
-if [ -z "$staged" ]; then
-  # The node has this binary, config and unit already (a re-run, or a node the
-  # script onboarded): nothing is replaced, and a running agent is not restarted.
+if [ "$AGENT" != restart ]; then
+  # Nothing is replaced (a re-run, a repair of modes, or a node the script
+  # onboarded): a running agent is not restarted; a stopped one is started.
   kv staged "$arch"
-  if [ "$(unit_is is-active "$UNIT")" = active ] && [ "$(unit_is is-enabled "$UNIT")" = enabled ]; then
+  if [ "$AGENT" = keep ]; then
     kv agent kept
   else
     systemctl enable "$UNIT" >/dev/null 2>&1
@@ -203,7 +205,7 @@ place
 systemctl daemon-reload
 systemctl enable "$UNIT" >/dev/null 2>&1
 restarted=yes
-systemctl "$START" "$UNIT"
+systemctl restart "$UNIT"
 if ! settle; then
   journal=$(journalctl -u "$UNIT" -n 15 --no-pager -o cat 2>&1 | tail -n 15)
   phase=restored

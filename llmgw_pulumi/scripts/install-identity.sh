@@ -2,25 +2,27 @@
 # NodeIdentity's change (SPEC steps 3 and 4): the node's certificate, key and
 # CA root, and the root as a system trust anchor.
 #
-# install-identity.sh DIRS UNIT RESTART ANCHOR [dir PATH MODE OWNER | file PATH MODE OWNER SIZE |
-#                                              nodekey PATH MODE OWNER PENDING SPKI]...
+# install-identity.sh DIRS UNIT RESTART ANCHOR TRUST [dir PATH MODE OWNER |
+#                    file DO PATH MODE OWNER BEFORE SIZE | nodekey PATH MODE OWNER PENDING SPKI]...
+# carries out NodeIdentity's plan (llmgw_pulumi.plan) and decides nothing else:
 #   DIRS     directories the package writes in (begin_change)
-#   UNIT     the agent's unit, restarted when RESTART is `yes` (a renewed
-#            identity only takes effect when the agent reconnects)
-#   ANCHOR   the trust anchor: update-ca-certificates runs when it changed
+#   UNIT     the agent's unit, restarted (if it runs) when RESTART is `yes`
+#            (a renewed identity only takes effect when the agent reconnects)
+#   ANCHOR   the trust anchor: update-ca-certificates runs when TRUST is `yes`
 #   dir      a directory to have, MODE, OWNER (user:group)
-#   file     a file to have: its SIZE bytes come next on stdin (a file that
-#            already holds them stays as it is: see `put`)
+#   file     a file's step DO (keep, repair, write: its SIZE bytes come next on
+#            stdin), planned from a node where it was BEFORE (`*`: not read)
 #   nodekey  the key pair the node made for the certificate (keyOrigin node),
 #            whose public half is SPKI: kept at PATH when it is there already,
 #            else renamed from PENDING to PATH in the same step as the
 #            certificate is installed. Neither: EXIT_KEY_MISSING, nothing changed.
+# Every file is re-checked against BEFORE under the lock, before anything
+# changes: a node that changed since it was read exits EXIT_STALE, unchanged.
 # Prints the node's hostname and architecture, `trust`, `agent`, and a survey
 # line for each file.
 begin_change "$1"
-UNIT=$2 RESTART=$3 ANCHOR=$4
-shift 4
-anchor_before=$(sha256_of "$R$ANCHOR")
+UNIT=$2 RESTART=$3 ANCHOR=$4 TRUST=$5
+shift 5
 files=''
 # take_node_key PATH MODE OWNER PENDING SPKI: see `nodekey` above.
 take_node_key() {
@@ -35,20 +37,31 @@ take_node_key() {
     exit "$EXIT_KEY_MISSING"
   fi
 }
+# recheck_all ARGS...: every file step's BEFORE, before anything changes.
+recheck_all() {
+  while [ $# -gt 0 ]; do
+    case $1 in
+    dir) shift 4 ;;
+    file) recheck "$3" "$(now_is "$3")" "$6"; shift 7 ;;
+    nodekey) shift 6 ;;
+    *) echo "install-identity.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+  done
+}
+recheck_all "$@"
 while [ $# -gt 0 ]; do
   case $1 in
   dir) ensure_dir "$2" "$3" "$4"; shift 4 ;;
-  file) put "$2" "$3" "$4" "$5"; files="$files$2
-"; shift 5 ;;
+  file) act "$2" "$3" "$4" "$5" "$7"; files="$files$3
+"; shift 7 ;;
   nodekey) take_node_key "$2" "$3" "$4" "$5" "$6"; files="$files$2
 "; shift 6 ;;
-  *) echo "install-identity.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 # A session that died while the files were staged ends the script here (SIGPIPE), before any changed.
 kv staged identity
 place
-update_trust "$ANCHOR" "$anchor_before"
+if [ "$TRUST" = yes ]; then update_trust "$ANCHOR"; else kv trust unchanged; fi
 if [ "$RESTART" = yes ]; then
   if systemctl try-restart "$UNIT" 2>/dev/null; then kv agent restarted; else kv agent not-running; fi
 fi

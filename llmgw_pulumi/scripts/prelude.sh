@@ -215,19 +215,12 @@ stage_temp() {
 
 # put PATH MODE OWNER SIZE: the next SIZE bytes of stdin are staged for PATH.
 # Nothing is in place until `place` renames every staged file, so a disk that
-# fills up fails the script before any file changed. A file that already holds
-# those bytes is not replaced (its inode and mtime stay): only its MODE and
-# OWNER are made right, in place.
+# fills up fails the script before any file changed.
 put() {
   new_temp "$1"
   if ! dd iflag=fullblock,count_bytes bs=65536 count="$4" status=none of="$t" 2>/dev/null \
      || [ "$(wc -c < "$t")" -ne "$4" ]; then
     cannot_write "$1"
-  fi
-  if [ -f "$R$1" ] && [ "$(sha256_of "$t")" = "$(sha256_of "$R$1")" ]; then
-    rm -f "$t"
-    keep "$1" "$2" "$3"
-    return 0
   fi
   stage_temp "$1" "$2" "$3"
 }
@@ -236,6 +229,36 @@ put() {
 keep() {
   chown "$3" "$R$1"
   chmod "$2" "$R$1"
+}
+
+# now_is PATH: the file as the plan records it (llmgw_pulumi.plan: `sha256,mode,user:group`), or `absent`.
+now_is() {
+  if [ -f "$R$1" ]; then
+    printf '%s,%s\n' "$(sha256_of "$R$1")" "$(stat -c '%a,%U:%G' "$R$1")"
+  else
+    echo absent
+  fi
+}
+
+# recheck WHAT NOW BEFORE: the plan was made from a node where WHAT was
+# BEFORE (`*`: anything); under the lock it is NOW. When they differ the node
+# changed since it was read: nothing is changed, and the provider reads it again.
+recheck() {
+  if [ "$3" != '*' ] && [ "$2" != "$3" ]; then
+    echo "$1 changed since the node was read (now $2, planned from $3); nothing was changed" >&2
+    exit "$EXIT_STALE"
+  fi
+}
+
+# act DO PATH MODE OWNER SIZE: one file's step of the plan: `keep` (nothing),
+# `repair` (mode and owner made right in place), `write` (SIZE bytes of stdin staged).
+act() {
+  case $1 in
+  keep) ;;
+  repair) keep "$2" "$3" "$4" ;;
+  write) put "$2" "$3" "$4" "$5" ;;
+  *) echo "llmgw-pulumi: unknown step $1 for $2" >&2; exit 2 ;;
+  esac
 }
 
 # spki_of_key FILE: the public half of the private key in FILE, as base64 of its
@@ -255,17 +278,12 @@ place() {
   staged='' temps=''
 }
 
-# update_trust ANCHOR BEFORE: run update-ca-certificates when the trust anchor
-# ANCHOR no longer has the sha256 BEFORE (it costs ~1 CPU-second). Its
-# failure is reported, not fatal.
+# update_trust ANCHOR: run update-ca-certificates (the plan replaced the trust
+# anchor ANCHOR; it costs ~1 CPU-second). Its failure is reported, not fatal.
 update_trust() {
-  if [ "$2" != "$(sha256_of "$R$1")" ]; then
-    if out=$(update-ca-certificates 2>&1); then
-      kv trust updated
-    else
-      kv trust "failed: $(printf '%s' "$out" | tail -n 1)"
-    fi
+  if out=$(update-ca-certificates 2>&1); then
+    kv trust updated
   else
-    kv trust unchanged
+    kv trust "failed: $(printf '%s' "$out" | tail -n 1)"
   fi
 }

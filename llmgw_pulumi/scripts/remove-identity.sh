@@ -34,5 +34,5 @@ while [ $# -gt 0 ]; do
   *) echo "remove-identity.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-update_trust "$ANCHOR" "$anchor_before"
+if [ "$anchor_before" != "$(sha256_of "$R$ANCHOR")" ]; then update_trust "$ANCHOR"; else kv trust unchanged; fi
 printf '%s' "$dirs" | while IFS= read -r d; do rmdir "$R$d" 2>/dev/null || true; done

@@ -1,21 +1,28 @@
 """An upgrade of this package changes no node: the guard for every change of the state's shape.
 
-A stack is onboarded by the package as it was at ``BASE`` (``git archive`` of
+A stack is onboarded by the package as it was at each of ``BASES`` (``git archive`` of
 its ``llmgw_pulumi``, first on ``PYTHONPATH``: the program imports it, and so
 do the dynamic providers, whose processes the CLI starts with its own
 environment). Then ``pulumi up`` runs with the package of this checkout and
 the config unchanged. On every node nothing may change: no file rewritten
 (inode, mtime, mode, owner, sha256), no agent restarted (same MainPID, and
 the control plane sees no stream close), no certificate re-issued (same
-serials); the CLI's change summary may only hold state-side updates, and the
-preview after that `up` is empty.
+serials), and no SSH connection is opened to any node (a state-side update
+has nothing to ask a node); the CLI's change summary may only hold
+state-side updates, and the preview after that `up` is empty. A `pulumi
+refresh` then rewrites each record in this version's shape
+(``state_version``), and finds no drift.
+
+Reading an earlier record without its migration (``observed.migrate``) is
+caught here: the providers would see no observation of the node, take it as
+drift, and read the node (an SSH connection) to plan a repair.
 
 That each `up` ran the code it was meant to is checked, not assumed: a probe
 (a ``sitecustomize`` on ``PYTHONPATH``) logs where every ``llmgw_pulumi``
 module each Python process imports comes from, and whether the process is the
 program or a provider.
 
-Move ``BASE`` forward when a release's state shape is the one to upgrade from.
+Add a commit to ``BASES`` when a release's state shape is one to upgrade from.
 """
 
 from __future__ import annotations
@@ -38,8 +45,9 @@ from tests.e2e.test_lifecycle import install_test_engine
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
-BASE = "ca1dd75"
-"""The commit whose package writes the state this checkout's package must take over without touching a node."""
+BASES = ("ca1dd75", "e80e071")
+"""The commits whose package writes state this checkout's package must take over without touching a node:
+ca1dd75 (the first the test ran from) and e80e071 (the last before the state model of observed.py)."""
 
 NODE_FILES = ("/usr/local/bin/llmgw", "/etc/systemd/system/llmgw-agent.service",
               "/usr/local/share/ca-certificates/llmgw-ca.crt", "/etc/ssl/certs/ca-certificates.crt")
@@ -159,8 +167,9 @@ def streams(cluster: Any, ids: set[str], since: int) -> dict[str, list[str]]:
     return {n: [e.outcome for e in cluster.control_plane.events[since:] if e.node_id == n] for n in sorted(ids)}
 
 
-def test_an_upgrade_from_the_base_commit_changes_no_node(cluster, hosts, new_stack, tmp_path):
-    base = base_package(BASE, tmp_path / "base")
+@pytest.mark.parametrize("base_commit", BASES)
+def test_an_upgrade_from_the_base_commit_changes_no_node(cluster, hosts, new_stack, tmp_path, base_commit):
+    base = base_package(base_commit, tmp_path / "base")
     probe = tmp_path / "probe"
     probe.mkdir()
     (probe / "sitecustomize.py").write_text(PROBE)
@@ -171,7 +180,9 @@ def test_an_upgrade_from_the_base_commit_changes_no_node(cluster, hosts, new_sta
         # keyOrigin node (the default), the release tag, an engine
         {"id": keyed.hostname, "address": keyed.addr, "engines": {"llamacpp": {"bin": engine}}},
         # keyOrigin operator, the release tag, agent.yaml overrides
+        # (pinned to the host key read from its disk, as on a console: a key made here goes only to a known machine)
         {"id": operator_keyed.hostname, "address": operator_keyed.addr, "keyOrigin": "operator",
+         "hostKey": (operator_keyed.read_file("/etc/ssh/ssh_host_ed25519_key.pub") or b"").decode().strip(),
          "mgmtAddr": operator_keyed.addr, "fabric": {"name": "ib-east", "hcas": ["mlx5_0"]},
          "discovery": {"ibRoot": "/run/ib"}},
         # a dev build, copied
@@ -196,20 +207,22 @@ def test_an_upgrade_from_the_base_commit_changes_no_node(cluster, hosts, new_sta
     agents = {h.hostname: agent_process(h, cluster) for h in fleet}
     issued = serials(stack, fleet)
     mark = len(cluster.control_plane.events)
+    connections = {h.hostname: h.passive_tcp_opens() for h in fleet}
 
     # This checkout's package takes over, the config unchanged.
     new_log = tmp_path / "imports-new.log"
     stack.env.update(PYTHONPATH=str(probe), LLMGW_IMPORT_LOG=str(new_log))
     upgrade = stack.up()
     assert upgrade.ok, upgrade.output
+    opened = {h.hostname: h.passive_tcp_opens() - connections[h.hostname] for h in fleet}
     steps = steps_taken(upgrade)
-    print(f"\nupgrade from {BASE}: {upgrade.changes}; steps other than same: {steps}")
+    print(f"\nupgrade from {base_commit}: {upgrade.changes}; steps other than same: {steps}; connections: {opened}")
     imports = Imports.read(new_log)
     assert imports.roles() == {"program", "provider"}, imports.rows
     assert imports.outside(REPO / "llmgw_pulumi") == [], "the upgrade's up did not run this checkout's package"
 
     # Every node change is listed before the test fails, so that one run tells all an upgrade did.
-    problems = []
+    problems = [f"{n}: the upgrade's up opened {k} connection(s) to the node" for n, k in opened.items() if k]
     if not set(upgrade.changes) <= STATE_SIDE:
         problems.append(f"the upgrade's up shows {upgrade.changes}, steps {steps}")
     for h in fleet:
@@ -237,3 +250,15 @@ def test_an_upgrade_from_the_base_commit_changes_no_node(cluster, hosts, new_sta
 
     preview = stack.preview(expect_no_changes=True)
     assert preview.ok, preview.output
+
+    # A refresh reads every node and records it in this version's shape: no drift, nothing to do.
+    refresh = stack.refresh()
+    assert refresh.ok, refresh.output
+    records = [(r["urn"], r["outputs"]) for r in stack.export()["resources"]
+               if r["type"].endswith(("NodeIdentity", "AgentInstall"))]
+    assert len(records) == 2 * len(fleet), [urn for urn, _ in records]
+    for urn, outs in records:
+        assert outs.get("state_version") == 1 and "observed" in outs, (urn, outs)
+        assert not {"node_state", "files"} & set(outs), (urn, outs)
+    after_refresh = stack.preview(expect_no_changes=True)
+    assert after_refresh.ok, after_refresh.output

@@ -10,10 +10,12 @@ import dill
 import pytest
 from pulumi.output import Unknown
 
+from llmgw_pulumi.observed import STATE_VERSION, Observed, Seen
 from llmgw_pulumi.providers.agent import AgentInstallProvider
+from llmgw_pulumi.providers.agent import wanted as agent_wanted
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider, reissue_reasons
 from llmgw_pulumi.providers.engines import EngineCheckProvider
-from llmgw_pulumi.providers.identity import NodeIdentityProvider, desired_hashes
+from llmgw_pulumi.providers.identity import NodeIdentityProvider, wanted
 from tests.unit import fake_pem
 
 KEY = fake_pem("OPENSSH PRIVATE KEY", "SSHKEYBODY")
@@ -112,9 +114,21 @@ def test_certificate_validity_change_updates_without_reissuing():
 
 # ---------------------------------------------------------------- NodeIdentity
 
+def as_seen(want):
+    """The record of a node that holds exactly what ``want`` says (any bytes: "f" * 64)."""
+    return Observed({p: Seen("f" * 64 if w.sha256 == "*" else w.sha256, w.mode, w.owner) for p, w in want.files.items()},
+                    want.unit).record()
+
+
+def as_installed(inputs):
+    """AgentInstall's outputs right after it installed ``inputs``: the node seen holding what they say."""
+    return {**inputs, "observed": as_seen(agent_wanted(inputs)), "state_version": STATE_VERSION}
+
+
 def identity_state():
     news = {"node_id": "gpu-01", "connection": CONN, **PEMS}
-    return news, {**news, "host_key": "ssh-ed25519 AAAA", "hostname": "gpu-01", "files": desired_hashes(news)}
+    return news, {**news, "host_key": "ssh-ed25519 AAAA", "hostname": "gpu-01", "observed": as_seen(wanted(news)),
+                  "state_version": STATE_VERSION}
 
 
 def test_identity_unchanged_when_nothing_changed():
@@ -143,7 +157,7 @@ def test_identity_new_node_id_is_a_replacement_without_downtime():
 
 def test_machine_facts_are_carried_forward_while_identity_updates_in_preview():
     p = AgentInstallProvider()
-    olds = checked(p, AGENT)
+    olds = as_installed(checked(p, AGENT))
     res = p.check(olds, {**AGENT, "hostname": Unknown(), "known_host_key": Unknown()})
     assert res.inputs["hostname"] == "gpu-01" and res.inputs["agent_yaml"] == olds["agent_yaml"]
     assert p.diff("id", olds, res.inputs).changes is False
@@ -184,7 +198,7 @@ def test_identity_unknown_host_in_preview_means_replacement():
 
 def test_identity_drift_found_by_refresh_is_a_change():
     news, olds = identity_state()
-    drifted = {**olds, "files": {**olds["files"], "/etc/llmgw/agent-key.pem": "absent"}}
+    drifted = {**olds, "observed": {"files": {**olds["observed"]["files"], "/etc/llmgw/agent-key.pem": "absent"}}}
     d = NodeIdentityProvider().diff("id", drifted, news)
     assert d.changes and d.replaces == []
 
@@ -220,7 +234,7 @@ def test_agent_config_is_unknown_while_the_hostname_is():
 
 def test_agent_servers_change_is_an_update_that_names_the_config():
     p = AgentInstallProvider()
-    olds = checked(p, AGENT)
+    olds = as_installed(checked(p, AGENT))
     news = checked(p, {**AGENT, "servers": ["cp1:7443", "cp2:7443"]})
     d = p.diff("id", olds, news)
     assert d.changes and not d.replaces
@@ -230,12 +244,10 @@ def test_agent_servers_change_is_an_update_that_names_the_config():
 def test_agent_drift_after_refresh():
     p = AgentInstallProvider()
     inputs = checked(p, AGENT)
-    import hashlib
-    olds = {**inputs, "installed_sha256": "b" * 64, "node_state": {
-        "binary_sha256": "b" * 64, "config_sha256": hashlib.sha256(inputs["agent_yaml"].encode()).hexdigest(),
-        "unit_sha256": hashlib.sha256(inputs["unit"].encode()).hexdigest(), "active": "active", "enabled": "enabled"}}
+    olds = {**inputs, "installed_sha256": "b" * 64, "observed": as_seen(agent_wanted(inputs, "b" * 64)),
+            "state_version": STATE_VERSION}
     assert p.diff("id", olds, inputs).changes is False
-    stopped = {**olds, "node_state": {**olds["node_state"], "active": "inactive"}}
+    stopped = {**olds, "observed": {**olds["observed"], "unit": "inactive enabled"}}
     assert p.diff("id", stopped, inputs).changes is True
 
 

@@ -25,6 +25,7 @@ from cryptography.x509.oid import NameOID
 from lab import pki as labpki
 from lab.release_server import publish_release
 from llmgw_pulumi import desired, errors, pki, remote, sessions
+from llmgw_pulumi.observed import STATE_VERSION
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
@@ -49,6 +50,11 @@ def agent_binary(version: str, starts: bool = True) -> bytes:
     """A stand-in llmgw: answers --version; as `agent` it comes up (exit 0) or crashes (exit 1, one line on stderr)."""
     agent = "exit 0" if starts else "echo 'llmgw: fatal: simulated fault' >&2; exit 1"
     return (f"#!/bin/sh\ncase $1 in --version) echo 'llmgw version {version}' ;; agent) {agent} ;; esac\n").encode()
+
+
+def shas(outs: dict[str, Any]) -> dict[str, str]:
+    """path -> the sha256 of the file the resource last saw there (or ``absent``), from its ``observed`` output."""
+    return {path: seen.split()[0] for path, seen in outs["observed"]["files"].items()}
 
 
 def sha(data: bytes | str) -> str:
@@ -158,10 +164,10 @@ def test_identity_create_installs_the_files_with_spec_modes(node: FakeNode, pki_
         assert node.owner(path) == "root:root", path
     assert node.mode("/etc/llmgw") == 0o755 and node.owner("/etc/llmgw") == "root:root"
     assert outs["host_key"] == node.host_key and outs["hostname"] == "gpu-01" and outs["arch"] == "amd64"
-    assert outs["files"] == {CA: sha(inputs["ca_pem"]), CERT: sha(inputs["cert_pem"]), KEY: sha(inputs["key_pem"]),
+    assert shas(outs) == {CA: sha(inputs["ca_pem"]), CERT: sha(inputs["cert_pem"]), KEY: sha(inputs["key_pem"]),
                              ANCHOR: sha(inputs["ca_pem"])}
     assert outs["trust"] == "updated" and len(node.calls("update-ca-certificates")) == 1
-    assert node.calls("systemctl") == [], "a first install has no agent to restart"
+    assert changes_to_systemd(node) == [], "a first install has no agent to restart"
     assert node.leftovers() == []
     assert NodeIdentityProvider().diff("id", outs, inputs).changes is False
 
@@ -183,8 +189,8 @@ def test_identity_renewal_restarts_the_agent_and_skips_an_unchanged_trust_anchor
     assert renewed["cert_pem"] != inputs["cert_pem"]
     new = NodeIdentityProvider().update("id", outs, renewed).outs
     assert node.read(CERT) == renewed["cert_pem"].encode() and node.read(KEY) == renewed["key_pem"].encode()
-    assert new["files"][CERT] == sha(renewed["cert_pem"]) and new["host_key"] == node.host_key
-    assert node.calls("systemctl") == [f"systemctl try-restart {UNIT_NAME}"]
+    assert shas(new)[CERT] == sha(renewed["cert_pem"]) and new["host_key"] == node.host_key
+    assert changes_to_systemd(node) == [f"systemctl try-restart {UNIT_NAME}"]
     assert new["trust"] == "unchanged" and len(node.calls("update-ca-certificates")) == 1
 
 
@@ -196,15 +202,15 @@ def test_identity_tolerates_a_failing_update_ca_certificates(node: FakeNode, pki
 
 
 @pytest.mark.parametrize("change,seen", [
-    ("content", lambda key: sha(key + "x")),
-    ("mode", lambda key: sha(key) + "; mode 0644, not 0600"),
-    ("owner", lambda key: sha(key) + "; owner nobody:nogroup, not root:root"),
+    ("content", lambda key: sha(key + "x") + " 600 root:root"),
+    ("mode", lambda key: sha(key) + " 644 root:root"),
+    ("owner", lambda key: sha(key) + " 600 nobody:nogroup"),
     ("removed", lambda key: "absent"),
 ])
 def test_identity_read_shows_drift_and_update_repairs_it(node: FakeNode, pki_dir: Path, change: str, seen: Any) -> None:
     p = NodeIdentityProvider()
     inputs, outs = onboard_identity(pki_dir)
-    assert p.read("gpu-01", outs).outs["files"] == outs["files"], "no drift right after create"
+    assert p.read("gpu-01", outs).outs["observed"] == outs["observed"], "no drift right after create"
     key = node.path(KEY)
     if change == "content":
         key.write_text(inputs["key_pem"] + "x")
@@ -215,12 +221,12 @@ def test_identity_read_shows_drift_and_update_repairs_it(node: FakeNode, pki_dir
     else:
         key.unlink()
     refreshed = p.read("gpu-01", outs).outs
-    assert refreshed["files"] == {**outs["files"], KEY: seen(inputs["key_pem"])}
+    assert refreshed["observed"]["files"] == {**outs["observed"]["files"], KEY: seen(inputs["key_pem"])}
     assert p.diff("gpu-01", refreshed, inputs).changes is True
 
     repaired = p.update("gpu-01", refreshed, inputs).outs
     assert node.read(KEY) == inputs["key_pem"].encode() and node.mode(KEY) == 0o600 and node.owner(KEY) == "root:root"
-    assert p.read("gpu-01", repaired).outs["files"] == outs["files"]
+    assert p.read("gpu-01", repaired).outs["observed"] == outs["observed"]
     assert p.diff("gpu-01", repaired, inputs).changes is False
 
 
@@ -274,7 +280,7 @@ def test_an_operator_side_change_updates_state_without_reaching_the_node(node: F
     news = {**inputs, "connection": {**inputs["connection"], "user": "ops", "wait": 45.0}}
     assert p.diff("gpu-01", outs, news).changes is True
     new = p.update("gpu-01", outs, news).outs
-    assert new["connection"]["user"] == "ops" and new["host_key"] == outs["host_key"] and new["files"] == outs["files"]
+    assert new["connection"]["user"] == "ops" and new["host_key"] == outs["host_key"] and new["observed"] == outs["observed"]
 
 
 # --------------------------------------------------------------------------- AgentInstall
@@ -300,8 +306,9 @@ def assert_agent_installed(node: FakeNode, inputs: dict[str, Any], binary: bytes
     assert node.read(UNIT) == inputs["unit"].encode() and node.mode(UNIT) == 0o644
     assert node.unit() == ("active", "enabled")
     assert outs["installed_sha256"] == sha(binary) and outs["arch"] == "amd64"
-    assert outs["node_state"] == {"binary_sha256": sha(binary), "config_sha256": sha(inputs["agent_yaml"]),
-                                  "unit_sha256": sha(inputs["unit"]), "active": "active", "enabled": "enabled"}
+    assert outs["observed"] == {"files": {BINARY: f"{sha(binary)} 755 root:root", CONFIG: f"{sha(inputs['agent_yaml'])} 644 root:root",
+                                          UNIT: f"{sha(inputs['unit'])} 644 root:root"}, "unit": "active enabled"}
+    assert outs["state_version"] == STATE_VERSION
     assert node.leftovers() == []
 
 
@@ -385,10 +392,10 @@ def test_agent_that_does_not_stay_up_after_an_upgrade_is_rolled_back(agent_node:
 
 
 @pytest.mark.parametrize("change,drifted", [
-    ("config", ["node_state.config"]),
-    ("binary", ["node_state.binary"]),
-    ("binary mode", ["node_state.binary"]),
-    ("stopped", ["node_state.active", "node_state.enabled"]),
+    ("config", [f"observed.{CONFIG}"]),
+    ("binary", [f"observed.{BINARY}"]),
+    ("binary mode", [f"observed.{BINARY}"]),
+    ("stopped", ["observed.unit"]),
 ])
 def test_agent_read_shows_drift_and_update_repairs_it(agent_node: FakeNode, dev_build: Path, change: str,
                                                       drifted: list[str]) -> None:
@@ -398,7 +405,7 @@ def test_agent_read_shows_drift_and_update_repairs_it(agent_node: FakeNode, dev_
     p = AgentInstallProvider()
     inputs = agent_inputs(dev_build)
     outs = p.create(inputs).outs
-    assert p.read("gpu-01", outs).outs["node_state"] == outs["node_state"], "no drift right after create"
+    assert p.read("gpu-01", outs).outs["observed"] == outs["observed"], "no drift right after create"
     if change == "config":
         node.path(CONFIG).write_text(inputs["agent_yaml"] + "mgmt_addr: 1.2.3.4\n")
     elif change == "binary":
@@ -505,7 +512,7 @@ def test_a_read_whose_connection_broke_reads_again_over_a_new_one(node: FakeNode
 
     monkeypatch.setattr(FakeNode, "run", breaks_once)
     read = p.read("gpu-01", outs)
-    assert len(calls) == 2 and read.outs["files"] == outs["files"]  # read again, and the node as it is
+    assert len(calls) == 2 and read.outs["observed"] == outs["observed"]  # read again, and the node as it is
 
     # A command that failed without the connection breaking is not repeated.
     calls.clear()
@@ -566,7 +573,7 @@ def test_the_node_makes_its_key_and_it_never_leaves_it(node: FakeNode, pki_dir: 
     # Made in a temporary file that was 0600 and root's when it was given its owner, before it held the key.
     made = [r for r in node.chowns if r.path.startswith(PENDING + ".llmgw-new.")]
     assert len(made) == 1 and made[0].mode == 0o600 and made[0].owner == "root:root", node.chowns
-    assert outs["files"][KEY] == sha(key)
+    assert shas(outs)[KEY] == sha(key)
     assert NodeIdentityProvider().diff("gpu-01", outs, inputs).changes is False
 
 
@@ -586,7 +593,7 @@ def test_renewal_makes_a_new_pair_and_swaps_it_with_the_certificate(node: FakeNo
     key = node.read(KEY)
     assert key != old_key and public_of(key or b"") == cert_public(renewed["cert_pem"])
     assert node.read(CERT) == renewed["cert_pem"].encode() and node.read(PENDING) is None
-    assert new["files"][KEY] == sha(key or b"") and node.mode(KEY) == 0o600
+    assert shas(new)[KEY] == sha(key or b"") and node.mode(KEY) == 0o600
     assert f"systemctl try-restart {desired.UNIT_NAME}" in node.calls("systemctl")
 
 

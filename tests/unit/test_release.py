@@ -152,7 +152,9 @@ def test_an_approval_is_fetched_once_per_release(monkeypatch: pytest.MonkeyPatch
 def test_the_diff_never_compares_how_a_release_is_verified() -> None:
     """State written before these inputs existed, and a preview (which knows no digests): no change."""
     p = AgentInstallProvider()
-    olds = {"node_id": "gpu-01", "version": TAG, "release_url": RELEASE_URL, "servers": ["cp:7443"]}
+    # As ca1dd75 recorded it: the unit's state in node_state (no agent.yaml or unit text here to compare).
+    olds = {"node_id": "gpu-01", "version": TAG, "release_url": RELEASE_URL, "servers": ["cp:7443"],
+            "node_state": {"active": "active", "enabled": "enabled"}}
     news = {**olds, "release_sha256": {"amd64": "a" * 64}, "signing_key": "ssh-ed25519 AAAA", "fetch": "operator",
             "release_ca": "/ca.pem"}
     assert p.diff("gpu-01", olds, news).changes is False
@@ -210,11 +212,11 @@ def test_the_right_bytes_with_the_wrong_mode_are_repaired_in_place(agent_node: F
     fake.path(BINARY).chmod(0o777)
     inode = fake.path(BINARY).stat().st_ino
     refreshed = p.read("gpu-01", outs).outs
-    assert "0777" in refreshed["node_state"]["binary_sha256"], refreshed["node_state"]
+    assert refreshed["observed"]["files"][BINARY] == f"{sha(binary)} 777 root:root", refreshed["observed"]
     restarts = len(changes_to_systemd(fake))
     repaired = p.update("gpu-01", refreshed, inputs).outs
     assert fake.mode(BINARY) == 0o755 and fake.path(BINARY).stat().st_ino == inode
-    assert repaired["node_state"]["binary_sha256"] == sha(binary)
+    assert repaired["observed"]["files"][BINARY] == f"{sha(binary)} 755 root:root"
     assert [c for c in changes_to_systemd(fake)[restarts:] if "restart" in c] == []
 
 

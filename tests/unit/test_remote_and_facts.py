@@ -1,6 +1,7 @@
 """Remote scripts are values whose variable parts are quoted arguments; facts are pure parsers."""
 
 import base64
+import hashlib
 import re
 import shlex
 import shutil
@@ -9,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_pulumi import desired, errors, facts, remote
+from llmgw_pulumi import desired, errors, facts, plan, remote
 from llmgw_pulumi.desired import File
+from llmgw_pulumi.observed import Observed, Want, Wanted
 from tests.unit import fake_pem
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "nvidia-h200"
@@ -25,24 +27,38 @@ def test_a_hostile_engine_path_stays_one_argument():
     assert evil not in script.text, "the path is never spliced into the script text"
 
 
+def identity_writes(files):
+    """NodeIdentity's script for a node never read: every file in ``files`` written."""
+    wanted = Wanted({f.path: Want(f.sha256, f.mode, f.owner) for f in files})
+    return remote.install_identity(plan.identity_plan("gpu-01", wanted, Observed({}), key_on_node=False), files)
+
+
+def agent_install(source=plan.Do.FETCH, config="c", unit="u", binary=b"", **kwargs):
+    """AgentInstall's script for a node never read: the binary from ``source``, config and unit written."""
+    wanted = Wanted({f.path: Want(f.sha256, f.mode, f.owner) for f in desired.agent_files(config, unit)}, "active enabled")
+    sha = hashlib.sha256(binary).hexdigest()
+    change = plan.agent_plan("gpu-01", wanted, Observed({}), "amd64", plan.BinaryWanted(source, {"amd64": sha, "": sha}))
+    return remote.install_agent(change, config, unit, binary=binary, **kwargs)
+
+
 def test_a_script_is_the_same_text_for_every_node():
     key = fake_pem("PRIVATE KEY", "secret")
-    a = remote.install_identity(desired.identity_files("CA", "C1", key), restart_agent=False)
-    b = remote.install_identity(desired.identity_files("CA2", "C2", "K"), restart_agent=True)
+    a = identity_writes(desired.identity_files("CA", "C1", key))
+    b = identity_writes(desired.identity_files("CA2", "C2", "K"))
     assert a.text == b.text == remote.program("install-identity.sh")
-    c = remote.install_agent(mode="release", config="c", unit="u", version="v1.2.3", release_url="https://r.example/x/")
-    assert c.text == remote.install_agent(mode="copy", config="d", unit="v", binary=b"b", binary_sha256="0" * 64).text
-    assert c.args[2:5] == ("release", "v1.2.3", "https://r.example/x")
+    c = agent_install(version="v1.2.3", release_url="https://r.example/x/")
+    assert c.text == agent_install(plan.Do.COPY, "d", "v", b"b").text
+    assert c.args[5:9] == ("amd64", "v1.2.3", "https://r.example/x", "fetch")
     assert "https://r.example" not in c.text
 
 
 def test_file_contents_travel_on_stdin_not_on_the_command_line():
     key = fake_pem("PRIVATE KEY", "secret").encode()
-    script = remote.install_identity([File("/etc/llmgw/agent-key.pem", 0o600, key)], restart_agent=False)
+    script = identity_writes([File("/etc/llmgw/agent-key.pem", 0o600, key)])
     assert b"secret" not in script.command(sudo=True).encode()
     assert script.stdin == key
     assert "secret" not in repr(script)
-    assert script.args[-5:] == ("file", "/etc/llmgw/agent-key.pem", "0600", "root:root", str(len(key)))
+    assert script.args[-7:] == ("file", "write", "/etc/llmgw/agent-key.pem", "0600", "root:root", "*", str(len(key)))
 
 
 SPEC_IDENTITY_FILES = ("/etc/llmgw/ca.pem", "/etc/llmgw/agent.pem", "/etc/llmgw/agent-key.pem",
@@ -51,8 +67,8 @@ SPEC_AGENT_FILES = ("/usr/local/bin/llmgw", "/etc/llmgw/agent.yaml", "/etc/syste
 
 
 def test_the_scripts_are_told_every_file_by_the_desired_state():
-    identity = remote.install_identity(desired.identity_files("CA", "C", "K"), restart_agent=False).args
-    agent = remote.install_agent(mode="keep", config="c", unit="u").args
+    identity = identity_writes(desired.identity_files("CA", "C", "K")).args
+    agent = agent_install().args
     for f in desired.NODE_FILES:
         assert f.path in (identity if f.resource == desired.IDENTITY else agent), f.path
     # The SPEC's files (steps 3 to 8), written out here: the survey reads every one, removal takes the agent's.

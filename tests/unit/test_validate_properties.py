@@ -22,6 +22,7 @@ from llmgw_pulumi import desired, facts, remote, validate
 from llmgw_pulumi.remote import Script
 from llmgw_pulumi.specs import AgentSettings, Problems, build
 from llmgw_pulumi.text import printable
+from tests.unit.test_remote_and_facts import agent_install
 
 settings.register_profile("llmgw", deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 settings.load_profile("llmgw")
@@ -190,8 +191,7 @@ def test_any_node_id_is_refused_or_reaches_the_scripts_as_one_argument(value):
 @settings(max_examples=60)
 @given(near(validate._VERSION) | near(validate.RELEASE_TAG))
 def test_any_version_is_refused_or_reaches_the_installer_as_one_argument(value):
-    on_node(validate.version, lambda v: remote.install_agent(mode="release", config="c", unit="u", version=v,
-                                                            release_url="https://r.example/x"), value, "v1.2.3")
+    on_node(validate.version, lambda v: agent_install(version=v, release_url="https://r.example/x"), value, "v1.2.3")
 
 
 @given(st.text())
