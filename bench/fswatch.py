@@ -6,8 +6,9 @@ fanotify reports each close of a file that was written (FAN_CLOSE_WRITE) in a
 marked directory with an open descriptor of that very file, so its size is the
 size of the version just written even when the next one has replaced it by the
 time the event is read. Directories made during the run (a stack's first history
-directory) are marked as inotify reports them; what was closed in one before its
-mark is counted from its files then. Subdirectories named in `skip` are left out.
+directory) are marked as inotify reports them, each before it is listed; a file
+found in the listing is counted at its listed size unless a close of it is
+reported afterwards (then it was still being written: the event's version counts). Subdirectories named in `skip` are left out.
 A file rewritten in place (not replaced) twice before the watch reads the first
 event counts once, at its last size (fanotify merges the two events): the DIY
 backend's `.attrs` sidecars (about 200 bytes) may be undercounted so.
@@ -50,8 +51,11 @@ class WriteWatch:
         self.versions = 0
         self.overflowed = False
         self._dirs: dict[int, Path] = {}
-        self._listed: set[tuple[int, int, int, int]] = set()
-        """(device, inode, mtime, size) of the files counted from a new directory's listing: not again by event."""
+        self._marked: set[Path] = set()
+        self._listed: dict[tuple[int, int], int] = {}
+        """(device, inode) -> size of the files found in a new directory's listing. A close of one of them
+        reported afterwards is that version (it may have been mid-write when listed): it replaces the listing's
+        entry; the rest are counted at the end, as written before their directory was marked."""
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]
         self._fan = self._inotify = -1
@@ -73,29 +77,37 @@ class WriteWatch:
         self._stop.set()
         self._thread.join()
         self._drain()  # whatever arrived after the loop's last read
+        for size in self._listed.values():
+            self._add(size)
+        self._listed.clear()
         os.close(self._fan)
         os.close(self._inotify)
 
     def _watch_tree(self, top: Path, new: bool) -> None:
-        for d, subdirs, files in os.walk(top):
-            path = Path(d)
-            if path in self.skip:
-                subdirs.clear()
-                continue
-            wd = self._libc.inotify_add_watch(self._inotify, bytes(path), IN_CREATE | IN_MOVED_TO | IN_ONLYDIR)
-            if wd >= 0:
-                self._dirs[wd] = path
-            self._libc.fanotify_mark(self._fan, FAN_MARK_ADD, FAN_CLOSE_WRITE | FAN_EVENT_ON_CHILD, AT_FDCWD, bytes(path))
-            if new:  # files closed before the mark was on
-                for name in files:
-                    with contextlib.suppress(OSError):
-                        st = os.stat(path / name)
-                        self._listed.add(self._key(st))
-                        self._add(st.st_size)
+        """Mark ``top`` and every directory below it, each before it is listed: a directory or file made while
+        this runs is then either in the listing or reported by its event (a file in both is counted once)."""
+        if top in self.skip or top in self._marked:
+            return
+        self._marked.add(top)
+        wd = self._libc.inotify_add_watch(self._inotify, bytes(top), IN_CREATE | IN_MOVED_TO | IN_ONLYDIR)
+        if wd >= 0:
+            self._dirs[wd] = top
+        self._libc.fanotify_mark(self._fan, FAN_MARK_ADD, FAN_CLOSE_WRITE | FAN_EVENT_ON_CHILD, AT_FDCWD, bytes(top))
+        try:
+            entries = list(os.scandir(top))
+        except OSError:
+            return
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                self._watch_tree(Path(entry.path), new)
+            elif new:  # files closed before the mark was on
+                with contextlib.suppress(OSError):
+                    st = entry.stat(follow_symlinks=False)
+                    self._listed[self._key(st)] = st.st_size
 
     @staticmethod
-    def _key(st: os.stat_result) -> tuple[int, int, int, int]:
-        return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+    def _key(st: os.stat_result) -> tuple[int, int]:
+        return st.st_dev, st.st_ino
 
     def _add(self, size: int) -> None:
         self.bytes += size
@@ -125,10 +137,8 @@ class WriteWatch:
                         st = os.fstat(fd)
                     finally:
                         os.close(fd)
-                    if self._key(st) in self._listed:
-                        self._listed.discard(self._key(st))
-                    else:
-                        self._add(st.st_size)
+                    self._listed.pop(self._key(st), None)
+                    self._add(st.st_size)
 
     def _drain_directories(self) -> None:
         while True:

@@ -40,6 +40,7 @@ The hierarchy (``__all__`` is this list; tests/unit/test_public_api.py keeps it 
     ├── NodeDiskFullError
     ├── NodeBusyError
     ├── NodeLockUnavailableError
+    ├── NodeChangedError            the node changed between its read and the change
     ├── NoKeygenError
     ├── NodeKeyMissingError
     ├── AgentStartError
@@ -59,7 +60,7 @@ __all__ = [
     "CertificatePolicyError", "SignerError", "SignedCertificateError", "UnreachableError", "WaitExpired",
     "HostKeyChangedError", "AuthenticationError", "SudoUnavailableError", "ReleaseFetchError", "ChecksumMismatchError",
     "ReleaseSignatureError", "ReleaseVersionError", "UnsafeDirectoryError", "NodeDiskFullError", "NodeBusyError",
-    "NodeLockUnavailableError", "NoKeygenError", "NodeKeyMissingError", "AgentStartError", "EngineWillNotRunError",
+    "NodeLockUnavailableError", "NodeChangedError", "NoKeygenError", "NodeKeyMissingError", "AgentStartError", "EngineWillNotRunError",
     "RolloutStoppedError", "RemoteCommandError",
 ]
 

@@ -31,6 +31,16 @@ def checked(provider: Any, news: dict[str, Any], olds: dict[str, Any] | None = N
     return dict(res.inputs)
 
 
+def installed(inputs: dict[str, Any]) -> dict[str, Any]:
+    """An AgentInstall's state after its install: the inputs, and the node seen holding what they render (a
+    record of the shape before state_version 1, read through its migration)."""
+    import hashlib
+
+    seen = {"binary_sha256": "b" * 64, "config_sha256": hashlib.sha256(inputs["agent_yaml"].encode()).hexdigest(),
+            "unit_sha256": hashlib.sha256(inputs["unit"].encode()).hexdigest(), "active": "active", "enabled": "enabled"}
+    return {**inputs, "installed_sha256": "b" * 64, "arch": "amd64", "node_state": seen}
+
+
 @pytest.mark.parametrize("field, value", [("host", "10.0.0.99"), ("port", 2222.0)])
 def test_another_address_or_port_replaces_the_engine_check_and_the_agent(field: str, value: object) -> None:
     for provider, inputs in ((EngineCheckProvider(), ENGINES), (AgentInstallProvider(), AGENT)):
@@ -73,8 +83,8 @@ def test_a_canary_whose_agent_has_nothing_to_change_says_so_and_only_then(tmp_pa
     run = rollout.Run.current(directory)
     p = AgentInstallProvider()
     for node in ("gpu-01", "gpu-02"):
-        olds = checked(p, {**AGENT, "node_id": node, "hostname": node,
-                           "rollout": {"canaries": ["gpu-01", "gpu-02"], "directory": str(directory)}})
+        olds = installed(checked(p, {**AGENT, "node_id": node, "hostname": node,
+                                     "rollout": {"canaries": ["gpu-01", "gpu-02"], "directory": str(directory)}}))
         assert p.diff(node, olds, {**olds, "servers": ["cp2:7443"]}).changes is True
         assert run.state(node) is None  # it has something to change: the others wait for it
         assert p.diff(node, olds, olds).changes is False
@@ -127,15 +137,26 @@ def test_the_renewal_window_defaults_for_a_stack_that_never_set_it_and_includes_
 
 
 def test_a_key_made_on_the_node_is_expected_to_stay_what_the_last_read_saw() -> None:
-    from llmgw_pulumi.providers.identity import NodeIdentityProvider, changes, desired_hashes
+    import hashlib
 
-    news = {"node_id": "gpu-01", "connection": CONN, "ca_pem": "-----BEGIN CERTIFICATE-----\nCA\n",
-            "cert_pem": "-----BEGIN CERTIFICATE-----\nC\n"}
-    files = {**(desired_hashes(news) or {}), "/etc/llmgw/agent-key.pem": "f" * 64}  # as install or refresh saw it
-    olds = {**news, "host_key": HOST_KEY, "hostname": "gpu-01", "files": files}
+    from llmgw_pulumi.observed import OBSERVED_KEY
+    from llmgw_pulumi.providers.identity import NodeIdentityProvider, changes
+
+    ca, cert = "-----BEGIN CERTIFICATE-----\nCA\n", "-----BEGIN CERTIFICATE-----\nC\n"
+    news = {"node_id": "gpu-01", "connection": CONN, "ca_pem": ca, "cert_pem": cert}
+
+    def sha(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    # As install or refresh saw it (written out, not computed by the code under test); the key's bytes are never
+    # seen here, only that it is there with its mode and owner.
+    seen = {"/etc/llmgw/ca.pem": f"{sha(ca)} 644 root:root", "/etc/llmgw/agent.pem": f"{sha(cert)} 644 root:root",
+            "/usr/local/share/ca-certificates/llmgw-ca.crt": f"{sha(ca)} 644 root:root",
+            "/etc/llmgw/agent-key.pem": f"{'f' * 64} 600 root:root"}
+    olds = {**news, "host_key": HOST_KEY, "hostname": "gpu-01", OBSERVED_KEY: {"files": seen}, "state_version": 1}
     assert changes(olds, news) == [] and NodeIdentityProvider().diff("gpu-01", olds, news).changes is False
-    drifted = {**olds, "files": {**files, "/etc/llmgw/ca.pem": "absent"}}
-    assert changes(drifted, news) == ["files"]
+    drifted = {**olds, OBSERVED_KEY: {"files": {**seen, "/etc/llmgw/ca.pem": "absent"}}}
+    assert changes(drifted, news) == [OBSERVED_KEY]
 
 
 def test_a_setting_turned_off_or_emptied_is_a_change_but_jump_keys_not_known_yet_are_not() -> None:
