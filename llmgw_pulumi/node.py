@@ -31,7 +31,7 @@ chosen by a hash of the node id (see ``llmgw_pulumi.shards``); give
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, NamedTuple
 
 import pulumi
@@ -61,9 +61,10 @@ class NodeArgs:
     """The default signer's directory (ca.pem, ca-key.pem); None with ``signer``."""
     settings: AgentSettings = declared_in(AgentSettings)
     """What agent.yaml says: servers, and the overrides given (mgmt_addr, fabrics, discovery, engines...)."""
-    binary: BinarySource = declared_in(BinarySource, config="agent")
+    binary: BinarySource = declared_in(BinarySource, config="agent", default=None)
     """Where /usr/local/bin/llmgw comes from: a release (version, release_url, and how it is verified:
-    release_sha256, signing_key, release_ca, fetch) or a local build (binary_path, binary_sha256)."""
+    release_sha256, signing_key, release_ca, fetch) or a local build (binary_path, binary_sha256). Required; the
+    fields of 0.1.0 (``version=``, ``release_url=``, ...) are still taken in its place (LEGACY_BINARY_FIELDS)."""
     validity_hours: pulumi.Input[float] | None = declared_in(CertificateSpec, "validity_hours", default=None)
     renew_before_hours: pulumi.Input[float] | None = declared_in(CertificateSpec, "renew_before_hours", default=None)
     fail_on_engine_problems: pulumi.Input[bool] | None = declared_in(EngineCheckSpec, "fail_on_problems", default=None)
@@ -77,6 +78,32 @@ class NodeArgs:
     """How updates of running agents are spread over the stack (see llmgw_pulumi.rollout); None: not gated."""
     ca_key_passphrase: pulumi.Input[str] | None = declared_in(CertificateSpec, "ca_key_passphrase", default=None)
     """The passphrase of an encrypted ca-key.pem (made a secret); None: the CA key is not encrypted."""
+    # The binary's fields as NodeArgs took them up to 0.1.0: a program written then keeps working (CHANGELOG 0.2.0).
+    version: InitVar[pulumi.Input[str] | None] = None
+    release_url: InitVar[pulumi.Input[str] | None] = None
+    binary_path: InitVar[pulumi.Input[str] | None] = None
+    binary_sha256: InitVar[pulumi.Input[str] | None] = None
+    release_sha256: InitVar[pulumi.Input[Mapping[str, str]] | None] = None
+    signing_key: InitVar[pulumi.Input[str] | None] = None
+    release_ca: InitVar[pulumi.Input[str] | None] = None
+    fetch: InitVar[pulumi.Input[str] | None] = None
+
+    def __post_init__(self, *legacy: Any) -> None:
+        given = {name: value for name, value in zip(LEGACY_BINARY_FIELDS, legacy, strict=True) if value is not None}
+        if given and self.binary is not None:
+            raise TypeError(f"NodeArgs for {self.node_id!r}: give binary=BinarySource(...) or its fields "
+                            f"({', '.join(given)}), not both")
+        if given:
+            self.binary = BinarySource(**given)
+        if not isinstance(self.binary, BinarySource):
+            raise TypeError(f"NodeArgs for {self.node_id!r}: binary must be a BinarySource (where /usr/local/bin/llmgw "
+                            f"comes from), not {type(self.binary).__name__}: give "
+                            f"binary=BinarySource(version='v1.4.2', release_url='https://...')")
+
+
+LEGACY_BINARY_FIELDS = ("version", "release_url", "binary_path", "binary_sha256", "release_sha256", "signing_key",
+                        "release_ca", "fetch")
+"""NodeArgs' keyword arguments of 0.1.0 for what is now ``binary``, in the order of its InitVars."""
 
 
 def node_settings() -> list[SettingInfo]:

@@ -212,3 +212,15 @@ def test_nodes_spread_over_the_overridden_shard_count(monitor, monkeypatch):
         assert sorted(p.name for p in monitor.of_type(PROVIDER_TYPE)) == sorted(shard_name(k) for k in range(16))
 
     return settle(*[x.engine_check.urn for x in nodes]).apply(check)
+
+
+def test_a_program_written_for_0_1_0_still_gives_the_binary_as_nodeargs_fields():
+    """NodeArgs(version=..., release_url=...) as 0.1.0 took them: the same BinarySource as binary=."""
+    common = {"node_id": "gpu-01", "connection": ConnectionArgs(host="10.0.0.11", private_key_path="/k"),
+              "settings": AgentSettings(servers=["cp:7443"]), "pki_dir": "/pki"}
+    old_style = NodeArgs(**common, version="v1.4.2", release_url="https://r", signing_key="ssh-ed25519 AAAA")
+    assert old_style.binary == BinarySource(version="v1.4.2", release_url="https://r", signing_key="ssh-ed25519 AAAA")
+    with pytest.raises(TypeError, match=r"'gpu-01'.*binary=BinarySource\(\.\.\.\) or its fields \(version\), not both"):
+        NodeArgs(**common, binary=BinarySource(version="v1.4.2"), version="v1.4.3")
+    with pytest.raises(TypeError, match=r"'gpu-01': binary must be a BinarySource"):
+        NodeArgs(**common)
