@@ -2,8 +2,8 @@
 
 The Python language host runs the package directory's ``__main__.py`` both as
 the stack program (`pulumi up` here) and, for a consumer that ran
-``pulumi package add``, as the component's provider; ``started_as_plugin``
-tells which. ``serve()`` hosts llmgw_pulumi.component's ``Node``, with the
+``pulumi package add``, as the component's provider; ``__main__.py`` tells
+which (a plugin is started with arguments and no program monitor). ``serve()`` hosts llmgw_pulumi.component's ``Node``, with the
 input types the package declares (their docs added to the schema), every
 input checked as stack config before the component is constructed, and a
 clear error when the dynamic-provider plugin would find no Python with this
@@ -21,11 +21,6 @@ from pulumi.provider.experimental.analyzer import ComponentDefinition
 from pulumi.provider.experimental.component import ComponentProvider
 
 from . import __version__, component
-
-
-def started_as_plugin() -> bool:
-    """True when the engine started this process as a plugin (no program is being run: no monitor is set)."""
-    return pulumi.runtime.settings.get_monitor() is None and len(sys.argv) > 1
 
 
 class NodeProvider(ComponentProvider):
