@@ -344,6 +344,13 @@ def _input_name(field: str) -> str:
     return RENAMED.get(head, head) + sep + rest
 
 
+def package_virtualenv() -> str:
+    """The virtualenv scripts/install.sh made beside this package (README, "From TypeScript or Go"), when this
+    package is a checkout that has one; else the one this process runs in (the plugin's, .venv-plugin)."""
+    made = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv")
+    return made if os.path.exists(os.path.join(made, "bin", "python")) else sys.prefix
+
+
 def python_problem(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     """Why the dynamic-provider plugin, started by the engine from the consumer's project, would find no Python
     with this package; None when it will. It runs the virtualenv ``VIRTUALENV_ENV`` names, else
@@ -362,7 +369,7 @@ def python_problem(name: str, environ: Mapping[str, str] | None = None) -> str |
         return None
     where = f"{VIRTUALENV_ENV}={venv}" if venv else f"{python} (no {VIRTUALENV_ENV} is set)"
     return (f"llmgw Node {name}: the dynamic-provider plugin would run {where}, which does not have llmgw-pulumi\n"
-            f"  fix: export {VIRTUALENV_ENV}={sys.prefix} (this package's virtualenv) before `pulumi up`, "
+            f"  fix: export {VIRTUALENV_ENV}={package_virtualenv()} (this package's virtualenv) before `pulumi up`, "
             "or see the README, \"From TypeScript or Go\"")
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 
+import llmgw_pulumi
 from tests.conftest import CACHE, RELEASE, REPO, ssh
 from tests.e2e.test_examples import (
     EXAMPLES,
@@ -129,7 +130,7 @@ def test_language_example_boots_onboards_reimages_and_destroys_in_order(lang, la
     node_ops = {k: v for k, v in step_ops(preview).items() if k.startswith("llmgw:") or "$llmgw:" in k}
     assert node_ops == {k: "create" for k in NODE_RESOURCES}, preview.output
     # The component's provider (this package, run by the Python language host) is the program's, like command's.
-    assert step_ops(preview)["pulumi:providers:llmgw::default_0_1_0"] == "create"
+    assert step_ops(preview)[f"pulumi:providers:llmgw::default_{llmgw_pulumi.__version__.replace('.', '_')}"] == "create"
     assert step_ops(preview)["command:local:Command::vm"] == "create"
     assert preview_inputs(preview, "NodeIdentity")["connection"]["host"] == "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
     assert re.search(r"^\s+address\s*: (output<string>|\[unknown\])$", preview.output, re.M), preview.output
