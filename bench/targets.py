@@ -140,56 +140,59 @@ def draw_plots(figures: Sequence[growth.Figure], out_dir: Path) -> list[Path]:
         return []
 
 
-def signer_comparison(results: Sequence[Result]) -> str:
-    """The signer runs side by side per size: wall time and CPU of each `pulumi up`, the HSM's over pkiDir's, and
-    seconds per certificate (the ClientCertificate steps of the up, and the signing step alone)."""
-    sizes = sorted({r.size for r in results if r.kind.startswith(SIGNED_UP)})
+Figure = tuple[str, Callable[["Result | None"], "float | None"], int]
+"""A row of a side-by-side table: its label, its value from one run (None: not measured), its digits."""
+
+
+def side_by_side(results: Sequence[Result], kind: str, names: Sequence[str], header: str,
+                 figures: Callable[[int], list[Figure]]) -> str:
+    """Two runs per size, `kind` then each of the two `names`, as a table of `figures(size)` with the second's
+    ratio to the first, and a FAILED row for a run that failed."""
+    sizes = sorted({r.size for r in results if r.kind.startswith(kind)})
     if not sizes:
         return "(not measured)"
-    rows = ["| N | figure | pkiDir | HSM signer | HSM / pkiDir |", "|---:|---|---:|---:|---:|"]
+    rows = [header, "|---:|---|---:|---:|---:|"]
     for size in sizes:
-        base, hsm = (next((r for r in results if r.size == size and r.kind == f"{SIGNED_UP} {name}"), None)
-                     for name in SIGNERS)
-
-        def step(r: Result | None, what: str) -> float | None:
-            st = None if r is None else r.detail.get("steps", {}).get("ClientCertificate create")
-            if st is None:
-                return None
-            return float(st["mean_s"] if what == "mean" else (st["last_end_s"] - st["first_start_s"]) / st["count"])
-
-        figures: list[tuple[str, Callable[[Result | None], float | None], int]] = [
-            ("`pulumi up` wall, s", lambda r: None if r is None else r.wall, 2),
-            ("agents up, s", lambda r: None if r is None else r.agents_up, 1),
-            ("CPU-s ours + hosts", lambda r: None if r is None else r.cpu_own, 1),
-            ("CPU-s operator's side (engine + program + provider)", lambda r: None if r is None else operator_cpu(r), 1),
-            ("CPU-s machine", lambda r: None if r is None else r.cpu.machine, 1),
-            ("ClientCertificate step, mean s (SSH, key pair on the node, signing, check)", lambda r: step(r, "mean"), 3),
-            ("ClientCertificate steps, first start to last end / N, s per certificate", lambda r: step(r, "span"), 3),
-            (f"signing step alone, s per certificate ({size} one after another, with the check)",
-             lambda r: None if r is None else r.detail.get("signing_alone_s"), 4),
-        ]
-        for label, value, digits in figures:
-            a, b = value(base), value(hsm)
+        first, second = (next((r for r in results if r.size == size and r.kind == f"{kind} {name}"), None)
+                         for name in names)
+        for label, value, digits in figures(size):
+            a, b = value(first), value(second)
             rows.append(f"| {size} | {label} | {fmt(a, digits)} | {fmt(b, digits)} | {fmt(ratio(b, a))} |")
-        failed = [r.scenario for r in (base, hsm) if r is not None and not r.ok]
+        failed = [r.scenario for r in (first, second) if r is not None and not r.ok]
         if failed:
             rows.append(f"| {size} | FAILED | {'; '.join(failed)} | | |")
     return "\n".join(rows)
 
 
+def _run_figures() -> list[Figure]:
+    return [("`pulumi up` wall, s", lambda r: None if r is None else r.wall, 2),
+            ("agents up, s", lambda r: None if r is None else r.agents_up, 1),
+            ("CPU-s ours + hosts", lambda r: None if r is None else r.cpu_own, 1),
+            ("CPU-s operator's side (engine + program + provider)", lambda r: None if r is None else operator_cpu(r), 1),
+            ("CPU-s machine", lambda r: None if r is None else r.cpu.machine, 1)]
+
+
+def signer_comparison(results: Sequence[Result]) -> str:
+    """The signer runs side by side per size: wall time and CPU of each `pulumi up`, the HSM's over pkiDir's, and
+    seconds per certificate (the ClientCertificate steps of the up, and the signing step alone)."""
+
+    def step(r: Result | None, what: str) -> float | None:
+        st = None if r is None else r.detail.get("steps", {}).get("ClientCertificate create")
+        if st is None:
+            return None
+        return float(st["mean_s"] if what == "mean" else (st["last_end_s"] - st["first_start_s"]) / st["count"])
+
+    def figures(size: int) -> list[Figure]:
+        return [*_run_figures(),
+                ("ClientCertificate step, mean s (SSH, key pair on the node, signing, check)", lambda r: step(r, "mean"), 3),
+                ("ClientCertificate steps, first start to last end / N, s per certificate", lambda r: step(r, "span"), 3),
+                (f"signing step alone, s per certificate ({size} one after another, with the check)",
+                 lambda r: None if r is None else r.detail.get("signing_alone_s"), 4)]
+
+    return side_by_side(results, SIGNED_UP, SIGNERS, "| N | figure | pkiDir | HSM signer | HSM / pkiDir |", figures)
+
+
 def language_comparison(results: Sequence[Result]) -> str:
     """The language runs side by side per size: wall time, agents up and CPU of each `pulumi up`."""
-    sizes = sorted({r.size for r in results if r.kind.startswith(LANGUAGE_UP)})
-    if not sizes:
-        return "(not measured)"
-    rows = ["| N | figure | Python | TypeScript | TypeScript / Python |", "|---:|---|---:|---:|---:|"]
-    for size in sizes:
-        py, ts = (next((r for r in results if r.size == size and r.kind == f"{LANGUAGE_UP} {lang}"), None)
-                  for lang in LANGUAGES)
-        figures: list[tuple[str, Callable[[Result], float | None]]] = [
-            ("`pulumi up` wall, s", lambda r: r.wall), ("agents up, s", lambda r: r.agents_up),
-            ("CPU-s operator's side (engine + program + provider)", operator_cpu), ("CPU-s machine", lambda r: r.cpu.machine)]
-        for label, get in figures:
-            a, b = (None if r is None or not r.ok else get(r) for r in (py, ts))
-            rows.append(f"| {size} | {label} | {fmt(a, 1)} | {fmt(b, 1)} | {fmt(ratio(b, a))} |")
-    return "\n".join(rows)
+    return side_by_side(results, LANGUAGE_UP, LANGUAGES, "| N | figure | Python | TypeScript | TypeScript / Python |",
+                        lambda size: _run_figures())
