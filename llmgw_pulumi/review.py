@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from .providers._glue import normalise  # engine values compared as the providers' diff compares them
 from .text import printable
 
 # --------------------------------------------------------------------------- names read from the preview
@@ -144,21 +145,13 @@ def changed_inputs(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str]:
         a, b = old.get(key), new.get(key)
         if key == CONNECTION and isinstance(a, Mapping) and isinstance(b, Mapping):
             found |= {f"{CONNECTION}.{k}" for k in set(a) | set(b)
-                      if _norm(a.get(k)) != _norm(b.get(k)) and not (k in ("host_key", "private_key", "private_key_path")
+                      if normalise(a.get(k)) != normalise(b.get(k)) and not (k in ("host_key", "private_key", "private_key_path")
                                                                     and b.get(k) is None)}
-        elif _norm(a) != _norm(b):
+        elif normalise(a) != normalise(b):
             found.add(key)
     return found
 
 
-def _norm(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, Mapping):
-        return {k: _norm(v) for k, v in value.items() if v is not None}
-    if isinstance(value, (list, tuple)):
-        return [_norm(v) for v in value]
-    return value
 
 
 def touches_node(changes: Iterable[str]) -> bool:
