@@ -152,8 +152,6 @@ def changed_inputs(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str]:
     return found
 
 
-
-
 def touches_node(changes: Iterable[str]) -> bool:
     return any(c not in NOT_NODE_CHANGES and not (c.startswith(f"{CONNECTION}.") and c.split(".", 1)[1] in OPERATOR_SIDE)
                for c in changes)
