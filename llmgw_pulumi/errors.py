@@ -66,16 +66,11 @@ __all__ = [
 
 
 class LlmgwError(Exception):
-    """Root of the package's errors."""
+    """Root of the package's errors. A subclass declares only what differs: what it means (its docstring), its
+    default ``fix`` and, where it carries more than a message, its fields."""
 
-    #: Default fix, used when the raiser has nothing more specific to say.
     fix = ""
-
-    def __init_subclass__(cls, fix: str = "", **kwargs: object) -> None:
-        """``class XError(LlmgwError, fix="..."):`` declares the error's default fix."""
-        super().__init_subclass__(**kwargs)
-        if fix:
-            cls.fix = fix
+    """Default fix, used when the raiser has nothing more specific to say."""
 
     def __init__(self, node: str, message: str, fix: str | None = None) -> None:
         self.node = printable(node)
@@ -85,6 +80,9 @@ class LlmgwError(Exception):
         if self.fix:
             text = f"{text}\n  fix: {self.fix}"
         super().__init__(text)
+
+
+# --------------------------------------------------------------------------- the config
 
 
 class ConfigError(LlmgwError, RunError):
@@ -116,14 +114,52 @@ def problems_text(problems: list[tuple[str, str, str, str]], what: str = "stack 
     return "\n".join([head, *(f"  {node}: {name}: {problem}\n    fix: {fix}" for node, name, problem, fix in problems)])
 
 
-class AuthorityError(LlmgwError, fix="create one with 'llmgw ctl cert init-ca --dir <pki dir>', "
-                                     "or point llmgw:pkiDir (NodeArgs.pki_dir) at the right directory"):
+# --------------------------------------------------------------------------- the CA, the certificate and the signer
+
+
+class AuthorityError(LlmgwError):
     """The cluster CA is missing, unreadable, mismatched or expired."""
 
+    fix = ("create one with 'llmgw ctl cert init-ca --dir <pki dir>', "
+           "or point llmgw:pkiDir (NodeArgs.pki_dir) at the right directory")
 
-class UnreachableError(LlmgwError, fix="check the address, that sshd runs and that nothing filters the SSH port; "
-                                       "raise llmgw:ssh.wait (ConnectionArgs.wait) for slow boots"):
+
+class CertificateRequestError(LlmgwError):
+    """The certificate signing request the node returned cannot be signed."""
+
+    fix = ("check that the node's openssl works (`openssl req -help`); "
+           "or give the node `keyOrigin: operator`")
+
+
+class CertificatePolicyError(LlmgwError):
+    """A certificate that was just signed does not meet the node certificate policy (``pki.check_node_certificate``)."""
+
+    fix = ("this is a bug in the signer: "
+           "report it with the problems above; nothing was installed")
+
+
+class SignerError(LlmgwError):
+    """The signer could not be run, failed, or answered with no certificate."""
+
+    fix = ("check llmgw:signer (docs/operations.md, 'Signers'): "
+           "run the signer by hand")
+
+
+class SignedCertificateError(LlmgwError):
+    """The certificate a signer returned is not the one asked for."""
+
+    fix = ("do not use it: fix the signer's profile so that it issues what it is "
+           "asked (docs/operations.md, 'Signers'); nothing was changed on the node")
+
+
+# --------------------------------------------------------------------------- reaching the node over SSH
+
+
+class UnreachableError(LlmgwError):
     """No SSH connection could be made before the wait deadline."""
+
+    fix = ("check the address, that sshd runs and that nothing filters the SSH port; "
+           "raise llmgw:ssh.wait (ConnectionArgs.wait) for slow boots")
 
 
 class WaitExpired(UnreachableError):
@@ -146,119 +182,138 @@ def host_key_fix(key_type: str | None = None, presented: str | None = None) -> s
     return fix
 
 
-class HostKeyChangedError(LlmgwError, fix=host_key_fix()):
+class HostKeyChangedError(LlmgwError):
     """The node presented a different SSH host key from the one recorded or pinned."""
 
+    fix = host_key_fix()
 
-class AuthenticationError(LlmgwError, fix="add the operator's public key to the user's ~/.ssh/authorized_keys on the node, "
-                                          "or fix llmgw:ssh.user / llmgw:ssh.privateKeyPath "
-                                          "(ConnectionArgs.user / private_key_path)"):
+
+class AuthenticationError(LlmgwError):
     """The node refused the SSH key."""
 
+    fix = ("add the operator's public key to the user's ~/.ssh/authorized_keys on the node, "
+           "or fix llmgw:ssh.user / llmgw:ssh.privateKeyPath (ConnectionArgs.user / private_key_path)")
 
-class SudoUnavailableError(LlmgwError, fix="give the SSH user passwordless sudo "
-                                           "(e.g. '<user> ALL=(ALL) NOPASSWD:ALL' in /etc/sudoers.d/), or connect as root"):
+
+class SudoUnavailableError(LlmgwError):
     """The SSH user is not root and cannot run `sudo -n`."""
 
+    fix = ("give the SSH user passwordless sudo (e.g. '<user> ALL=(ALL) NOPASSWD:ALL' in /etc/sudoers.d/), "
+           "or connect as root")
 
-class ReleaseFetchError(LlmgwError, fix="check agent.releaseUrl and that the node can reach it (and trusts its "
-                                        "certificate), or set agent.fetch: operator"):
+
+# --------------------------------------------------------------------------- the release
+
+
+class ReleaseFetchError(LlmgwError):
     """The release binary or its checksums could not be downloaded (by the node, or here)."""
 
+    fix = ("check agent.releaseUrl and that the node can reach it "
+           "(and trusts its certificate), or set agent.fetch: operator")
 
-class ChecksumMismatchError(LlmgwError, fix="do not install it: the release or the path to it has been tampered with "
-                                            "or corrupted; republish it"):
+
+class ChecksumMismatchError(LlmgwError):
     """A release binary does not match the sha256 the operator's side approved (or checksums.txt is malformed)."""
 
+    fix = ("do not install it: the release or the path to it "
+           "has been tampered with or corrupted; republish it")
 
-class ReleaseSignatureError(LlmgwError, fix="do not install it: checksums.txt was not signed by agent.signingKey; "
-                                            "re-sign the release (`ssh-keygen -Y sign -n llmgw-release -f KEY "
-                                            "checksums.txt`), or fix agent.signingKey"):
+
+class ReleaseSignatureError(LlmgwError):
     """The release's checksums.txt has no valid signature by the configured key; no node was touched."""
 
+    fix = ("do not install it: checksums.txt was not signed by agent.signingKey; "
+           "re-sign the release (`ssh-keygen -Y sign -n llmgw-release -f KEY checksums.txt`), or fix agent.signingKey")
 
-class ReleaseVersionError(LlmgwError, fix="do not install it: the release server serves another build under this "
-                                          "tag; republish the release, or fix agent.version"):
+
+class ReleaseVersionError(LlmgwError):
     """A release binary with the approved sha256 reports another version than the tag requested."""
 
+    fix = ("do not install it: the release server serves another build under this tag; "
+           "republish the release, or fix agent.version")
 
-class UnsafeDirectoryError(LlmgwError, fix="make the directory named above root's and writable by root only "
-                                          "(`chown root:root DIR && chmod go-w DIR` on the node), check what is in "
-                                          "it, then run `pulumi up` again"):
+
+# --------------------------------------------------------------------------- on the node
+
+
+class UnsafeDirectoryError(LlmgwError):
     """A directory the agent's files go into (or one of its parents) is writable by a user other than root."""
 
-
-class AgentStartError(LlmgwError, fix="read the agent's journal on the node ('journalctl -u llmgw-agent'); "
-                                      "the previous binary and config were restored"):
-    """The agent did not stay running after it was (re)started."""
+    fix = ("make the directory named above root's and writable by root only (`chown root:root DIR && chmod go-w DIR` "
+           "on the node), check what is in it, then run `pulumi up` again")
 
 
-class EngineWillNotRunError(LlmgwError, fix="fix the engine installation on the node (see the hint for each engine), "
-                                            "or correct its path in the config"):
-    """A configured inference engine cannot run on the node (raised only when failOnEngineProblems is set)."""
-
-
-class NodeDiskFullError(LlmgwError, fix="free space on the node (`df -h /etc/llmgw /usr/local/bin /run`), "
-                                        "then run `pulumi up` again"):
+class NodeDiskFullError(LlmgwError):
     """A file could not be written on the node; nothing was changed."""
 
+    fix = ("free space on the node (`df -h /etc/llmgw /usr/local/bin /run`), "
+           "then run `pulumi up` again")
 
-class NodeBusyError(LlmgwError, fix="another `pulumi up` is changing this node: wait for it, "
-                                    "or look for a stuck llmgw-pulumi script on the node"):
+
+class NodeBusyError(LlmgwError):
     """Another change by this package held the node's lock for too long."""
 
-
-class NodeChangedError(LlmgwError, fix="something else is changing this node's files or agent: find it "
-                                        "(another tool, a person), then run `pulumi up --refresh`"):
-    """The node changed under a change twice running, each time after it was read; nothing was changed."""
+    fix = ("another `pulumi up` is changing this node: wait for it, "
+           "or look for a stuck llmgw-pulumi script on the node")
 
 
-class NoKeygenError(LlmgwError, fix="install openssl on the node (`apt-get install openssl`), or give the node "
-                                    "`keyOrigin: operator` to have its key made on the machine running Pulumi"):
-    """The node cannot make its own key pair: it has no openssl."""
-
-
-class NodeKeyMissingError(LlmgwError, fix="the key made on the node for this certificate is gone (/etc/llmgw was "
-                                          "cleaned, or the node was re-imaged): run `pulumi up --refresh`, which "
-                                          "sees the key gone and has a new pair made and signed on the machine whose "
-                                          "host key is recorded (a re-imaged machine is refused until it is declared, "
-                                          "see its host-key error)"):
-    """The private key made on the node for its certificate is not on the node any more."""
-
-
-class NodeLockUnavailableError(LlmgwError, fix="install flock on the node (`apt-get install util-linux`), and keep "
-                                                "/run owned by root and writable by root alone; then run `pulumi up` again"):
+class NodeLockUnavailableError(LlmgwError):
     """The node cannot take the lock that keeps two changes from overlapping; nothing was changed."""
 
-
-class CertificateRequestError(LlmgwError, fix="check that the node's openssl works (`openssl req -help`); "
-                                              "or give the node `keyOrigin: operator`"):
-    """The certificate signing request the node returned cannot be signed."""
+    fix = ("install flock on the node (`apt-get install util-linux`), "
+           "and keep /run owned by root and writable by root alone; then run `pulumi up` again")
 
 
-class CertificatePolicyError(LlmgwError, fix="this is a bug in the signer: report it with the problems above; "
-                                             "nothing was installed"):
-    """A certificate that was just signed does not meet the node certificate policy (``pki.check_node_certificate``)."""
+class NodeChangedError(LlmgwError):
+    """The node changed under a change twice running, each time after it was read; nothing was changed."""
+
+    fix = ("something else is changing this node's files or agent: "
+           "find it (another tool, a person), then run `pulumi up --refresh`")
 
 
-class RolloutStoppedError(LlmgwError, fix="fix the release or config that failed (its error is above), "
-                                           "then run `pulumi up` again: nodes already updated stay updated"):
+class NoKeygenError(LlmgwError):
+    """The node cannot make its own key pair: it has no openssl."""
+
+    fix = ("install openssl on the node (`apt-get install openssl`), "
+           "or give the node `keyOrigin: operator` to have its key made on the machine running Pulumi")
+
+
+class NodeKeyMissingError(LlmgwError):
+    """The private key made on the node for its certificate is not on the node any more."""
+
+    fix = ("the key made on the node for this certificate is gone (/etc/llmgw was cleaned, or the node was re-imaged): "
+           "run `pulumi up --refresh`, which sees the key gone and has a new pair made and signed on the machine "
+           "whose host key is recorded (a re-imaged machine is refused until it is declared, see its host-key error)")
+
+
+class AgentStartError(LlmgwError):
+    """The agent did not stay running after it was (re)started."""
+
+    fix = ("read the agent's journal on the node ('journalctl -u llmgw-agent'); "
+           "the previous binary and config were restored")
+
+
+class EngineWillNotRunError(LlmgwError):
+    """A configured inference engine cannot run on the node (raised only when failOnEngineProblems is set)."""
+
+    fix = ("fix the engine installation on the node (see the hint for each engine), "
+           "or correct its path in the config")
+
+
+class RolloutStoppedError(LlmgwError):
     """A node's update was not started: another node's update failed earlier in this rollout (llmgw:rollout)."""
 
+    fix = ("fix the release or config that failed (its error is above), "
+           "then run `pulumi up` again: nodes already updated stay updated")
 
-class RemoteCommandError(LlmgwError, fix="run the command by hand on the node to see why it fails"):
+
+class RemoteCommandError(LlmgwError):
     """A command on the node failed in a way none of the other errors describe."""
+
+    fix = ("run the command by hand on "
+           "the node to see why it fails")
 
     def __init__(self, node: str, message: str, fix: str | None = None, *, connection_broke: bool = False) -> None:
         super().__init__(node, message, fix)
         self.connection_broke = connection_broke
         """The SSH connection itself broke: what was running may not have finished."""
-
-
-class SignerError(LlmgwError, fix="check llmgw:signer (docs/operations.md, 'Signers'): run the signer by hand"):
-    """The signer could not be run, failed, or answered with no certificate."""
-
-
-class SignedCertificateError(LlmgwError, fix="do not use it: fix the signer's profile so that it issues what it is "
-                                             "asked (docs/operations.md, 'Signers'); nothing was changed on the node"):
-    """The certificate a signer returned is not the one asked for."""
