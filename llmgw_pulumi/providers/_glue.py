@@ -29,7 +29,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult
 from .. import errors, facts, remote, sessions
 from ..desired import NodeFile
 from ..errors import LlmgwError
-from ..remote import Exit
+from ..remote import Exit, Result
 from ..schema import replace_keys
 from ..sessions import Runner
 from ..specs import Connection, Problems, is_unknown
@@ -38,6 +38,7 @@ from . import _diagnostics
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
+S = TypeVar("S")
 log = logging.getLogger(__name__)
 
 PROVIDER_KEY = "__provider"
@@ -278,6 +279,19 @@ def raise_for(res: Any, node: str, doing: str) -> None:
     if res.rc in _EXIT_ERRORS:
         raise _EXIT_ERRORS[res.rc](node, reason)
     raise errors.RemoteCommandError(node, f"{doing} failed (exit {res.rc}): {reason}")
+
+
+def run_fresh(node: str, seen: S | None, read: Callable[[], S], run: Callable[[S], Result]) -> Result:
+    """Carry out a change planned from what the node was seen holding: ``run(seen)`` makes the plan
+    (llmgw_pulumi.plan) and runs its script. ``seen`` None (a create, or no record to trust): ``read()`` the node
+    first. The script re-checks the plan under the node's lock; when it exits STALE (the node changed since it
+    was read), the node is read once more and the change planned and run again. A second STALE is returned as it
+    is, and raise_for makes it a NodeChangedError: nothing was changed."""
+    res = run(read() if seen is None else seen)
+    if res.rc == Exit.STALE:
+        log.info("%s: the node changed since it was read: reading it again", node)
+        res = run(read())
+    return res
 
 
 def remove_from_node(conn: Any, node: str, known: tuple[str | None, Mapping[str, str] | None], script: Any,

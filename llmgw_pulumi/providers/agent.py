@@ -150,17 +150,12 @@ def _install(spec: AgentSpec, props: Mapping[str, Any], known: tuple[str | None,
     change = plan.agent_plan(spec.node_id, want, *seen, binary, changed) if seen else None
     # The gate is the first plan's; what it reports is the outcome, so the error is raised inside it.
     with gate(change), _glue.session(spec.connection, spec.node_id, *known) as s:
-        for attempt in (1, 2):
-            if seen is None:
-                seen = _survey(s, spec, props)
-                change = plan.agent_plan(spec.node_id, want, *seen, binary, changed)
-            assert change is not None
+        def run(seen: tuple[Observed, str]) -> remote.Result:
+            change = plan.agent_plan(spec.node_id, want, *seen, binary, changed)
             log.debug("%s", plan.render(change))
-            res = s.run(_script(spec, props, change))
-            if res.rc != remote.Exit.STALE or attempt == 2:
-                break
-            log.info("%s: the node changed since it was read: reading it again", spec.node_id)
-            seen = None
+            return s.run(_script(spec, props, change))
+
+        res = _glue.run_fresh(spec.node_id, seen, lambda: _survey(s, spec, props), run)
         _glue.raise_for(res, spec.node_id, f"installing the agent on {spec.connection.host}")
     node = facts.parse_survey(res.stdout)
     return {

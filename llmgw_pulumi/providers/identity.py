@@ -12,7 +12,6 @@ use, where it would go to whichever machine answered (``operator_key_unguarded``
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +41,6 @@ OUTPUT_KEYS = ("host_key", "jump_host_keys", "hostname", "arch", OBSERVED_KEY, "
 PEM_KEYS = ("ca_pem", "cert_pem", "key_pem")
 FILES = desired.files_of(desired.IDENTITY)
 KEY_FILE = desired.file_with(desired.Content.KEY_PEM, desired.IDENTITY)
-log = logging.getLogger(__name__)
 
 
 def key_on_node(props: Mapping[str, Any]) -> bool:
@@ -100,17 +98,15 @@ def _apply(spec: IdentitySpec, props: Mapping[str, Any], recorded: Mapping[str, 
 
         spki = pki.spki_b64(spec.cert_pem)
     with _glue.session(spec.connection, spec.node_id, *recorded_keys(recorded)) as s:
-        for attempt in (1, 2):
-            if seen is None:
-                res = s.run(remote.survey(FILES))
-                _glue.raise_for(res, spec.node_id, f"reading the identity's files on {spec.connection.host}")
-                seen = observed.from_facts(facts.parse_survey(res.stdout), FILES)
-            change = plan.identity_plan(spec.node_id, want, seen, key_on_node(props))
-            res = s.run(remote.install_identity(change, files, spki))
-            if res.rc != remote.Exit.STALE or attempt == 2:
-                break
-            log.info("%s: the node changed since it was read: reading it again", spec.node_id)
-            seen = None
+        def survey() -> Observed:
+            res = s.run(remote.survey(FILES))
+            _glue.raise_for(res, spec.node_id, f"reading the identity's files on {spec.connection.host}")
+            return observed.from_facts(facts.parse_survey(res.stdout), FILES)
+
+        def run(seen: Observed) -> remote.Result:
+            return s.run(remote.install_identity(plan.identity_plan(spec.node_id, want, seen, key_on_node(props)), files, spki))
+
+        res = _glue.run_fresh(spec.node_id, seen, survey, run)
         _glue.raise_for(res, spec.node_id, f"installing the identity on {spec.connection.host}")
         node = facts.parse_survey(res.stdout)
         return {
