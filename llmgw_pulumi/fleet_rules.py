@@ -4,7 +4,7 @@ Each rule takes plain data (a resource's inputs, the stack's config, the last
 deployment's resources) and its parameters, and returns the violations, each a
 message that names the node and says how to comply. The policy pack only wires
 them to pulumi-policy; the names of the inputs read are the summary's
-(``llmgw_pulumi.review``), kept in one place there.
+(``llmgw_pulumi.fleet_review``), kept in one place there.
 
 The engine gives a policy pack the new state only: the rules that compare with
 what is deployed (restarts, removals) get the last deployment's resources
@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import review
+from . import fleet_review
 
 KEY_ORIGIN_OPERATOR = "operator"
 HOST_KEY, VALIDITY_HOURS, SIGNING_KEY, BINARY_PATH = "host_key", "validity_hours", "signing_key", "binary_path"
@@ -56,16 +56,16 @@ def param(rule: Rule, config: Mapping[str, Any], name: str) -> Any:
 
 
 def _known(value: Any) -> bool:
-    return value is not None and value != review.UNKNOWN and value != ""
+    return value is not None and value != fleet_review.UNKNOWN and value != ""
 
 
 # --------------------------------------------------------------------------- one resource at a time (its new inputs)
 
 
 def host_key_pinned(kind: str, inputs: Mapping[str, Any]) -> str | None:
-    if kind != review.IDENTITY:
+    if kind != fleet_review.IDENTITY:
         return None
-    connection = inputs.get(review.CONNECTION)
+    connection = inputs.get(fleet_review.CONNECTION)
     if isinstance(connection, Mapping) and _known(connection.get(HOST_KEY)):
         return None
     node = inputs.get(NODE_ID, "?")
@@ -75,7 +75,7 @@ def host_key_pinned(kind: str, inputs: Mapping[str, Any]) -> str | None:
 
 
 def no_operator_key(kind: str, inputs: Mapping[str, Any]) -> str | None:
-    if kind != review.CERTIFICATE or inputs.get(review.KEY_ORIGIN) != KEY_ORIGIN_OPERATOR:
+    if kind != fleet_review.CERTIFICATE or inputs.get(fleet_review.KEY_ORIGIN) != KEY_ORIGIN_OPERATOR:
         return None
     node = inputs.get(NODE_ID, "?")
     return (f"{node}: keyOrigin: operator makes its private key here and keeps it in state. Remove keyOrigin from "
@@ -84,7 +84,7 @@ def no_operator_key(kind: str, inputs: Mapping[str, Any]) -> str | None:
 
 def certificate_validity(kind: str, inputs: Mapping[str, Any], config: Mapping[str, Any]) -> str | None:
     hours, most = inputs.get(VALIDITY_HOURS), param(CERTIFICATE_VALIDITY, config, "maxHours")
-    if kind != review.CERTIFICATE or not isinstance(hours, (int, float)) or hours <= most:
+    if kind != fleet_review.CERTIFICATE or not isinstance(hours, (int, float)) or hours <= most:
         return None
     node = inputs.get(NODE_ID, "?")
     return (f"{node}: its certificate would be valid for {hours:g} hours, more than the {most:g} this stack allows. "
@@ -94,7 +94,7 @@ def certificate_validity(kind: str, inputs: Mapping[str, Any], config: Mapping[s
 def release_verified(kind: str, inputs: Mapping[str, Any], stack_config: Mapping[str, Any],
                      config: Mapping[str, Any]) -> str | None:
     """A release needs a signing key (an input) or sha256 pins (in stack config: top-level or the node's agent)."""
-    if kind != review.AGENT:
+    if kind != fleet_review.AGENT:
         return None
     node = str(inputs.get(NODE_ID, "?"))
     if _known(inputs.get(BINARY_PATH)):
@@ -104,7 +104,7 @@ def release_verified(kind: str, inputs: Mapping[str, Any], stack_config: Mapping
                 "agent.signingKey or agent.sha256, or allow dev builds in the policy config (allowDevBuild: true)")
     if _known(inputs.get(SIGNING_KEY)) or _pinned(stack_config, node):
         return None
-    return (f"{node}: release {inputs.get(review.VERSION)} is installed from a checksums.txt nobody signed. "
+    return (f"{node}: release {inputs.get(fleet_review.VERSION)} is installed from a checksums.txt nobody signed. "
             "Set llmgw:agent.signingKey (the release signing key) or pin llmgw:agent.sha256 per architecture")
 
 
@@ -135,7 +135,7 @@ def stack_config_from_env(text: str | None) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Resource:
     kind: str
-    """``review``'s kind: AgentInstall, Node, ..."""
+    """``fleet_review.kind_of``: AgentInstall, Node, ..."""
     name: str
     props: Mapping[str, Any]
     urn: str = ""
@@ -150,7 +150,7 @@ def resources_of(deployment: Mapping[str, Any]) -> list[Resource]:
         urn = r.get("urn")
         if isinstance(urn, str) and "::" in urn:
             inputs, outputs = r.get("inputs") or {}, r.get("outputs") or {}
-            found.append(Resource(review.kind_of(urn), urn.split("::")[-1], inputs, urn, frozenset(outputs) - set(inputs)))
+            found.append(Resource(fleet_review.kind_of(urn), urn.split("::")[-1], inputs, urn, frozenset(outputs) - set(inputs)))
     return found
 
 
@@ -160,25 +160,25 @@ def restarting_agents(deployed: Iterable[Resource], planned: Iterable[Resource])
     A planned resource's props are what the engine gives a stack policy: the new inputs of one that changes, the
     recorded outputs of one that does not (its inputs and what the node reported, left out of the comparison).
     """
-    before = {r.name: r for r in deployed if r.kind == review.AGENT}
+    before = {r.name: r for r in deployed if r.kind == fleet_review.AGENT}
     restarting = []
     for r in planned:
         old = before.get(r.name)
-        if r.kind != review.AGENT or old is None:
+        if r.kind != fleet_review.AGENT or old is None:
             continue
         new = {k: v for k, v in r.props.items() if k not in old.output_only}
-        if review.touches_node(review.changed_inputs(old.props, new)):
+        if fleet_review.touches_node(fleet_review.changed_inputs(old.props, new)):
             restarting.append(r)
     return restarting
 
 
 def rollout_required(deployed: Sequence[Resource], planned: Sequence[Resource], config: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(urn, message) when more than maxRestarts agents restart and no llmgw:rollout governs them."""
-    restarting = [r for r in restarting_agents(deployed, planned) if not isinstance(r.props.get(review.ROLLOUT), Mapping)]
+    restarting = [r for r in restarting_agents(deployed, planned) if not isinstance(r.props.get(fleet_review.ROLLOUT), Mapping)]
     most = int(param(ROLLOUT_REQUIRED, config, "maxRestarts"))
     if len(restarting) <= most:
         return []
-    names = ", ".join(sorted((r.name for r in restarting), key=review.natural))
+    names = ", ".join(sorted((r.name for r in restarting), key=fleet_review.natural))
     return [(r.urn, f"{r.name}: {len(restarting)} running agents would restart at once ({names}), more than the {most} "
              "this stack allows without a rollout. Set llmgw:rollout, e.g. {maxParallel: 2, canary: [" + restarting[0].name
              + "]}, so canaries go first and at most maxParallel restart at once") for r in restarting]
@@ -187,9 +187,9 @@ def rollout_required(deployed: Sequence[Resource], planned: Sequence[Resource], 
 def removal_allowed(deployed: Sequence[Resource], planned: Sequence[Resource], config: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(urn, message) for each node deployed, absent from the program, and not in the allowed list."""
     allowed = set(param(REMOVAL_ALLOWED, config, "allowed") or [])
-    present = {r.name for r in planned if r.kind == review.NODE_TYPE}
-    removed = sorted((r for r in deployed if r.kind == review.NODE_TYPE and r.name not in present and r.name not in allowed),
-                     key=lambda r: review.natural(r.name))
+    present = {r.name for r in planned if r.kind == fleet_review.NODE_TYPE}
+    removed = sorted((r for r in deployed if r.kind == fleet_review.NODE_TYPE and r.name not in present and r.name not in allowed),
+                     key=lambda r: fleet_review.natural(r.name))
     return [(r.urn, f"{r.name}: this change removes the node (its agent is stopped, its identity deleted). If that is "
              f"meant, add \"{r.name}\" to the removal-allowed rule's allowed list in the policy config; otherwise "
              f"put node {r.name} back in llmgw:nodes") for r in removed]

@@ -25,8 +25,8 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import UnknownValueError
 
+from llmgw_pulumi import fleet_review
 from llmgw_pulumi import fleet_rules as rules
-from llmgw_pulumi import review
 
 LEVELS = {"advisory": EnforcementLevel.ADVISORY, "mandatory": EnforcementLevel.MANDATORY,
           "disabled": EnforcementLevel.DISABLED}
@@ -34,7 +34,7 @@ STACK_CONFIG = rules.stack_config_from_env(os.environ.get("PULUMI_CONFIG"))
 
 
 def known(value: Any) -> Any:
-    """A plain copy of a resource's props, each value the preview cannot know yet as ``review.UNKNOWN`` (the SDK's
+    """A plain copy of a resource's props, each value the preview cannot know yet as ``fleet_review.UNKNOWN`` (the SDK's
     props raise when such a value is read)."""
     if isinstance(value, Mapping):
         out = {}
@@ -42,7 +42,7 @@ def known(value: Any) -> Any:
             try:
                 out[key] = known(value[key])
             except UnknownValueError:
-                out[key] = review.UNKNOWN
+                out[key] = fleet_review.UNKNOWN
         return out
     if isinstance(value, (list, tuple)):
         items = []
@@ -50,7 +50,7 @@ def known(value: Any) -> Any:
             try:
                 items.append(known(value[i]))
             except UnknownValueError:
-                items.append(review.UNKNOWN)
+                items.append(fleet_review.UNKNOWN)
         return items
     return value
 
@@ -65,7 +65,7 @@ def schema(rule: rules.Rule) -> PolicyConfigSchema | None:
 def resource_policy(rule: rules.Rule, check: Callable[[str, Mapping[str, Any], Mapping[str, Any]], str | None]) \
         -> ResourceValidationPolicy:
     def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
-        message = check(review.kind_of(args.urn), known(args.props), args.get_config())
+        message = check(fleet_review.kind_of(args.urn), known(args.props), args.get_config())
         if message:
             report_violation(message, None)
 
@@ -90,7 +90,7 @@ def stack_policy(rule: rules.Rule, check: Callable[[list[rules.Resource], list[r
     def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
         if os.environ.get("PULUMI_DRY_RUN") != "true":
             return  # after `up` the deployment is the new state: the preview before it judged the change
-        planned = [rules.Resource(review.kind_of(r.urn), r.name, known(r.props), r.urn) for r in args.resources]
+        planned = [rules.Resource(fleet_review.kind_of(r.urn), r.name, known(r.props), r.urn) for r in args.resources]
         for urn, message in check(deployed(), planned, args.get_config()):
             report_violation(message, urn)
 

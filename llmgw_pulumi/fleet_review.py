@@ -1,0 +1,271 @@
+"""What each node of the fleet goes through in a change, read from `pulumi preview --json` (pure).
+
+The preview of a fleet is four resources per node with their property diffs;
+``review`` reads them into one ``NodeReview`` per node (onboarded, upgraded,
+reconfigured, re-issued and why, repaired, removed, restarting, its standing
+problems), gathered in a ``FleetReview``. llmgw_pulumi.review_markdown writes
+it for a pull request, llmgw_pulumi.fleet_rules judges it.
+
+It reads the preview's JSON only (each step's old and new inputs and outputs,
+the diagnostics) and reaches no node. The JSON does not carry the providers'
+diff reasons, so a change is told by comparing old and new inputs by name: every
+name read is in the block below, so a rename in the providers is one edit here.
+Whatever came from a node (a hostname in agent.yaml, a problem, a warning) is
+made printable (``text.printable``) as it is read.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import difflib
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .providers._glue import normalise  # engine values compared as the providers' diff compares them
+from .text import printable
+
+# --------------------------------------------------------------------------- names read from the preview
+NODE_TYPE = "llmgw:index:Node"
+CERTIFICATE, IDENTITY, AGENT, ENGINES = "ClientCertificate", "NodeIdentity", "AgentInstall", "EngineCheck"
+"""The last part of each dynamic resource's type (``pulumi-python:dynamic/llmgw:AgentInstall``)."""
+UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
+"""How the engine's JSON writes a value a preview cannot know yet (a certificate still to be issued)."""
+VERSION, BINARY_SHA256 = "version", "binary_sha256"
+AGENT_YAML, DRIFT, ROLLOUT = "agent_yaml", "drift", "rollout"
+MAX_PARALLEL, CANARIES = "max_parallel", "canaries"
+NOT_AFTER, RENEW_BEFORE_HOURS, CA_NOT_AFTER = "not_after", "renew_before_hours", "ca_not_after"
+CA_FINGERPRINT, NODE_KEY, NODE_KEY_HELD, KEY_ORIGIN = "ca_fingerprint", "node_key", "held", "key_origin"
+CERT_PEM, KEY_PEM, SERIAL = "cert_pem", "key_pem", "serial"
+PROBLEMS, PROBLEM, HINT = "problems", "problem", "hint"
+CONNECTION = "connection"
+OPERATOR_SIDE = frozenset({"user", "wait", "jump", "private_key", "private_key_path", "passphrase"})
+"""Connection fields that change only how the operator's side reaches a node: never a change to it."""
+NOT_NODE_CHANGES = frozenset({"__provider", "__urn", "pki_dir", "signer", "known_jump_host_keys", "rollout",
+                              "release_sha256", "signing_key", "release_ca", "fetch", "ca_key_passphrase", DRIFT})
+"""Inputs whose change alone does not touch the node (how certificates are signed, how a release is verified
+and carried, how updates are spread, what a refresh found)."""
+UNREADABLE = ("cannot reach", "could not be read", "its state is kept as it was")
+"""What the providers' warnings say when a refresh could not read a node."""
+REISSUE_WHY = {"expiry": "expiry", "ca": "CA rotation", "key": "key lost", "origin": "keyOrigin changed"}
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class NodeReview:
+    """What one node goes through in this change."""
+
+    node: str
+    onboarded: bool = False
+    replaced: bool = False
+    removed: bool = False
+    upgrade: tuple[str, str] | None = None
+    config_lines: tuple[str, ...] = ()
+    certificate: tuple[str, ...] = ()
+    """Why a new certificate is issued (REISSUE_WHY values); empty: none."""
+    repaired: tuple[str, ...] = ()
+    """The paths (or unit states) a refresh found drifted and this change puts back."""
+    restart_gated: bool = False
+    """The agent restarts in AgentInstall's update, under the rollout when one is set."""
+    restart_ungated: bool = False
+    """The agent restarts in NodeIdentity's update (a new certificate, repaired files): never under the rollout."""
+    rollout: Mapping[str, Any] | None = None
+    problems: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
+
+    @property
+    def restarts(self) -> bool:
+        return self.restart_gated or self.restart_ungated
+
+    @property
+    def untouched(self) -> bool:
+        return not (self.onboarded or self.removed or self.upgrade or self.config_lines or self.certificate
+                    or self.repaired or self.restarts)
+
+
+@dataclass
+class FleetReview:
+    nodes: dict[str, NodeReview]
+    stack: str = ""
+
+    def group(self, predicate: Callable[[NodeReview], bool]) -> list[str]:
+        """The ids of the nodes ``predicate`` holds for, in natural order."""
+        return sorted((n for n, r in self.nodes.items() if predicate(r)), key=natural)
+
+    def restart_order(self) -> tuple[list[str], list[str], list[str], int | None]:
+        """(canaries, then the others under the rollout, restarts outside any rollout, maxParallel)."""
+        gated = [r for r in self.nodes.values() if r.restart_gated and not r.restart_ungated and r.rollout]
+        rollout = gated[0].rollout if gated else None
+        canary_order = list((rollout or {}).get(CANARIES) or [])
+        canaries = [c for c in canary_order if any(r.node == c for r in gated)]
+        rest = sorted((r.node for r in gated if r.node not in canaries), key=natural)
+        outside = self.group(lambda r: r.restarts and r.node not in canaries and r.node not in rest)
+        max_parallel = (rollout or {}).get(MAX_PARALLEL)
+        return canaries, rest, outside, int(max_parallel) if isinstance(max_parallel, (int, float)) else None
+
+
+def natural(node_id: str) -> tuple[Any, ...]:
+    """Sort key that puts gpu-2 before gpu-10."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", node_id))
+
+
+# --------------------------------------------------------------------------- reading the preview
+
+
+def kind_of(urn: str) -> str:
+    type_ = urn.split("::")[-2]
+    return NODE_TYPE if type_.endswith(NODE_TYPE) and "$" not in type_ else type_.rsplit(":", 1)[-1]
+
+
+def _node_of(urn: str) -> str:
+    return urn.split("::")[-1]
+
+
+def changed_inputs(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str]:
+    """Input names whose value differs, a connection field by field (``connection.user``); unknowns count."""
+    found = set()
+    for key in set(old) | set(new):
+        a, b = old.get(key), new.get(key)
+        if key == CONNECTION and isinstance(a, Mapping) and isinstance(b, Mapping):
+            found |= {f"{CONNECTION}.{k}" for k in set(a) | set(b)
+                      if normalise(a.get(k)) != normalise(b.get(k)) and not (k in ("host_key", "private_key", "private_key_path")
+                                                                    and b.get(k) is None)}
+        elif normalise(a) != normalise(b):
+            found.add(key)
+    return found
+
+
+def touches_node(changes: Iterable[str]) -> bool:
+    return any(c not in NOT_NODE_CHANGES and not (c.startswith(f"{CONNECTION}.") and c.split(".", 1)[1] in OPERATOR_SIDE)
+               for c in changes)
+
+
+def _parse_time(value: Any) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+def certificate_reasons(old_in: Mapping[str, Any], old_out: Mapping[str, Any], new_in: Mapping[str, Any],
+                        now: dt.datetime) -> tuple[str, ...]:
+    """Why the same machine gets a new certificate, from the recorded certificate and the new inputs."""
+    reasons = []
+    not_after, ca_not_after = _parse_time(old_out.get(NOT_AFTER)), _parse_time(old_out.get(CA_NOT_AFTER))
+    before = new_in.get(RENEW_BEFORE_HOURS)
+    if not_after and isinstance(before, (int, float)) and not (ca_not_after and not_after >= ca_not_after) \
+            and not_after - dt.timedelta(hours=before) <= now:
+        reasons.append(REISSUE_WHY["expiry"])
+    old_ca = old_out.get(CA_FINGERPRINT) or old_in.get(CA_FINGERPRINT)
+    if old_ca and new_in.get(CA_FINGERPRINT) and old_ca != new_in[CA_FINGERPRINT]:
+        reasons.append(REISSUE_WHY["ca"])
+    if old_out.get(NODE_KEY) not in (None, NODE_KEY_HELD) and new_in.get(KEY_ORIGIN, "node") == "node":
+        reasons.append(REISSUE_WHY["key"])
+    if old_in.get(KEY_ORIGIN, "node") != new_in.get(KEY_ORIGIN, "node"):
+        reasons.append(REISSUE_WHY["origin"])
+    return tuple(reasons)
+
+
+def config_lines(old: Any, new: Any) -> tuple[str, ...]:
+    """The agent.yaml lines that change, as ``- old`` / ``+ new`` (comments left out), printable."""
+    if not isinstance(old, str) or not isinstance(new, str) or new == UNKNOWN:
+        return ()
+    lines = []
+    for line in difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0):
+        if line.startswith(("---", "+++", "@@")) or line[1:].lstrip().startswith("#"):
+            continue
+        lines.append(printable(f"{line[0]} {line[1:]}"))
+    return tuple(lines)
+
+
+def _steps_by_urn(steps: Iterable[Mapping[str, Any]]) -> dict[str, tuple[list[Mapping[str, Any]], Mapping[str, Any]]]:
+    """URN -> (its plan steps, what its refresh read: the refreshed state, or {}).
+
+    A --refresh preview's plan steps start from the refreshed state. Without
+    --show-sames the JSON lists no step for a resource that does not change: a
+    node seen only in refresh steps (or in none) is untouched.
+    """
+    by_urn: dict[str, tuple[list[Mapping[str, Any]], dict[str, Any]]] = {}
+    for step in steps:
+        urn = step.get("urn")
+        if not isinstance(urn, str):
+            continue
+        plan, refreshed = by_urn.setdefault(urn, ([], {}))
+        if step.get("op") in ("refresh", "read"):
+            refreshed.update(step.get("newState") or {})
+        else:
+            plan.append(step)
+    return {urn: (plan, refreshed) for urn, (plan, refreshed) in by_urn.items()}
+
+
+def review(preview: Mapping[str, Any], now: dt.datetime | None = None) -> FleetReview:
+    """Every node's review, from the parsed JSON of `pulumi preview --json`."""
+    now = now or dt.datetime.now(dt.UTC)
+    nodes: dict[str, NodeReview] = {}
+    stack = ""
+    for urn, (steps, refreshed) in _steps_by_urn(preview.get("steps") or []).items():
+        kind, name = kind_of(urn), _node_of(urn)
+        if kind.endswith("Stack"):
+            stack = urn.split("::")[0].removeprefix("urn:pulumi:")
+            continue
+        if kind not in (NODE_TYPE, CERTIFICATE, IDENTITY, AGENT, ENGINES):
+            continue
+        node = nodes.setdefault(name, NodeReview(name))
+        ops = {s.get("op") for s in steps}
+        step = steps[-1] if steps else {}
+        old = step.get("oldState") or refreshed
+        new = step.get("newState") or {}
+        old_in, old_out, new_in = old.get("inputs") or {}, old.get("outputs") or {}, new.get("inputs") or {}
+        if ops & {"create-replacement", "replace", "delete-replaced"}:
+            node.onboarded = node.replaced = True
+        elif "create" in ops:
+            node.onboarded = True
+        elif "delete" in ops:
+            node.removed = True
+        elif "update" in ops:
+            _review_update(node, kind, old_in, old_out, new_in, now)
+        if kind == AGENT and isinstance(new_in.get(ROLLOUT), Mapping):
+            node.rollout = new_in[ROLLOUT]
+        if kind == ENGINES and not node.removed:
+            source = old_out if not ops & {"update", "create", "create-replacement", "replace"} else {}
+            for problem in source.get(PROBLEMS) or []:
+                if isinstance(problem, Mapping):
+                    node.problems.append(printable(f"{problem.get(PROBLEM)} (fix: {problem.get(HINT)})"))
+    for diag in preview.get("diagnostics") or []:
+        _diagnostic(nodes, diag)
+    return FleetReview(nodes, stack)
+
+
+def _review_update(node: NodeReview, kind: str, old_in: Mapping[str, Any], old_out: Mapping[str, Any],
+                   new_in: Mapping[str, Any], now: dt.datetime) -> None:
+    changes = changed_inputs(old_in, new_in)
+    drift = old_in.get(DRIFT)
+    drifted = tuple(sorted(printable(str(p)) for p in drift)) if isinstance(drift, Mapping) else ()
+    node.repaired = tuple(sorted({*node.repaired, *drifted}))
+    if kind == CERTIFICATE:
+        node.certificate = certificate_reasons(old_in, old_out, new_in, now)
+    elif kind == AGENT:
+        if {VERSION, BINARY_SHA256} & changes:
+            node.upgrade = (str(old_in.get(VERSION)), str(new_in.get(VERSION)))
+        if AGENT_YAML in changes and not drifted:
+            node.config_lines = config_lines(old_in.get(AGENT_YAML), new_in.get(AGENT_YAML))
+        node.restart_gated = touches_node(changes) or bool(drifted)
+    elif kind == IDENTITY:
+        renewed = {CERT_PEM, KEY_PEM} & changes
+        node.restart_ungated = bool(renewed or drifted) and touches_node(changes | set(drifted))
+
+
+def _diagnostic(nodes: Mapping[str, NodeReview], diag: Mapping[str, Any]) -> None:
+    urn = diag.get("urn")
+    if not isinstance(urn, str) or diag.get("severity") not in ("warning", "error"):
+        return
+    node = nodes.get(_node_of(urn))
+    if node is None:
+        return
+    message = printable(" ".join(str(diag.get("message", "")).split())).removeprefix("warning: ")
+    if any(marker in message for marker in UNREADABLE):
+        if message not in node.unreadable:  # each of the node's resources says so
+            node.unreadable.append(message)
+    elif kind_of(urn) == ENGINES and not any(p.split(" (fix: ")[0] in message for p in node.problems):
+        node.problems.append(message)

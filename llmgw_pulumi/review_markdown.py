@@ -1,0 +1,166 @@
+"""The fleet review (llmgw_pulumi.fleet_review) as Markdown for a pull-request comment, and the policy pack's
+verdict beside it (pure).
+
+One screen: a table of what the nodes go through, with their ids (long lists
+folded, runs of numbered ids shortened); which agents will restart, in the
+order the rollout lets them, and which restart outside it; the agent.yaml
+lines that change, the files repaired and the standing problems, each list
+capped. ``policy_verdict`` turns the ``Policies:`` block that `pulumi preview
+--policy-pack` prints (the preview's JSON holds no policy results) into a
+verdict and the pack's report, folded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+
+from .fleet_review import REISSUE_WHY, FleetReview, natural
+from .text import printable
+
+FOLD_AFTER = 8
+"""A group of more node ids than this is folded (``<details>``), ranges of numbered ids shortened."""
+MAX_CONFIG_DIFFS = 5
+"""Distinct agent.yaml changes shown; the rest are counted."""
+MAX_PROBLEMS = 10
+
+
+def fold_ids(ids: Sequence[str]) -> str:
+    """Node ids as Markdown: all of them when few, else the first ones with the whole list folded."""
+    if not ids:
+        return "none"
+    shown = ", ".join(f"`{i}`" for i in _ranges(ids))
+    if len(ids) <= FOLD_AFTER:
+        return shown
+    head = ", ".join(f"`{i}`" for i in ids[:3])
+    return f"{head}, … <details><summary>all {len(ids)}</summary>\n\n{shown}\n\n</details>"
+
+
+def _ranges(ids: Sequence[str]) -> list[str]:
+    """Runs of numbered ids with one prefix and width shortened: gpu-001, gpu-002, gpu-003 -> gpu-001..003."""
+    out: list[str] = []
+    run: list[tuple[str, str]] = []
+
+    def flush() -> None:
+        if len(run) >= 3:
+            out.append(f"{run[0][0]}{run[0][1]}..{run[-1][1]}")
+        else:
+            out.extend(p + n for p, n in run)
+        run.clear()
+
+    for node_id in ids:
+        m = re.fullmatch(r"(.*?)(\d+)", node_id)
+        if m and run and m.group(1) == run[-1][0] and len(m.group(2)) == len(run[-1][1]) \
+                and int(m.group(2)) == int(run[-1][1]) + 1:
+            run.append((m.group(1), m.group(2)))
+            continue
+        flush()
+        if m:
+            run.append((m.group(1), m.group(2)))
+        else:
+            out.append(node_id)
+    flush()
+    return out
+
+
+def markdown(fleet: FleetReview) -> str:
+    """The summary, as Markdown for a pull-request comment."""
+    g = fleet.group
+    total = len(fleet.nodes)
+    lines = [f"### Fleet change{f' — `{printable(fleet.stack)}`' if fleet.stack else ''}: {total} nodes", ""]
+    upgrades: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for r in fleet.nodes.values():
+        if r.upgrade:
+            upgrades[r.upgrade].append(r.node)
+    certs: dict[str, list[str]] = defaultdict(list)
+    for r in fleet.nodes.values():
+        for why in r.certificate:
+            certs[why].append(r.node)
+    rows = [
+        ("onboarded", g(lambda r: r.onboarded and not r.replaced)),
+        ("onboarded again (another machine)", g(lambda r: r.replaced)),
+        *((f"agent upgraded {printable(a)} → {printable(b)}", sorted(ids, key=natural)) for (a, b), ids in sorted(upgrades.items())),
+        ("config changed", g(lambda r: bool(r.config_lines))),
+        *((f"certificate {'renewed' if why == REISSUE_WHY['expiry'] else 're-issued'} ({why})", sorted(ids, key=natural))
+          for why, ids in sorted(certs.items())),
+        ("files repaired after drift", g(lambda r: bool(r.repaired))),
+        ("removed", g(lambda r: r.removed)),
+        ("untouched", g(lambda r: r.untouched)),
+    ]
+    lines += ["| what the node goes through | nodes | ids |", "|---|---:|---|"]
+    lines += [f"| {what} | {len(ids)} | {fold_ids(ids)} |".replace("\n", " ") for what, ids in rows if ids]
+    lines.append("")
+
+    canaries, rest, outside, max_parallel = fleet.restart_order()
+    restarting = len(canaries) + len(rest) + len(outside)
+    lines.append(f"**Agents that will restart: {restarting}**")
+    if canaries or rest:
+        limit = f"at most {max_parallel} at once" if max_parallel else "no limit on how many at once"
+        lines.append(f"- under `llmgw:rollout` ({limit}), in this order:")
+        if canaries:
+            lines.append(f"  1. the canaries, in any order: {fold_ids(canaries)}")
+        if rest:
+            lines.append(f"  {2 if canaries else 1}. then, in any order: {fold_ids(rest)}")
+    if outside:
+        lines.append(f"- **without a rollout** ({len(outside)}): {fold_ids(outside)}")
+    lines.append("")
+
+    config = [r for r in fleet.nodes.values() if r.config_lines]
+    if config:
+        by_diff: dict[tuple[str, ...], list[str]] = defaultdict(list)
+        for r in config:
+            by_diff[r.config_lines].append(r.node)
+        lines.append("**agent.yaml changes:**")
+        for diff, ids in sorted(by_diff.items(), key=lambda kv: -len(kv[1]))[:MAX_CONFIG_DIFFS]:
+            lines += [f"- {fold_ids(sorted(ids, key=natural))}:", "  ```diff", *(f"  {d}" for d in diff), "  ```"]
+        if len(by_diff) > MAX_CONFIG_DIFFS:
+            lines.append(f"- … and {len(by_diff) - MAX_CONFIG_DIFFS} other distinct changes")
+        lines.append("")
+    repaired = [r for r in fleet.nodes.values() if r.repaired]
+    if repaired:
+        lines.append("**Files repaired:** " + "; ".join(
+            f"`{r.node}`: {', '.join(r.repaired)}" for r in sorted(repaired, key=lambda r: natural(r.node))[:MAX_PROBLEMS]))
+        lines.append("")
+
+    problems = [(r.node, p) for r in fleet.nodes.values() for p in r.problems]
+    unreadable = [(r.node, p) for r in fleet.nodes.values() for p in r.unreadable]
+    if problems or unreadable:
+        lines.append("**Standing problems:**")
+        for title, found in (("engines and hardware", problems), ("could not be read", unreadable)):
+            if found:
+                ids = sorted({n for n, _ in found}, key=natural)
+                lines.append(f"- {title} ({len(ids)} nodes): {fold_ids(ids)}")
+                lines += [f"  - `{n}`: {p}" for n, p in sorted(found, key=lambda x: natural(x[0]))[:MAX_PROBLEMS]]
+                if len(found) > MAX_PROBLEMS:
+                    lines.append(f"  - … {len(found) - MAX_PROBLEMS} more")
+        lines.append("")
+    return "\n".join(lines)
+
+
+MAX_POLICY_LINES = 60
+
+
+def policy_verdict(cli_output: str) -> str:
+    """The ``Policies:`` block of a `pulumi preview --policy-pack` run, as Markdown (a preview's JSON holds no
+    policy results): each pack's verdict and every violation, under the resource it names."""
+    lines = printable(cli_output, keep="\n").splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == "Policies:"), None)
+    if start is None:
+        return "**Policies:** the policy preview printed no verdict (see the job's log)."
+    block = []
+    for line in lines[start + 1:]:
+        if line and not line.startswith(" "):
+            break
+        block.append(line)
+    while block and not block[-1].strip():
+        block.pop()
+    failed = any("\u274c" in line or "[mandatory]" in line for line in block)
+    shown = block[:MAX_POLICY_LINES]
+    if len(block) > MAX_POLICY_LINES:
+        shown.append(f"    ... {len(block) - MAX_POLICY_LINES} more lines")
+    verdict = "a mandatory rule is violated" if failed else "no mandatory rule is violated"
+    violations = sum(1 for line in block if "[advisory]" in line or "[mandatory]" in line)
+    return "\n".join([f"**Policies: {verdict}** ({violations} violations)", "",
+                      "<details><summary>the policy pack's report</summary>", "", "```",
+                      *(line.replace("`", "'") for line in shown), "```", "", "</details>"])
