@@ -71,8 +71,6 @@ SLOW_FIRST: dict[str, int] = {
     "tests/e2e/test_trust_renewal.py::test_another_machine_at_the_address_is_refused_and_the_real_node_renews_once_back": 44,
     "tests/e2e/test_release_trust.py::test_nodes_without_a_route_to_the_release_server_are_onboarded_with_fetch_operator": 40,
     "tests/e2e/test_faults.py::test_pulumi_up_interrupted_mid_deployment": 38,
-    "tests/lab/test_package.py::": 20,  # the unit phase's slowest (a fresh virtualenv)
-    "tests/lab/test_postgres.py::": 15,
 }
 """Known slow tests (node id prefix: rough seconds of the call on 2 busy cores), run first: pytest-xdist hands tests
 out in collection order, so a long test collected last would run alone at the end while the other processes idle.
@@ -88,8 +86,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     (``@pytest.mark.timeout``)."""
     items.sort(key=slow_first_weight, reverse=True)  # stable: the others keep their order
     for item in items:
-        if item.nodeid.startswith("tests/lab/test_postgres.py::"):  # one server (a module fixture) per run, not per process
-            item.add_marker(pytest.mark.xdist_group("lab-postgres"))
         if item.get_closest_marker("timeout"):
             continue
         if item.get_closest_marker("pip"):
