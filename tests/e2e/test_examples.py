@@ -159,6 +159,20 @@ def serial_on(addr: str, cluster: Any) -> str:
     return format(x509.load_pem_x509_certificate(pem.encode()).serial_number, "x")
 
 
+def reimage_replaces_the_node(stack: Any, lab: Any, cluster: Any, index: int, first_keys: set[str]) -> tuple[Any, set[str]]:
+    """Re-image the VM (the image changes in the config) with one `up`: it must replace the VM and every resource
+    of its node, with no host-key refusal, and the machine must answer with new host keys. (the up, those keys)"""
+    stack.set_config(vm_command_config(lab, cluster, index, "debian-12-r2"))
+    reimage = stack.up()
+    assert reimage.ok, reimage.output
+    assert "host key" not in reimage.output.lower(), reimage.output
+    replaced = {k for k, op in step_ops(reimage).items() if op in ("replace", "create-replacement")}
+    assert replaced == {"command:local:Command::vm", *NODE_RESOURCES}, step_ops(reimage)
+    new_keys = host_keys(lab.addr(index), cluster)
+    assert new_keys and not new_keys & first_keys, "the VM was not re-imaged"
+    return reimage, new_keys
+
+
 def assert_the_old_machine_was_left_clean(lab: Any, index: int, since: float) -> None:
     """A re-image since ``since`` stopped the VM once while it ran, the node's files already removed."""
     reimage_stops = [s for s in stops(lab, index) if s["at"] > since and s["running"]]
@@ -208,15 +222,8 @@ def test_vm_command_example_boots_onboards_reimages_and_destroys_in_order(lab, c
         # Re-image: the trigger changes, the VM is replaced (same address, new disk, new host keys),
         # and the same up replaces the node's resources with it.
         since = time.time()
-        stack.set_config(vm_command_config(lab, cluster, index, "debian-12-r2"))
-        reimage = stack.up()
-        assert reimage.ok, reimage.output
-        assert "host key" not in reimage.output.lower(), reimage.output
-        replaced = {k for k, op in step_ops(reimage).items() if op in ("replace", "create-replacement")}
-        assert replaced == {"command:local:Command::vm", *NODE_RESOURCES}, step_ops(reimage)
+        reimage, new_keys = reimage_replaces_the_node(stack, lab, cluster, index, first_keys)
         assert reimage.changes == {"replace": 6, "same": 2}, reimage.changes  # + the stack and the shard's provider
-        new_keys = host_keys(addr, cluster)
-        assert new_keys and not new_keys & first_keys, "the VM was not re-imaged"
         again = stack.outputs()
         assert again["address"] == addr
         assert again["host_key"] in new_keys, "state does not hold the new machine's host key"
