@@ -10,6 +10,7 @@ import dill
 import pytest
 from pulumi.output import Unknown
 
+from llmgw_pulumi import desired, observed
 from llmgw_pulumi.observed import STATE_VERSION, Observed, Seen
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.agent import wanted as agent_wanted
@@ -224,7 +225,8 @@ def test_agent_check_renders_config_and_unit_for_the_preview():
     inputs = checked(AgentInstallProvider(), AGENT)
     assert inputs["agent_yaml"].startswith("# gpu-01, written by llmgw-pulumi")
     assert 'server: cp1:7443' in inputs["agent_yaml"]
-    assert "KillMode=process" in inputs["unit"]
+    assert inputs["unit"] == observed.text_digest(desired.render_unit())  # the same for every node: its digest
+    assert "KillMode=process" in desired.render_unit()
 
 
 def test_agent_config_is_unknown_while_the_hostname_is():
