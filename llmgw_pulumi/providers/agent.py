@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 from pulumi.output import Unknown
 
 from .. import desired, facts, observed, plan, release, remote, rollout
 from ..errors import ConfigError
 from ..observed import OBSERVED_KEY, RENDERED_KEYS, STATE_VERSION, VERSION_KEY, Observed, Wanted
-from ..specs import NODE_REPLACE_KEYS, AgentSettings, AgentSpec, BinarySource, Rollout, build, is_unknown, names, to_inputs
+from ..specs import NODE_REPLACE_KEYS, AgentSettings, AgentSpec, BinarySource, Rollout, build, is_unknown, names
 from . import _glue
 
 SETTINGS_KEYS = ("node_id", *names(AgentSettings))
@@ -40,7 +40,6 @@ preview fetches nothing, so it cannot know the digests) and not repeated in the 
 INPUT_KEYS = ("connection", "known_host_key", "known_jump_host_keys", "hostname", *SETTINGS_KEYS, *BINARY_KEYS,
               "agent_yaml", "unit")
 REPLACE_KEYS = NODE_REPLACE_KEYS
-OUTPUT_KEYS = ("installed_sha256", "arch", OBSERVED_KEY, VERSION_KEY)
 log = logging.getLogger(__name__)
 TEXT_FILES_BY_INPUT = {"agent_yaml": desired.file_with(desired.Content.AGENT_YAML, desired.AGENT),
                        "unit": desired.file_with(desired.Content.UNIT, desired.AGENT)}
@@ -340,11 +339,16 @@ class AgentInstallArgs(_glue.OnboardedNodeArgs):
     """How updates of running agents are spread over the stack (llmgw_pulumi.rollout); never a change itself."""
 
 
-class AgentInstall(Resource, module="llmgw", name="AgentInstall"):
+class AgentInstall(_glue.NodeResource, module="llmgw", name="AgentInstall"):
+    PROVIDER = AgentInstallProvider
+    SHOWN_INPUTS = ("version", "agent_yaml", "unit")
+
     version: pulumi.Output[str]
     """The version installed: after a failed or refused update, still the one before."""
     agent_yaml: pulumi.Output[str]
+    """agent.yaml: its text in a preview, its ``sha256:`` digest once installed (``observed.text_digest``)."""
     unit: pulumi.Output[str]
+    """The unit's ``sha256:`` digest."""
     installed_sha256: pulumi.Output[str]
     arch: pulumi.Output[str]
     observed: pulumi.Output[dict[str, Any]]
@@ -352,6 +356,8 @@ class AgentInstall(Resource, module="llmgw", name="AgentInstall"):
     state_version: pulumi.Output[int]
 
     def __init__(self, name: str, args: AgentInstallArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        props = {**to_inputs(args), "agent_yaml": None, "unit": None, **{k: None for k in OUTPUT_KEYS}}
-        super().__init__(AgentInstallProvider(), name, _glue.with_urn(type(self), name, props, opts), opts)
+        super().__init__(name, args, opts)
+
+
+OUTPUT_KEYS = AgentInstall.output_keys()
 
