@@ -346,9 +346,13 @@ class NodeResource(Resource):
         """What the provider adds to the inputs: the declared attributes but SHOWN_INPUTS."""
         return tuple(k for k in declared_outputs(cls) if k not in cls.SHOWN_INPUTS)
 
-    def __init__(self, name: str, args: Any, opts: pulumi.ResourceOptions | None = None, **hidden: Any) -> None:
+    @classmethod
+    def registration(cls, name: str, args: Any, opts: pulumi.ResourceOptions | None,
+                     **hidden: Any) -> tuple[ResourceProvider, str, dict[str, Any], pulumi.ResourceOptions | None]:
+        """What the class's ``__init__`` passes to ``pulumi.dynamic.Resource.__init__`` (called there directly, so
+        that the call stack the SDK records holds no frame of this base)."""
         # A declared attribute is only set from the engine's answer if its key is among the properties sent.
-        props = {**{k: None for k in declared_outputs(type(self))}, **(to_inputs(args) or {}), **hidden}
-        if self.SECRET_OUTPUTS:
-            opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=list(self.SECRET_OUTPUTS)))
-        super().__init__(self.PROVIDER(), name, with_urn(type(self), name, props, opts), opts)
+        props = {**{k: None for k in declared_outputs(cls)}, **(to_inputs(args) or {}), **hidden}
+        if cls.SECRET_OUTPUTS:
+            opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=list(cls.SECRET_OUTPUTS)))
+        return cls.PROVIDER(), name, with_urn(cls, name, props, opts), opts

@@ -356,7 +356,7 @@ class AgentInstall(_glue.NodeResource, module="llmgw", name="AgentInstall"):
     state_version: pulumi.Output[int]
 
     def __init__(self, name: str, args: AgentInstallArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__(name, args, opts)
+        super().__init__(*self.registration(name, args, opts))
 
 
 OUTPUT_KEYS = AgentInstall.output_keys()

@@ -389,7 +389,7 @@ class ClientCertificate(_glue.NodeResource, module="llmgw", name="ClientCertific
 
     def __init__(self, name: str, args: ClientCertificateArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         secret = {CA_KEY_INPUT: pulumi.Output.secret(args.ca_key)} if args.ca_key is not None else {}
-        super().__init__(name, args, opts, **secret)
+        super().__init__(*self.registration(name, args, opts, **secret))
 
 
 OUTPUT_KEYS = ClientCertificate.output_keys()

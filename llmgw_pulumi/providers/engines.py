@@ -123,7 +123,7 @@ class EngineCheck(_glue.NodeResource, module="llmgw", name="EngineCheck"):
     """{gpus: [{index, name, memory_mib, uuid, pci_bus_id, compute_cap}], driver, cuda, hcas: [...]}."""
 
     def __init__(self, name: str, args: EngineCheckArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__(name, args, opts)
+        super().__init__(*self.registration(name, args, opts))
 
 
 OUTPUT_KEYS = EngineCheck.output_keys()

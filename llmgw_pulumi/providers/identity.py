@@ -237,7 +237,7 @@ class NodeIdentity(_glue.NodeResource, module="llmgw", name="NodeIdentity"):
     state_version: pulumi.Output[int]
 
     def __init__(self, name: str, args: NodeIdentityArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__(name, args, opts)
+        super().__init__(*self.registration(name, args, opts))
 
 
 OUTPUT_KEYS = NodeIdentity.output_keys()
