@@ -4,10 +4,12 @@ Pure: no I/O. Every resource that installs files on a node records, in its
 ``observed`` output, what it last saw there (when it installed, or when
 `pulumi refresh` read the node):
 
-- per path, the file as ``"<sha256> <mode> <owner>"`` (mode in octal as
-  ``stat`` prints it, owner as user:group), or ``absent``; a text file that
-  says what was wanted in other words (``desired.equivalent``: one a script
-  wrote, adopted as it is) carries `` = <sha256 of the text wanted>``;
+- per file, by its name (``desired.NodeFile.name``: ``ca``, ``config``, ...),
+  the file as ``"<sha256> <mode> <owner>"`` (the digest in unpadded base64url,
+  43 characters, see ``short``; mode in octal as ``stat`` prints it, owner as
+  user:group), or ``absent``; a text file that says what was wanted in other
+  words (``desired.equivalent``: one a script wrote, adopted as it is) carries
+  `` = <sha256 of the text wanted>``;
 - the agent's unit, as ``"<is-active> <is-enabled>"`` (AgentInstall only).
 
 What the node should hold is a ``Wanted`` (built from the inputs), and
@@ -23,6 +25,7 @@ an upgrade of the package never mistakes an old record for drift.
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -31,13 +34,45 @@ from typing import Any
 from . import desired
 from .facts import ABSENT, NodeFacts
 
-STATE_VERSION = 1
-"""The shape of the providers' outputs. 0 (no ``state_version``): written by ca1dd75 or e80e071."""
+STATE_VERSION = 2
+"""The shape of the providers' outputs. 0 (no ``state_version``): written by ca1dd75 or e80e071; 1: by fc02334
+(records by path, hex digests, AgentInstall keeping the texts of agent.yaml and the unit)."""
 VERSION_KEY = "state_version"
 OBSERVED_KEY = "observed"
 ANY = "*"
 """A file whose bytes are not known on this side (a key made on the node): it only has to be there."""
 UNIT_KEY = "unit"
+DIGEST = "sha256:"
+"""How a digest kept in place of a text begins (AgentInstall's ``unit`` input): ``sha256:<short digest>``."""
+_NAME_OF = {f.path: f.name for f in desired.NODE_FILES}
+_PATH_OF = {f.name: f.path for f in desired.NODE_FILES}
+_SHORT = r"[A-Za-z0-9_-]{43}"
+
+
+def short(sha256_hex: str) -> str:
+    """A sha256 as state keeps it: unpadded base64url, 43 characters instead of 64 (``ANY`` as it is)."""
+    if sha256_hex == ANY:
+        return ANY
+    return base64.urlsafe_b64encode(bytes.fromhex(sha256_hex)).decode().rstrip("=")
+
+
+def hex_of(digest: str) -> str:
+    """The hex form of a digest ``short`` wrote (one already in hex is returned as it is)."""
+    if re.fullmatch(r"[0-9a-f]{64}", digest) or digest == ANY:
+        return digest
+    return base64.urlsafe_b64decode(digest + "=").hex()
+
+
+def text_digest(text: str) -> str:
+    """``sha256:<short digest>`` of a text: what state keeps of a text rendered from the inputs."""
+    return DIGEST + short(desired.sha256_text(text))
+
+
+def digest_hex(value: Any) -> str | None:
+    """The sha256 (hex) a ``text_digest`` names; None for anything else."""
+    if isinstance(value, str) and re.fullmatch(re.escape(DIGEST) + _SHORT, value):
+        return hex_of(value.removeprefix(DIGEST))
+    return None
 
 
 @dataclass(frozen=True)
@@ -52,14 +87,14 @@ class Seen:
     """The sha256 of the text wanted, when the file says the same in other words (see ``desired.equivalent``)."""
 
     def record(self) -> str:
-        text = f"{self.sha256} {self.mode:o} {self.owner}"
-        return text if self.reads_as is None else f"{text} = {self.reads_as}"
+        text = f"{short(self.sha256)} {self.mode:o} {self.owner}"
+        return text if self.reads_as is None else f"{text} = {short(self.reads_as)}"
 
     @classmethod
     def parse(cls, text: str) -> Seen | None:
         """A record as ``record`` writes it; None for ``absent`` (or anything else)."""
-        m = re.fullmatch(r"([0-9a-f]{64}) ([0-7]{1,4}) (\S+)(?: = ([0-9a-f]{64}))?", text)
-        return cls(m[1], int(m[2], 8), m[3], m[4]) if m else None
+        m = re.fullmatch(rf"({_SHORT}) ([0-7]{{1,4}}) (\S+)(?: = ({_SHORT}))?", text)
+        return cls(hex_of(m[1]), int(m[2], 8), m[3], hex_of(m[4]) if m[4] else None) if m else None
 
 
 @dataclass(frozen=True)
@@ -71,7 +106,8 @@ class Observed:
     """``"<is-active> <is-enabled>"``"""
 
     def record(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"files": {p: s.record() if s else ABSENT for p, s in sorted(self.files.items())}}
+        files = {_NAME_OF.get(p, p): s.record() if s else ABSENT for p, s in self.files.items()}
+        out: dict[str, Any] = {"files": dict(sorted(files.items()))}
         if self.unit is not None:
             out[UNIT_KEY] = self.unit
         return out
@@ -81,7 +117,7 @@ class Observed:
         """The ``observed`` output; None when there is none (a resource that never reached its node)."""
         if not isinstance(record, Mapping) or not isinstance(record.get("files"), Mapping):
             return None
-        files = {str(p): Seen.parse(str(s)) for p, s in record["files"].items()}
+        files = {_PATH_OF.get(str(n), str(n)): Seen.parse(str(s)) for n, s in record["files"].items()}
         unit = record.get(UNIT_KEY)
         return cls(files, unit if isinstance(unit, str) else None)
 
@@ -202,23 +238,63 @@ def _v0_file(f: desired.NodeFile, state: Any) -> Seen | None:
     return Seen(sha, mode, owner)
 
 
+def _v1_record(files: Mapping[str, Seen | None], unit: str | None = None) -> dict[str, Any]:
+    """A record in version 1's shape: by path, ``"<hex sha256> <mode> <owner>[ = <hex sha256>]"``."""
+    def one(s: Seen | None) -> str:
+        if s is None:
+            return ABSENT
+        text = f"{s.sha256} {s.mode:o} {s.owner}"
+        return text if s.reads_as is None else f"{text} = {s.reads_as}"
+
+    out: dict[str, Any] = {"files": {p: one(s) for p, s in sorted(files.items())}}
+    if unit is not None:
+        out[UNIT_KEY] = unit
+    return out
+
+
 def _v0_to_v1(outputs: dict[str, Any], resource: str) -> dict[str, Any]:
     """Version 0: NodeIdentity kept ``files`` (path -> file state), AgentInstall ``node_state``
     (``<name>_sha256`` -> file state, ``active``, ``enabled``)."""
     out = dict(outputs)
     if resource == desired.IDENTITY and isinstance(out.get("files"), Mapping):
         files = out.pop("files")
-        out[OBSERVED_KEY] = Observed({f.path: _v0_file(f, files.get(f.path)) for f in desired.files_of(resource)
-                                      if f.path in files}).record()
+        out[OBSERVED_KEY] = _v1_record({f.path: _v0_file(f, files.get(f.path)) for f in desired.files_of(resource)
+                                        if f.path in files})
     if resource == desired.AGENT and isinstance(out.get("node_state"), Mapping):
         state = out.pop("node_state")
         seen = {f.path: _v0_file(f, state.get(f"{f.name}_sha256")) for f in desired.files_of(resource)
                 if f"{f.name}_sha256" in state}
-        out[OBSERVED_KEY] = Observed(seen, f"{state.get('active') or 'unknown'} {state.get('enabled') or 'unknown'}").record()
+        out[OBSERVED_KEY] = _v1_record(seen, f"{state.get('active') or 'unknown'} {state.get('enabled') or 'unknown'}")
     return out
 
 
-_STEPS = {0: _v0_to_v1}
+def _v1_file(text: Any) -> Seen | None:
+    """A file as version 1 recorded it: ``<hex sha256> <mode> <owner>[ = <hex sha256>]``, or ``absent``."""
+    m = re.fullmatch(r"([0-9a-f]{64}) ([0-7]{1,4}) (\S+)(?: = ([0-9a-f]{64}))?", str(text))
+    return Seen(m[1], int(m[2], 8), m[3], m[4]) if m else None
+
+
+RENDERED_KEYS = ("agent_yaml", "unit")
+"""AgentInstall's texts rendered from its inputs: its outputs keep them as ``text_digest`` (from version 2)."""
+
+
+def _v1_to_v2(outputs: dict[str, Any], resource: str) -> dict[str, Any]:
+    """Version 1 kept the observed record by path with hex digests, and AgentInstall the texts of agent.yaml and
+    the unit: now by file name with short digests (``short``), and the texts as their ``text_digest``."""
+    out = dict(outputs)
+    record = out.get(OBSERVED_KEY)
+    if isinstance(record, Mapping) and isinstance(record.get("files"), Mapping):
+        unit = record.get(UNIT_KEY)
+        out[OBSERVED_KEY] = Observed({str(p): _v1_file(t) for p, t in record["files"].items()},
+                                     unit if isinstance(unit, str) else None).record()
+    if resource == desired.AGENT:
+        for key in RENDERED_KEYS:
+            if isinstance(out.get(key), str) and digest_hex(out[key]) is None:
+                out[key] = text_digest(out[key])
+    return out
+
+
+_STEPS = {0: _v0_to_v1, 1: _v1_to_v2}
 """version -> the step that brings a record of that version to the next."""
 
 

@@ -21,16 +21,16 @@ import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult
+from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult, Resource, ResourceProvider
 
 from .. import errors, facts, remote, sessions
 from ..desired import NodeFile
 from ..errors import LlmgwError
 from ..remote import Exit, Result
-from ..schema import replace_keys
+from ..schema import replace_keys, to_inputs
 from ..sessions import Runner
 from ..specs import Connection, Problems, is_unknown
 from ..text import printable
@@ -337,3 +337,36 @@ class OnboardedNodeArgs:
     """The host key NodeIdentity recorded (or was pinned): every connection must see it."""
     known_jump_host_keys: pulumi.Input[Mapping[str, str]] | None = dataclasses.field(default=None, kw_only=True)
     """The jump hosts' keys NodeIdentity recorded, by 'host:port'."""
+
+
+def declared_outputs(resource: type) -> tuple[str, ...]:
+    """The attributes a resource class declares as ``name: pulumi.Output[...]`` (its own, not its bases')."""
+    return tuple(name for name, hint in vars(resource).get("__annotations__", {}).items()
+                 if str(hint).startswith(("pulumi.Output", "Output")))
+
+
+class NodeResource(Resource):
+    """One of the package's resources: its inputs are its Args dataclass (``schema.to_inputs``) and the hidden
+    ``__urn``; each attribute it declares as ``name: pulumi.Output[...]`` is one of its provider's output keys or
+    one of the inputs it shows (``SHOWN_INPUTS``), so the declaration is the one list of them."""
+
+    PROVIDER: ClassVar[type[ResourceProvider]]
+    SHOWN_INPUTS: ClassVar[tuple[str, ...]] = ()
+    """Declared attributes that are inputs (given, or derived by check), not outputs of the provider."""
+    SECRET_OUTPUTS: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def output_keys(cls) -> tuple[str, ...]:
+        """What the provider adds to the inputs: the declared attributes but SHOWN_INPUTS."""
+        return tuple(k for k in declared_outputs(cls) if k not in cls.SHOWN_INPUTS)
+
+    @classmethod
+    def registration(cls, name: str, args: Any, opts: pulumi.ResourceOptions | None,
+                     **hidden: Any) -> tuple[ResourceProvider, str, dict[str, Any], pulumi.ResourceOptions | None]:
+        """What the class's ``__init__`` passes to ``pulumi.dynamic.Resource.__init__`` (called there directly, so
+        that the call stack the SDK records holds no frame of this base)."""
+        # A declared attribute is only set from the engine's answer if its key is among the properties sent.
+        props = {**{k: None for k in declared_outputs(cls)}, **(to_inputs(args) or {}), **hidden}
+        if cls.SECRET_OUTPUTS:
+            opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=list(cls.SECRET_OUTPUTS)))
+        return cls.PROVIDER(), name, with_urn(cls, name, props, opts), opts

@@ -1,8 +1,11 @@
 """AgentInstall: the llmgw binary, /etc/llmgw/agent.yaml and the llmgw-agent unit, running.
 
-SPEC steps 5, 6 and 8. The rendered agent.yaml and unit are inputs (derived in
-check, without touching the network), so `pulumi preview --diff` shows the
-config text that will change. Changing settings rewrites the config atomically
+SPEC steps 5, 6 and 8. The rendered agent.yaml is an input (derived in check,
+without touching the network), so `pulumi preview --diff` shows the config
+text that will change; the unit, the same for every node, is the input
+``unit`` as its ``sha256:`` digest. The outputs keep both as digests
+(``observed.text_digest``): a text rendered from the inputs is rendered again
+where it is needed (``texts_of``). Changing settings rewrites the config atomically
 and restarts the agent; changing the version installs the new binary (a
 release must have the sha256 approved on the operator's side, see
 llmgw_pulumi.release, and report its tag); nothing is re-issued.
@@ -19,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 from pulumi.output import Unknown
 
 from .. import desired, facts, observed, plan, release, remote, rollout
 from ..errors import ConfigError
-from ..observed import OBSERVED_KEY, STATE_VERSION, VERSION_KEY, Observed, Wanted
-from ..specs import NODE_REPLACE_KEYS, AgentSettings, AgentSpec, BinarySource, Rollout, build, is_unknown, names, to_inputs
+from ..observed import OBSERVED_KEY, RENDERED_KEYS, STATE_VERSION, VERSION_KEY, Observed, Wanted
+from ..specs import NODE_REPLACE_KEYS, AgentSettings, AgentSpec, BinarySource, Rollout, build, is_unknown, names
 from . import _glue
 
 SETTINGS_KEYS = ("node_id", *names(AgentSettings))
@@ -37,7 +40,6 @@ preview fetches nothing, so it cannot know the digests) and not repeated in the 
 INPUT_KEYS = ("connection", "known_host_key", "known_jump_host_keys", "hostname", *SETTINGS_KEYS, *BINARY_KEYS,
               "agent_yaml", "unit")
 REPLACE_KEYS = NODE_REPLACE_KEYS
-OUTPUT_KEYS = ("installed_sha256", "arch", OBSERVED_KEY, VERSION_KEY)
 log = logging.getLogger(__name__)
 TEXT_FILES_BY_INPUT = {"agent_yaml": desired.file_with(desired.Content.AGENT_YAML, desired.AGENT),
                        "unit": desired.file_with(desired.Content.UNIT, desired.AGENT)}
@@ -48,8 +50,8 @@ BINARY_FILE = desired.file_with(desired.Content.BINARY, desired.AGENT)
 
 
 def derive(inputs: dict[str, Any]) -> None:
-    """Render agent.yaml and the unit from the (validated) inputs, for the preview to show."""
-    inputs["unit"] = desired.render_unit()
+    """Render agent.yaml from the (validated) inputs, for the preview to show, and name the unit by its digest."""
+    inputs["unit"] = observed.text_digest(desired.render_unit())
     relevant = [inputs.get(k) for k in ("hostname", *SETTINGS_KEYS)]
     if any(is_unknown(v) for v in relevant) or not isinstance(inputs.get("hostname"), str):
         inputs["agent_yaml"] = Unknown()  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
@@ -57,12 +59,53 @@ def derive(inputs: dict[str, Any]) -> None:
     inputs["agent_yaml"] = desired.render_agent_yaml(inputs["node_id"], AgentSettings.from_props(inputs), inputs["hostname"])
 
 
+def _rendered(key: str, props: Mapping[str, Any]) -> str | None:
+    """The text of ``key`` (``agent_yaml``, ``unit``) as this package renders it from ``props``."""
+    if key == "unit":
+        return desired.render_unit()
+    if not isinstance(props.get("node_id"), str) or not isinstance(props.get("hostname"), str):
+        return None
+    return desired.render_agent_yaml(props["node_id"], AgentSettings.from_props(props), props["hostname"])
+
+
+def texts_of(props: Mapping[str, Any]) -> dict[str, str]:
+    """The texts of agent.yaml and the unit that ``props`` name: as given, or, where they keep a digest (the
+    outputs), rendered again from them when that gives the digest kept (a text an earlier package rendered
+    otherwise is known by its digest alone)."""
+    out = {}
+    for key in RENDERED_KEYS:
+        value = props.get(key)
+        if not isinstance(value, str):
+            continue
+        want = observed.digest_hex(value)
+        text = value if want is None else _rendered(key, props)
+        if text is not None and (want is None or desired.sha256_text(text) == want):
+            out[key] = text
+    return out
+
+
+def digested(props: Mapping[str, Any]) -> dict[str, Any]:
+    """``props`` with agent.yaml and the unit as the outputs keep them: their ``observed.text_digest``."""
+    out = dict(props)
+    for key in RENDERED_KEYS:
+        if isinstance(out.get(key), str) and observed.digest_hex(out[key]) is None:
+            out[key] = observed.text_digest(out[key])
+    return out
+
+
+def text_sha256(value: Any) -> str | None:
+    """The sha256 (hex) of a text input or output: of the text, or the one its digest names."""
+    if not isinstance(value, str):
+        return None
+    return observed.digest_hex(value) or desired.sha256_text(value)
+
+
 def wanted(props: Mapping[str, Any], installed_sha256: Any = None) -> Wanted:
-    """What the node should hold as far as the inputs know it: agent.yaml and the unit while their text is
-    known, the binary installed last (``installed_sha256``; a preview cannot know a new release's digest), and
-    the unit running and enabled."""
-    files = {f.path: observed.wanted_file(f, desired.sha256_text(props[key]))
-             for key, f in TEXT_FILES_BY_INPUT.items() if isinstance(props.get(key), str)}
+    """What the node should hold as far as the inputs know it: agent.yaml and the unit while their text (or its
+    digest) is known, the binary installed last (``installed_sha256``; a preview cannot know a new release's
+    digest), and the unit running and enabled."""
+    files = {f.path: observed.wanted_file(f, sha) for key, f in TEXT_FILES_BY_INPUT.items()
+             if (sha := text_sha256(props.get(key))) is not None}
     if isinstance(installed_sha256, str) and installed_sha256:
         files[BINARY_FILE.path] = observed.wanted_file(BINARY_FILE, installed_sha256)
     return Wanted(files, observed.UNIT_WANTED)
@@ -90,11 +133,16 @@ def drift(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
     return [f"{OBSERVED_KEY}.{d.path}" for d in observed.differences(wanted(news, olds.get("installed_sha256")), seen)]
 
 
+def changed_inputs(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
+    """The inputs that changed, the texts compared by their digests (the outputs keep no more of them)."""
+    return _glue.changed_keys(digested(olds), digested(news), INPUT_KEYS)
+
+
 def changes(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
     """Changed inputs, and drift. A record of an earlier version of the package is read through its migration
     (``observed.migrate``): it is no change."""
     current = _migrated(olds)
-    return _glue.changed_keys(current, news, INPUT_KEYS) + drift(current, news)
+    return changed_inputs(current, news) + drift(current, news)
 
 
 def binary_wanted(spec: AgentSpec, olds: Mapping[str, Any], changed: frozenset[str]) -> plan.BinaryWanted:
@@ -130,7 +178,8 @@ def _script(spec: AgentSpec, props: Mapping[str, Any], change: plan.Plan) -> rem
         binary = _local_build(spec)
     elif step.do is plan.Do.PUSH:
         binary = release.fetch_binary(release_of(spec.binary), change.arch, step.want.sha256)
-    return remote.install_agent(change, props["agent_yaml"], props["unit"], version=spec.binary.version,
+    texts = texts_of(props)
+    return remote.install_agent(change, texts["agent_yaml"], texts["unit"], version=spec.binary.version,
                                 release_url=spec.binary.release_url or "", binary=binary)
 
 
@@ -138,7 +187,7 @@ def _survey(s: Any, spec: AgentSpec, props: Mapping[str, Any]) -> tuple[Observed
     res = s.run(remote.survey(FILES, TEXT_FILES))
     _glue.raise_for(res, spec.node_id, f"reading the agent's files on {spec.connection.host}")
     node = facts.parse_survey(res.stdout)
-    return seen_on(node, props), node.arch
+    return seen_on(node, texts_of(props)), node.arch
 
 
 def _install(spec: AgentSpec, props: Mapping[str, Any], known: tuple[str | None, Any], binary: plan.BinaryWanted,
@@ -161,7 +210,7 @@ def _install(spec: AgentSpec, props: Mapping[str, Any], known: tuple[str | None,
     return {
         "installed_sha256": node.sha256(desired.BINARY_PATH) or "",
         "arch": node.arch,
-        OBSERVED_KEY: seen_on(node, props).record(),
+        OBSERVED_KEY: seen_on(node, texts_of(props)).record(),
         VERSION_KEY: STATE_VERSION,
     }
 
@@ -185,8 +234,8 @@ def rollout_of(props: dict[str, Any]) -> Rollout | None:
 
 
 def _outputs(props: dict[str, Any], computed: dict[str, Any]) -> dict[str, Any]:
-    """The inputs but RELEASE_KEYS, and what the operation found."""
-    return _glue.outputs({k: v for k, v in props.items() if k not in RELEASE_KEYS}, **computed)
+    """The inputs but RELEASE_KEYS, the texts as their digests, and what the operation found."""
+    return _glue.outputs(digested({k: v for k, v in props.items() if k not in RELEASE_KEYS}), **computed)
 
 
 def _migrated(props: Mapping[str, Any]) -> dict[str, Any]:
@@ -229,7 +278,7 @@ class AgentInstallProvider(ResourceProvider):
             rollout.unchanged(rollout_of(news), str(news.get("node_id")))
             return UpdateResult(_outputs(news, {k: olds.get(k) for k in OUTPUT_KEYS}))
         spec = AgentSpec.from_props(news)
-        changed = frozenset(_glue.changed_keys(olds, news, INPUT_KEYS))
+        changed = frozenset(changed_inputs(olds, news))
         last = Observed.parse(olds.get(OBSERVED_KEY))
         seen = (last, str(olds["arch"])) if last is not None and olds.get("arch") else None
 
@@ -252,12 +301,17 @@ class AgentInstallProvider(ResourceProvider):
         if surveyed is None:
             return ReadResult(id_, props)  # an outage never rewrites the record
         node = surveyed.node
-        seen = seen_on(node, props)
+        texts = texts_of(props)
+        seen = seen_on(node, texts)
         found = observed.differences(wanted(props, props.get("installed_sha256")), seen)
-        # The text of agent.yaml and the unit as they are on the node, where it differs: the preview after a
-        # refresh shows it against the text wanted, line by line; the rest of the drift by path.
+        # The text of agent.yaml as it is on the node, where it differs: the preview after a refresh shows it
+        # against the text wanted, line by line (the unit by its digest); the rest of the drift by path.
         differ = {d.path for d in found if d.what in ("content", "absent")}
         on_node = {key: node.texts.get(f.path, "") if f.path in differ else None for key, f in TEXT_FILES_BY_INPUT.items()}
+        if on_node["unit"] is not None:
+            on_node["unit"] = observed.text_digest(on_node["unit"])
+        if found and on_node["agent_yaml"] is None:
+            on_node["agent_yaml"] = texts.get("agent_yaml")  # the inputs the preview compares hold the text
         return _glue.read_result(id_, props, OUTPUT_KEYS, {**props, OBSERVED_KEY: seen.record()},
                                  {**on_node, "drift": observed.by_path(found) or None})
 
@@ -280,11 +334,16 @@ class AgentInstallArgs(_glue.OnboardedNodeArgs):
     """How updates of running agents are spread over the stack (llmgw_pulumi.rollout); never a change itself."""
 
 
-class AgentInstall(Resource, module="llmgw", name="AgentInstall"):
+class AgentInstall(_glue.NodeResource, module="llmgw", name="AgentInstall"):
+    PROVIDER = AgentInstallProvider
+    SHOWN_INPUTS = ("version", "agent_yaml", "unit")
+
     version: pulumi.Output[str]
     """The version installed: after a failed or refused update, still the one before."""
     agent_yaml: pulumi.Output[str]
+    """agent.yaml: its text in a preview, its ``sha256:`` digest once installed (``observed.text_digest``)."""
     unit: pulumi.Output[str]
+    """The unit's ``sha256:`` digest."""
     installed_sha256: pulumi.Output[str]
     arch: pulumi.Output[str]
     observed: pulumi.Output[dict[str, Any]]
@@ -292,6 +351,8 @@ class AgentInstall(Resource, module="llmgw", name="AgentInstall"):
     state_version: pulumi.Output[int]
 
     def __init__(self, name: str, args: AgentInstallArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        props = {**to_inputs(args), "agent_yaml": None, "unit": None, **{k: None for k in OUTPUT_KEYS}}
-        super().__init__(AgentInstallProvider(), name, _glue.with_urn(type(self), name, props, opts), opts)
+        super().__init__(*self.registration(name, args, opts))
+
+
+OUTPUT_KEYS = AgentInstall.output_keys()
 

@@ -56,11 +56,11 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
 from .. import desired, errors, facts, remote
 from ..schema import defaults
-from ..specs import DEFAULT_RENEW_BEFORE_HOURS, KEY_ORIGIN_NODE, NODE_REPLACE_KEYS, CertificateSpec, Connection, to_inputs
+from ..specs import DEFAULT_RENEW_BEFORE_HOURS, KEY_ORIGIN_NODE, NODE_REPLACE_KEYS, CertificateSpec, Connection
 from . import _glue
 
 log = logging.getLogger(__name__)
@@ -83,8 +83,6 @@ REISSUE_REASONS = {
     "key_origin": "keyOrigin changed",
 }
 """Why the same machine gets a new certificate: an update in place, which expects the host keys recorded."""
-OUTPUT_KEYS = ("cert_pem", "key_pem", "ca_pem", "ca_not_after", "serial", "not_after", "fingerprint_sha256",
-               "adopted", "host_key", "jump_host_keys", "node_key")
 NODE_KEY_HELD, NODE_KEY_GONE, NODE_KEY_OTHER = "held", "gone", "another key"
 """The ``node_key`` output (keyOrigin node): does the node hold the key of this certificate (in place, or made and
 waiting for NodeIdentity)? Read by refresh; a key gone or replaced on the node has the certificate replaced by the
@@ -370,7 +368,10 @@ class ClientCertificateArgs:
     issued; None (absent) for a CA key that is not encrypted."""
 
 
-class ClientCertificate(Resource, module="llmgw", name="ClientCertificate"):
+class ClientCertificate(_glue.NodeResource, module="llmgw", name="ClientCertificate"):
+    PROVIDER = ClientCertificateProvider
+    SECRET_OUTPUTS = ("key_pem", "ca_key_passphrase")
+
     cert_pem: pulumi.Output[str]
     key_pem: pulumi.Output[str]
     ca_pem: pulumi.Output[str]
@@ -387,8 +388,8 @@ class ClientCertificate(Resource, module="llmgw", name="ClientCertificate"):
     """keyOrigin node: whether the node holds this certificate's key (``held``), as last read."""
 
     def __init__(self, name: str, args: ClientCertificateArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        props = {**to_inputs(args), **{k: None for k in OUTPUT_KEYS}}
-        if args.ca_key is not None:
-            props[CA_KEY_INPUT] = pulumi.Output.secret(args.ca_key)
-        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key_pem", "ca_key_passphrase"]))
-        super().__init__(ClientCertificateProvider(), name, _glue.with_urn(type(self), name, props, opts), opts)
+        secret = {CA_KEY_INPUT: pulumi.Output.secret(args.ca_key)} if args.ca_key is not None else {}
+        super().__init__(*self.registration(name, args, opts, **secret))
+
+
+OUTPUT_KEYS = ClientCertificate.output_keys()

@@ -28,17 +28,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
 from .. import facts, remote
 from ..errors import EngineWillNotRunError, UnreachableError
 from ..schema import defaults, replace_keys
-from ..specs import Connection, Discovery, EngineCheckSpec, Fabric, engines_input, to_inputs
+from ..specs import Connection, Discovery, EngineCheckSpec, Fabric, engines_input
 from . import _glue
 
 INPUT_KEYS = ("node_id", "connection", "known_host_key", "known_jump_host_keys", "engines", "fail_on_problems",
               "fabrics", "discovery")
-OUTPUT_KEYS = ("problems", "engines_ok", "inventory")
 REPLACE_KEYS = replace_keys(Connection, "connection.")
 """Another address or port is another machine (a new node id is only another name for the check)."""
 
@@ -113,7 +112,9 @@ class EngineCheckArgs(_glue.OnboardedNodeArgs):
     """Where nvidia-smi and the InfiniBand sysfs directory are, as AgentSettings.discovery."""
 
 
-class EngineCheck(Resource, module="llmgw", name="EngineCheck"):
+class EngineCheck(_glue.NodeResource, module="llmgw", name="EngineCheck"):
+    PROVIDER = EngineCheckProvider
+
     problems: pulumi.Output[list[Any]]
     """Engine problems and hardware problems (nvidia-smi that fails, a declared HCA that is missing):
     each a dict with ``problem`` and ``hint``."""
@@ -122,5 +123,7 @@ class EngineCheck(Resource, module="llmgw", name="EngineCheck"):
     """{gpus: [{index, name, memory_mib, uuid, pci_bus_id, compute_cap}], driver, cuda, hcas: [...]}."""
 
     def __init__(self, name: str, args: EngineCheckArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        props = {**to_inputs(args), **{k: None for k in OUTPUT_KEYS}}
-        super().__init__(EngineCheckProvider(), name, _glue.with_urn(type(self), name, props, opts), opts)
+        super().__init__(*self.registration(name, args, opts))
+
+
+OUTPUT_KEYS = EngineCheck.output_keys()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
 from .. import desired, errors, facts, observed, plan, remote
 from ..observed import ANY, OBSERVED_KEY, STATE_VERSION, VERSION_KEY, Observed, Want, Wanted
@@ -31,13 +31,11 @@ from ..specs import (
     IdentitySpec,
     Problems,
     is_unknown,
-    to_inputs,
 )
 from . import _glue
 
 INPUT_KEYS = ("node_id", "connection", "ca_pem", "cert_pem", "key_pem", "key_origin")
 REPLACE_KEYS = NODE_REPLACE_KEYS
-OUTPUT_KEYS = ("host_key", "jump_host_keys", "hostname", "arch", OBSERVED_KEY, "trust", VERSION_KEY)
 PEM_KEYS = ("ca_pem", "cert_pem", "key_pem")
 FILES = desired.files_of(desired.IDENTITY)
 KEY_FILE = desired.file_with(desired.Content.KEY_PEM, desired.IDENTITY)
@@ -220,7 +218,10 @@ class NodeIdentityArgs:
     known_jump_host_keys: pulumi.Input[dict[str, str]] | None = None
 
 
-class NodeIdentity(Resource, module="llmgw", name="NodeIdentity"):
+class NodeIdentity(_glue.NodeResource, module="llmgw", name="NodeIdentity"):
+    PROVIDER = NodeIdentityProvider
+    SECRET_OUTPUTS = ("key_pem",)
+
     host_key: pulumi.Output[str]
     jump_host_keys: pulumi.Output[dict[str, str]]
     """The key each jump host presented, by 'host:port': checked on every later connection."""
@@ -232,6 +233,7 @@ class NodeIdentity(Resource, module="llmgw", name="NodeIdentity"):
     state_version: pulumi.Output[int]
 
     def __init__(self, name: str, args: NodeIdentityArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        props = {**to_inputs(args), **{k: None for k in OUTPUT_KEYS}}
-        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key_pem"]))
-        super().__init__(NodeIdentityProvider(), name, _glue.with_urn(type(self), name, props, opts), opts)
+        super().__init__(*self.registration(name, args, opts))
+
+
+OUTPUT_KEYS = NodeIdentity.output_keys()

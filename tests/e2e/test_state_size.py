@@ -18,12 +18,15 @@ MAX_FRAMES = 10
 ``__init__``, the program's registration task and the five frames of the event loop under it. Registered from
 `__main__.py` directly, it was 16."""
 
-NODE_BUDGET = 12_100
+NODE_BUDGET = 10_800
 """Bytes of a node's five resources in `pulumi stack export`, PEM bodies, stack frames and source positions left
 out (the frames are counted above; their paths hold the checkout's directory, so their bytes vary from one
 checkout to another): 11,639 measured, then 12,072 once the one observed record (state version 1) named the
-mode and owner of each of the seven files it watches and carried its state_version (the scale issue brings it
-under 10 KB). With the frames, 16,385-17,031 bytes under the tests' temporary project
+mode and owner of each of the seven files it watches and carried its state_version, and 10,684 with state
+version 2 (the record by file name with base64url digests, AgentInstall's outputs keeping agent.yaml and the
+unit as digests, its unit input a digest): the budget is that plus a small margin. Still over the scale
+issue's 10 KB: of what is left, the hidden ``__urn`` and ``__provider`` in inputs and outputs take about 1,550
+bytes and the engine's propertyDependencies about 1,120. With the frames, 16,385-17,031 bytes under the tests' temporary project
 directories, and about 20,900 while the program registered from `__main__.py` and the component repeated its
 resources' outputs."""
 PATH_DEPENDENT = ("stackTrace", "sourcePosition")

@@ -45,9 +45,11 @@ from tests.e2e.test_lifecycle import install_test_engine
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
-BASES = ("ca1dd75", "e80e071")
+BASES = ("ca1dd75", "e80e071", "fc02334")
 """The commits whose package writes state this checkout's package must take over without touching a node:
-ca1dd75 (the first the test ran from) and e80e071 (the last before the state model of observed.py)."""
+ca1dd75 (the first the test ran from), e80e071 (the last before the state model of observed.py: state version 0)
+and fc02334 (the last of state version 1: records by path with hex digests, AgentInstall keeping the texts of
+agent.yaml and the unit)."""
 
 NODE_FILES = ("/usr/local/bin/llmgw", "/etc/systemd/system/llmgw-agent.service",
               "/usr/local/share/ca-certificates/llmgw-ca.crt", "/etc/ssl/certs/ca-certificates.crt")
@@ -258,7 +260,10 @@ def test_an_upgrade_from_the_base_commit_changes_no_node(cluster, hosts, new_sta
                if r["type"].endswith(("NodeIdentity", "AgentInstall"))]
     assert len(records) == 2 * len(fleet), [urn for urn, _ in records]
     for urn, outs in records:
-        assert outs.get("state_version") == 1 and "observed" in outs, (urn, outs)
+        assert outs.get("state_version") == 2 and "observed" in outs, (urn, outs)
         assert not {"node_state", "files"} & set(outs), (urn, outs)
+        assert not any(name.startswith("/") for name in outs["observed"]["files"]), (urn, outs["observed"])
+        if urn.split("::")[-2].endswith("AgentInstall"):
+            assert outs["agent_yaml"].startswith("sha256:") and outs["unit"].startswith("sha256:"), (urn, outs)
     after_refresh = stack.preview(expect_no_changes=True)
     assert after_refresh.ok, after_refresh.output

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pulumi.output import Unknown
 
-from llmgw_pulumi import rollout
+from llmgw_pulumi import desired, rollout
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from tests.unit import fake_pem
@@ -37,7 +37,7 @@ def installed(inputs: dict[str, Any]) -> dict[str, Any]:
     import hashlib
 
     seen = {"binary_sha256": "b" * 64, "config_sha256": hashlib.sha256(inputs["agent_yaml"].encode()).hexdigest(),
-            "unit_sha256": hashlib.sha256(inputs["unit"].encode()).hexdigest(), "active": "active", "enabled": "enabled"}
+            "unit_sha256": hashlib.sha256(desired.render_unit().encode()).hexdigest(), "active": "active", "enabled": "enabled"}
     return {**inputs, "installed_sha256": "b" * 64, "arch": "amd64", "node_state": seen}
 
 
@@ -111,7 +111,7 @@ def test_a_config_or_unit_changed_on_the_node_is_drift_the_next_up_repairs() -> 
     p = AgentInstallProvider()
     inputs = checked(p, AGENT)
     seen = {"binary_sha256": "b" * 64, "config_sha256": hashlib.sha256(inputs["agent_yaml"].encode()).hexdigest(),
-            "unit_sha256": hashlib.sha256(inputs["unit"].encode()).hexdigest(), "active": "active", "enabled": "enabled"}
+            "unit_sha256": hashlib.sha256(desired.render_unit().encode()).hexdigest(), "active": "active", "enabled": "enabled"}
     olds = {**inputs, "installed_sha256": "b" * 64, "node_state": seen}
     assert p.diff("gpu-01", olds, inputs).changes is False
     for key in ("config_sha256", "unit_sha256", "binary_sha256"):

@@ -8,6 +8,8 @@ from llmgw_pulumi import desired, observed
 from llmgw_pulumi.observed import Observed, Seen, Want, Wanted
 
 A, B = "a" * 64, "b" * 64
+A_SHORT, B_SHORT = "qqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqo", "u7u7u7u7u7u7u7u7u7u7u7u7u7u7u7u7u7u7u7u7u7s"
+"""A and B as state keeps a digest from version 2: unpadded base64url (base64 of 32 bytes 0xaa, 0xbb)."""
 CONFIG, KEY, BINARY = desired.CONFIG_PATH, desired.KEY_PATH, desired.BINARY_PATH
 
 
@@ -15,9 +17,17 @@ def test_a_file_is_recorded_as_sha256_mode_and_owner() -> None:
     seen = Observed({CONFIG: Seen(A, 0o644, "root:root"), KEY: None, BINARY: Seen(B, 0o755, "root:root", reads_as=A)},
                     "active enabled")
     record = seen.record()
-    assert record == {"files": {CONFIG: f"{A} 644 root:root", KEY: "absent", BINARY: f"{B} 755 root:root = {A}"},
-                      "unit": "active enabled"}
+    assert record == {"files": {"binary": f"{B_SHORT} 755 root:root = {A_SHORT}", "config": f"{A_SHORT} 644 root:root",
+                                "key": "absent"}, "unit": "active enabled"}
     assert Observed.parse(record) == seen
+
+
+def test_a_short_digest_reads_back_as_the_hex_one_and_a_record_in_hex_does_not_parse() -> None:
+    assert (observed.short(A), observed.hex_of(A_SHORT), observed.hex_of(A)) == (A_SHORT, A, A)
+    assert Seen.parse(f"{A} 644 root:root") is None, "a version 1 file record is read only through its migration"
+    assert Seen.parse(f"{A_SHORT[:-1]} 644 root:root") is None
+    assert observed.digest_hex(f"sha256:{B_SHORT}") == B and observed.digest_hex(B_SHORT) is None
+    assert observed.digest_hex("server: cp:7443\n") is None
 
 
 DIFFERENCES = [
@@ -72,25 +82,59 @@ AGENT_V0 = {  # AgentInstall's outputs as ca1dd75 and e80e071 wrote them
 }
 
 
-def test_identity_v0_files_become_the_observed_record() -> None:
-    migrated = observed.migrate(IDENTITY_V0, desired.IDENTITY)
-    assert migrated == {
-        **{k: v for k, v in IDENTITY_V0.items() if k != "files"},
-        "observed": {"files": {"/etc/llmgw/agent-key.pem": f"{A} 644 nobody:nogroup", "/etc/llmgw/agent.pem": f"{B} 644 root:root",
-                               "/etc/llmgw/ca.pem": f"{A} 644 root:root",
-                               "/usr/local/share/ca-certificates/llmgw-ca.crt": "absent"}},
-        "state_version": 1,
-    }
+IDENTITY_V1 = {  # what the step from version 0 makes of IDENTITY_V0: version 1's record, by path with hex digests
+    **{k: v for k, v in IDENTITY_V0.items() if k != "files"},
+    "observed": {"files": {"/etc/llmgw/agent-key.pem": f"{A} 644 nobody:nogroup", "/etc/llmgw/agent.pem": f"{B} 644 root:root",
+                           "/etc/llmgw/ca.pem": f"{A} 644 root:root",
+                           "/usr/local/share/ca-certificates/llmgw-ca.crt": "absent"}},
+}
+UNIT_TEXT = "[Unit]\n"
+UNIT_SHORT = "rmxjz_M7z6O2otbQyd0ZUh3tqjURRrGmQtK_yc9aHh8"
+"""sha256 of UNIT_TEXT, short."""
+YAML_SHORT = "A4G7thWMuDAc1liP2pXo2R1DaZE5PEr5gOicAQoHSjU"
+"""sha256 of AGENT_V0's agent_yaml, short."""
+AGENT_V1 = {  # AgentInstall's outputs as fc02334 wrote them (state_version 1): the texts kept, the record by path
+    **{k: v for k, v in AGENT_V0.items() if k != "node_state"}, "unit": UNIT_TEXT, "state_version": 1,
+    "observed": {"files": {BINARY: f"{A} 777 root:root", CONFIG: f"{B} 644 root:root = {A}", desired.UNIT_PATH: "absent"},
+                 "unit": "inactive enabled"},
+}
 
 
-def test_agent_v0_node_state_becomes_the_observed_record() -> None:
-    migrated = observed.migrate(AGENT_V0, desired.AGENT)
-    assert migrated == {
+def test_identity_v0_files_become_the_version_1_record() -> None:
+    assert observed._v0_to_v1(dict(IDENTITY_V0), desired.IDENTITY) == IDENTITY_V1
+
+
+def test_agent_v0_node_state_becomes_the_version_1_record() -> None:
+    assert observed._v0_to_v1(dict(AGENT_V0), desired.AGENT) == {
         **{k: v for k, v in AGENT_V0.items() if k != "node_state"},
         "observed": {"files": {BINARY: f"{A} 777 root:root", CONFIG: f"{B} 644 root:root",
                                desired.UNIT_PATH: "absent"}, "unit": "inactive enabled"},
-        "state_version": 1,
     }
+
+
+def test_identity_v1_record_becomes_one_by_file_name_with_short_digests() -> None:
+    assert observed.migrate({**IDENTITY_V1, "state_version": 1}, desired.IDENTITY) == {
+        **{k: v for k, v in IDENTITY_V1.items() if k != "observed"},
+        "observed": {"files": {"ca": f"{A_SHORT} 644 root:root", "cert": f"{B_SHORT} 644 root:root",
+                               "key": f"{A_SHORT} 644 nobody:nogroup", "trust_anchor": "absent"}},
+        "state_version": 2,
+    }
+
+
+def test_agent_v1_texts_become_their_digests_and_the_record_one_by_file_name() -> None:
+    assert observed.migrate(AGENT_V1, desired.AGENT) == {
+        **AGENT_V1, "agent_yaml": f"sha256:{YAML_SHORT}", "unit": f"sha256:{UNIT_SHORT}", "state_version": 2,
+        "observed": {"files": {"binary": f"{A_SHORT} 777 root:root", "config": f"{B_SHORT} 644 root:root = {A_SHORT}",
+                               "unit": "absent"}, "unit": "inactive enabled"},
+    }
+
+
+def test_version_0_is_brought_to_version_2_through_version_1() -> None:
+    migrated = observed.migrate(IDENTITY_V0, desired.IDENTITY)
+    assert migrated["state_version"] == 2 and migrated["observed"]["files"]["key"] == f"{A_SHORT} 644 nobody:nogroup"
+    agent = observed.migrate(AGENT_V0, desired.AGENT)
+    assert agent["agent_yaml"] == f"sha256:{YAML_SHORT}" and "node_state" not in agent
+    assert agent["observed"]["files"]["binary"] == f"{A_SHORT} 777 root:root"
 
 
 def test_a_current_record_is_left_as_it_is_and_migrating_twice_changes_nothing() -> None:

@@ -16,6 +16,7 @@ from tests.unit.test_providers_fake import (  # noqa: F401
     agent_node,
     changes_to_systemd,
     dev_build,
+    files,
     node,
     sha,
 )
@@ -59,7 +60,7 @@ def test_an_update_planned_from_an_old_record_reads_the_node_again(agent_node: F
     new = p.update("gpu-01", outs, news).outs
     assert fake.mode(BINARY) == 0o755 and fake.path(BINARY).stat().st_ino == inode
     assert b"cp2.example.net:7443" in (fake.read(CONFIG) or b"")
-    assert new["observed"]["files"][BINARY] == f"{sha(dev_build.read_bytes())} 755 root:root"
+    assert files(new)[BINARY] == f"{sha(dev_build.read_bytes())} 755 root:root"
 
 
 def test_an_update_that_fails_on_the_node_is_reported_failed_to_the_rollout(

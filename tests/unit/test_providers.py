@@ -4,13 +4,17 @@ Values are shaped as the engine sends them: numbers as floats, unknowns as
 pulumi.output.Unknown during preview, old *outputs* as diff's olds.
 """
 
+import base64
 import datetime as dt
+import hashlib
 
 import dill
 import pytest
 from pulumi.output import Unknown
 
+from llmgw_pulumi import desired, observed
 from llmgw_pulumi.observed import STATE_VERSION, Observed, Seen
+from llmgw_pulumi.providers import agent
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.agent import wanted as agent_wanted
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider, reissue_reasons
@@ -224,7 +228,22 @@ def test_agent_check_renders_config_and_unit_for_the_preview():
     inputs = checked(AgentInstallProvider(), AGENT)
     assert inputs["agent_yaml"].startswith("# gpu-01, written by llmgw-pulumi")
     assert 'server: cp1:7443' in inputs["agent_yaml"]
-    assert "KillMode=process" in inputs["unit"]
+    assert inputs["unit"] == observed.text_digest(desired.render_unit())  # the same for every node: its digest
+    assert "KillMode=process" in desired.render_unit()
+
+
+def test_agent_outputs_keep_the_texts_as_digests_and_read_renders_them_again():
+    inputs = checked(AgentInstallProvider(), AGENT)
+    kept = agent.digested(inputs)
+    yaml_digest = base64.urlsafe_b64encode(hashlib.sha256(inputs["agent_yaml"].encode()).digest()).decode().rstrip("=")
+    assert kept["agent_yaml"] == f"sha256:{yaml_digest}" and kept["unit"] == inputs["unit"]
+    assert agent.texts_of(kept) == {"agent_yaml": inputs["agent_yaml"], "unit": desired.render_unit()}
+    assert agent.changed_inputs(kept, inputs) == [] and agent.changed_inputs(kept, {**inputs, "agent_yaml": "x: 1\n"}) == [
+        "agent_yaml"]
+    # A text an earlier package rendered otherwise is known by its digest alone: compared by it, never re-rendered.
+    other = {**kept, "agent_yaml": "sha256:" + "A" * 43}
+    assert "agent_yaml" not in agent.texts_of(other)
+    assert agent_wanted(other).files[desired.CONFIG_PATH].sha256 == "00" * 32
 
 
 def test_agent_config_is_unknown_while_the_hostname_is():

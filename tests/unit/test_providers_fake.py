@@ -25,7 +25,7 @@ from cryptography.x509.oid import NameOID
 from lab import pki as labpki
 from lab.release_server import publish_release
 from llmgw_pulumi import desired, errors, pki, remote, sessions
-from llmgw_pulumi.observed import STATE_VERSION
+from llmgw_pulumi.observed import STATE_VERSION, Observed
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
@@ -39,6 +39,8 @@ CA, CERT, KEY = "/etc/llmgw/ca.pem", "/etc/llmgw/agent.pem", "/etc/llmgw/agent-k
 ANCHOR = "/usr/local/share/ca-certificates/llmgw-ca.crt"
 BINARY, CONFIG, UNIT = "/usr/local/bin/llmgw", "/etc/llmgw/agent.yaml", "/etc/systemd/system/llmgw-agent.service"
 UNIT_NAME = "llmgw-agent.service"
+UNIT_TEXT = desired.render_unit()
+"""The unit's text (the input ``unit`` holds its digest)."""
 HOST_KEY = ed25519.Ed25519PrivateKey.from_private_bytes(b"\x01" * 32).public_key().public_bytes(
     serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
 """The fake node's host key: a real one, so that a test can pin it as an operator would (``hostKey``)."""
@@ -52,9 +54,17 @@ def agent_binary(version: str, starts: bool = True) -> bytes:
     return (f"#!/bin/sh\ncase $1 in --version) echo 'llmgw version {version}' ;; agent) {agent} ;; esac\n").encode()
 
 
+def files(outs: dict[str, Any]) -> dict[str, str]:
+    """path -> ``"<hex sha256> <mode> <owner>"`` (or ``absent``) of the file the resource last saw there, from its
+    ``observed`` output (which keeps it by file name, with a shorter digest)."""
+    seen = Observed.parse(outs["observed"])
+    assert seen is not None, outs["observed"]
+    return {path: f"{s.sha256} {s.mode:o} {s.owner}" if s else "absent" for path, s in seen.files.items()}
+
+
 def shas(outs: dict[str, Any]) -> dict[str, str]:
     """path -> the sha256 of the file the resource last saw there (or ``absent``), from its ``observed`` output."""
-    return {path: seen.split()[0] for path, seen in outs["observed"]["files"].items()}
+    return {path: seen.split()[0] for path, seen in files(outs).items()}
 
 
 def sha(data: bytes | str) -> str:
@@ -221,7 +231,7 @@ def test_identity_read_shows_drift_and_update_repairs_it(node: FakeNode, pki_dir
     else:
         key.unlink()
     refreshed = p.read("gpu-01", outs).outs
-    assert refreshed["observed"]["files"] == {**outs["observed"]["files"], KEY: seen(inputs["key_pem"])}
+    assert files(refreshed) == {**files(outs), KEY: seen(inputs["key_pem"])}
     assert p.diff("gpu-01", refreshed, inputs).changes is True
 
     repaired = p.update("gpu-01", refreshed, inputs).outs
@@ -303,11 +313,11 @@ def dev_build(tmp_path: Path) -> Path:
 def assert_agent_installed(node: FakeNode, inputs: dict[str, Any], binary: bytes, outs: dict[str, Any]) -> None:
     assert node.read(BINARY) == binary and node.mode(BINARY) == 0o755 and node.owner(BINARY) == "root:root"
     assert node.read(CONFIG) == inputs["agent_yaml"].encode() and node.mode(CONFIG) == 0o644
-    assert node.read(UNIT) == inputs["unit"].encode() and node.mode(UNIT) == 0o644
+    assert node.read(UNIT) == UNIT_TEXT.encode() and node.mode(UNIT) == 0o644
     assert node.unit() == ("active", "enabled")
     assert outs["installed_sha256"] == sha(binary) and outs["arch"] == "amd64"
-    assert outs["observed"] == {"files": {BINARY: f"{sha(binary)} 755 root:root", CONFIG: f"{sha(inputs['agent_yaml'])} 644 root:root",
-                                          UNIT: f"{sha(inputs['unit'])} 644 root:root"}, "unit": "active enabled"}
+    assert files(outs) == {BINARY: f"{sha(binary)} 755 root:root", CONFIG: f"{sha(inputs['agent_yaml'])} 644 root:root",
+                           UNIT: f"{sha(UNIT_TEXT)} 644 root:root"} and outs["observed"]["unit"] == "active enabled"
     assert outs["state_version"] == STATE_VERSION
     assert node.leftovers() == []
 
@@ -386,7 +396,7 @@ def test_agent_that_does_not_stay_up_after_an_upgrade_is_rolled_back(agent_node:
         p.update("gpu-01", outs, news)
     assert "the agent did not stay running; the end of its journal:" in str(raised.value)
     assert node.read(BINARY) == good and node.read(CONFIG) == inputs["agent_yaml"].encode(), "not restored"
-    assert node.read(UNIT) == inputs["unit"].encode()
+    assert node.read(UNIT) == UNIT_TEXT.encode()
     assert node.unit() == ("active", "enabled"), "the restored agent was not restarted"
     assert node.leftovers() == []
 
@@ -740,8 +750,8 @@ def test_the_agent_of_a_script_onboarded_node_is_kept_running(node: FakeNode, de
     # What onboard-node.sh writes: the same settings and unit, in its own words.
     script_yaml = ('# gpu-01, written by onboard-node.sh.\nserver: "cp1.example.net:7443"\n\ntls:\n'
                    '  ca: /etc/llmgw/ca.pem\n  cert: /etc/llmgw/agent.pem\n  key: /etc/llmgw/agent-key.pem\n')
-    script_unit = "\n".join(line for line in inputs["unit"].splitlines() if not line.startswith("#")) + "\n"
-    assert script_yaml != inputs["agent_yaml"] and script_unit != inputs["unit"]
+    script_unit = "\n".join(line for line in UNIT_TEXT.splitlines() if not line.startswith("#")) + "\n"
+    assert script_yaml != inputs["agent_yaml"] and script_unit != UNIT_TEXT
     for path, data, mode in ((desired.BINARY_PATH, dev_build.read_bytes(), 0o755),
                              (desired.CONFIG_PATH, script_yaml.encode(), 0o644), (desired.UNIT_PATH, script_unit.encode(), 0o644)):
         node.path(path).parent.mkdir(parents=True, exist_ok=True)

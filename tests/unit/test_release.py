@@ -16,7 +16,7 @@ from llmgw_pulumi import errors, program, release, specs, stack_config, validate
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.stack_config import StackConfigError
 from tests.fakenode import RELEASE_URL, FakeNode
-from tests.unit.test_providers_fake import agent_binary, agent_inputs, agent_node, changes_to_systemd, node, publish  # noqa: F401
+from tests.unit.test_providers_fake import agent_binary, agent_inputs, agent_node, changes_to_systemd, files, node, publish  # noqa: F401
 
 BINARY, CONFIG, UNIT = "/usr/local/bin/llmgw", "/etc/llmgw/agent.yaml", "/etc/systemd/system/llmgw-agent.service"
 TAG = "v1.2.3"
@@ -212,11 +212,11 @@ def test_the_right_bytes_with_the_wrong_mode_are_repaired_in_place(agent_node: F
     fake.path(BINARY).chmod(0o777)
     inode = fake.path(BINARY).stat().st_ino
     refreshed = p.read("gpu-01", outs).outs
-    assert refreshed["observed"]["files"][BINARY] == f"{sha(binary)} 777 root:root", refreshed["observed"]
+    assert files(refreshed)[BINARY] == f"{sha(binary)} 777 root:root", refreshed["observed"]
     restarts = len(changes_to_systemd(fake))
     repaired = p.update("gpu-01", refreshed, inputs).outs
     assert fake.mode(BINARY) == 0o755 and fake.path(BINARY).stat().st_ino == inode
-    assert repaired["observed"]["files"][BINARY] == f"{sha(binary)} 755 root:root"
+    assert files(repaired)[BINARY] == f"{sha(binary)} 755 root:root"
     assert [c for c in changes_to_systemd(fake)[restarts:] if "restart" in c] == []
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from llmgw_pulumi import errors
+from llmgw_pulumi.observed import Observed, Seen
 from llmgw_pulumi.providers import _glue
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from llmgw_pulumi.remote import Exit, Result
@@ -89,4 +90,5 @@ def test_an_identity_renewal_planned_from_an_old_record_reads_the_node_again(nod
     new = NodeIdentityProvider().update("id", outs, renewed).outs
     assert node.read(CERT) == renewed["cert_pem"].encode()
     assert node.mode(CA) == 0o644 and node.path(CA).stat().st_ino == inode, "the CA file repaired in place"
-    assert new["observed"]["files"][CA] == f"{sha(inputs['ca_pem'])} 644 root:root"
+    seen = Observed.parse(new["observed"])
+    assert seen is not None and seen.files[CA] == Seen(sha(inputs["ca_pem"]), 0o644, "root:root")
