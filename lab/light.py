@@ -1,0 +1,167 @@
+"""The light lab host form, for the benchmark's large fleets only (`Lab(..., light=True)`; docs/test-hosts.md,
+"Light hosts").
+
+A light host is the same systemd-nspawn container as any lab host, with its real systemd, sshd, sudo, journald,
+node scripts and agent test double, and three differences, each of which keeps what runs the same and only makes
+it cost less memory:
+
+- kernel samepage merging (KSM) of every page of every process in the container: the nspawn process starts with
+  `prctl(PR_SET_MEMORY_MERGE, 1)`, which every process forked or executed in it inherits, and ksmd runs;
+- address-space layout randomisation off in the container (`personality(ADDR_NO_RANDOMIZE)`, inherited the same
+  way), so that the same program in two hosts lays out the same heap at the same addresses and KSM finds the pages
+  alike (with ASLR each heap's pointers differ, and so do the pages);
+- D-Bus and systemd-logind masked: nothing the node scripts, sshd, sudo or systemctl need (systemctl as root talks
+  to systemd's private socket), and without logind no per-user systemd is started for each SSH login.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+KSM = Path("/sys/kernel/mm/ksm")
+
+#: prctl option that marks every present and future anonymous mapping of the process mergeable (Linux 6.4+);
+#: kept over fork and, since Linux 6.7, over execve.
+PR_SET_MEMORY_MERGE = 67
+PR_GET_MEMORY_MERGE = 68
+#: personality(2) flag: no address-space layout randomisation for this process and what it executes.
+ADDR_NO_RANDOMIZE = 0x0040000
+#: personality(2) argument that only reads the current persona.
+PERSONALITY_QUERY = 0xFFFFFFFF
+
+#: Units a light host masks on top of the base layer's (lab/base_layer.py, MASKED_UNITS).
+MASKED_UNITS = (
+    "dbus.service",
+    "dbus.socket",
+    "systemd-logind.service",
+)
+
+#: How many pages ksmd scans per wake-up (every `sleep_millisecs`, 20 ms by default) while a light lab runs: the
+#: kernel's default of 100 (20 MB/s) would take minutes to cover a few hundred hosts' memory once.
+PAGES_TO_SCAN = 1000
+
+# Run by the venv's python as the first program of a light host's nspawn: mark the process's memory mergeable,
+# turn ASLR off, then become the rest of the command line (the unshare and nspawn of lab/host.py), keeping the pid.
+EXEC_PRELUDE = f"""\
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl({PR_SET_MEMORY_MERGE}, 1, 0, 0, 0) != 0:
+    sys.exit("light host: prctl(PR_SET_MEMORY_MERGE) failed: " + os.strerror(ctypes.get_errno()))
+persona = libc.personality({PERSONALITY_QUERY})
+if persona == -1 or libc.personality(persona | {ADDR_NO_RANDOMIZE}) == -1:
+    sys.exit("light host: personality(ADDR_NO_RANDOMIZE) failed: " + os.strerror(ctypes.get_errno()))
+os.execvp(sys.argv[1], sys.argv[1:])
+"""
+
+
+def exec_prefix() -> list[str]:
+    """The argv prefix that runs a command as the first process of a light host (see EXEC_PRELUDE)."""
+    return [sys.executable, "-I", "-S", "-c", EXEC_PRELUDE]
+
+
+def merge_flag() -> bool:
+    """Whether this process's memory is marked mergeable (PR_GET_MEMORY_MERGE)."""
+    return bool(ctypes.CDLL(None).prctl(PR_GET_MEMORY_MERGE, 0, 0, 0, 0) == 1)
+
+
+class KsmUnavailable(RuntimeError):
+    """This kernel has no KSM, or ksmd cannot be started from here."""
+
+
+def start_ksmd(pages_to_scan: int = PAGES_TO_SCAN) -> str:
+    """Make ksmd run (`run` = 1) at `pages_to_scan`; return the `run` value it had before, for `restore_ksmd`.
+
+    Raises KsmUnavailable, saying why, when /sys/kernel/mm/ksm is missing or not writable here.
+    """
+    run = KSM / "run"
+    try:
+        before = run.read_text().strip()
+        (KSM / "pages_to_scan").write_text(f"{pages_to_scan}\n")
+        run.write_text("1\n")
+    except FileNotFoundError as e:
+        raise KsmUnavailable(f"this kernel has no KSM ({KSM} is missing: CONFIG_KSM): {e}") from e
+    except OSError as e:
+        raise KsmUnavailable(f"cannot start ksmd: writing {run} failed ({e}); a light lab needs root on a "
+                             f"machine whose /sys is writable") from e
+    return before
+
+
+def restore_ksmd(before: str) -> None:
+    """Put ksmd's `run` back as `start_ksmd` found it (0: stop scanning; pages merged so far stay merged)."""
+    (KSM / "run").write_text(f"{before}\n")
+
+
+def ksm_stat(pid: int) -> dict[str, str]:
+    """/proc/<pid>/ksm_stat as a dict (`ksm_merge_any: yes` for a process whose memory is all mergeable);
+    empty when the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/ksm_stat").read_text()
+    except OSError:
+        return {}
+    return parse_ksm_stat(text)
+
+
+def parse_ksm_stat(text: str) -> dict[str, str]:
+    """`ksm_rmap_items 12` and `ksm_merge_any: yes` lines as {name: value}."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        name, _, value = line.replace(":", " ", 1).partition(" ")
+        if name:
+            fields[name] = value.strip()
+    return fields
+
+
+@dataclass(frozen=True)
+class KsmdSample:
+    """ksmd's counters at one moment: its CPU and what it has merged (docs/benchmark-method.md)."""
+
+    at: float
+    cpu_seconds: float
+    pages_sharing: int
+    pages_shared: int
+    full_scans: int
+
+    @classmethod
+    def now(cls) -> KsmdSample:
+        def counter(name: str) -> int:
+            return int((KSM / name).read_text())
+
+        return cls(time.monotonic(), ksmd_cpu_seconds(), counter("pages_sharing"), counter("pages_shared"),
+                   counter("full_scans"))
+
+    @property
+    def saved_mib(self) -> float:
+        """Memory KSM saves now: `pages_sharing` counts the mappings of a merged page beyond its first one."""
+        return self.pages_sharing * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def ksmd_pid() -> int | None:
+    """The pid of the kernel thread ksmd, or None (no KSM in this kernel)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if text[text.index("(") + 1:text.rindex(")")] == "ksmd":
+            return int(stat.parent.name)
+    return None
+
+
+def ksmd_cpu_seconds() -> float:
+    """ksmd's CPU so far (utime + stime of /proc/<ksmd>/stat); 0.0 without KSM."""
+    pid = ksmd_pid()
+    if pid is None:
+        return 0.0
+    return stat_cpu_seconds(Path(f"/proc/{pid}/stat").read_text())
+
+
+def stat_cpu_seconds(stat: str) -> float:
+    """utime + stime, in seconds, of a /proc/<pid>/stat line (fields 14 and 15; the name in parentheses may hold
+    spaces, so they are counted from its closing parenthesis)."""
+    after = stat[stat.rindex(")") + 2:].split()
+    return (int(after[11]) + int(after[12])) / os.sysconf("SC_CLK_TCK")
