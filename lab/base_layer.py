@@ -12,8 +12,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from lab import light as light_form
 from lab import linux
-from lab.light import MASKED_UNITS as LIGHT_MASKED_UNITS
 
 ROOTFS_SCRIPT = Path(__file__).with_name("rootfs.sh")
 
@@ -101,7 +101,7 @@ def ensure_base(base_dir: Path, rootfs: Path, pub: str, host_key_types: tuple[st
     want: dict[str, object] = {"version": BASE_VERSION, "rootfs": str(rootfs), "key": pub,
                                "host_key_types": list(host_key_types)}
     if light:  # the light form's layer (lab/light.py); a default layer's stamp stays as it was
-        want["light"] = list(LIGHT_MASKED_UNITS)
+        want["light"] = [*light_form.MASKED_UNITS, light_form.SYSTEM_DROPIN]
     try:
         if json.loads(stamp.read_text()) == want and (base_dir / "up").is_dir():
             return
@@ -114,7 +114,7 @@ def ensure_base(base_dir: Path, rootfs: Path, pub: str, host_key_types: tuple[st
     opts = f"lowerdir={rootfs},upperdir={up},workdir={wk}"
     linux.run(["mount", "-t", "overlay", mount_source, "-o", opts, str(mnt)])
     try:
-        configure_base(mnt, base_dir, pub, host_key_types, LIGHT_MASKED_UNITS if light else ())
+        configure_base(mnt, base_dir, pub, host_key_types, light)
     finally:
         linux.umount(mnt)
     shutil.rmtree(wk, ignore_errors=True)
@@ -122,10 +122,9 @@ def ensure_base(base_dir: Path, rootfs: Path, pub: str, host_key_types: tuple[st
     stamp.write_text(json.dumps(want))
 
 
-def configure_base(root: Path, base_dir: Path, pub: str, host_key_types: tuple[str, ...],
-                   more_masked: tuple[str, ...] = ()) -> None:
+def configure_base(root: Path, base_dir: Path, pub: str, host_key_types: tuple[str, ...], light: bool = False) -> None:
     """Users, sudo rules, sshd settings and unit masks shared by every host (pwsudo's password beside the layer);
-    `more_masked`: units masked on top of MASKED_UNITS (the light form's)."""
+    with `light`, the light form's too (lab/light.py: more units masked, a systemd drop-in)."""
     password = secrets.token_urlsafe(18)
     for user in USERS:
         linux.run(["chroot", str(root), "useradd", "--create-home", "--shell", "/bin/bash", user])
@@ -147,7 +146,9 @@ def configure_base(root: Path, base_dir: Path, pub: str, host_key_types: tuple[s
     linux.write_file(root / "etc/machine-id", "", 0o444)
     linux.write_file(root / "etc/systemd/journald.conf.d/lab.conf", JOURNALD_DROPIN, 0o644)
     units = root / "etc/systemd/system"
-    masked = (*MASKED_UNITS, *more_masked)
+    masked = (*MASKED_UNITS, *(light_form.MASKED_UNITS if light else ()))
+    if light:
+        linux.write_file(root / "etc/systemd/system.conf.d/lab-light.conf", light_form.SYSTEM_DROPIN, 0o644)
     for unit in masked:
         link = units / unit
         if link.is_symlink() or link.exists():

@@ -181,10 +181,30 @@ class Lab:
         linux.run(["ip", "addr", "add", f"{self.gateway}/{self.prefix_len}", "dev", self.bridge])
         linux.run(["ip", "link", "set", self.bridge, "up"])
         base_layer.ensure_key(self.ssh_key_path, f"lab-{self.name}")
+        self._prepare_form()
+
+    def set_light(self, on: bool) -> None:
+        """Switch the form of the hosts booted from now on (the benchmark measures both side by side).
+
+        Every host must be stopped: a host's root is mounted over the base layer of the form it booted with.
+        """
+        if on == self.light:
+            return
+        running = sorted(h.name for h in self.hosts.values() if h.running)
+        if running:
+            raise LabError(f"cannot switch the host form of lab {self.name} while hosts run: {', '.join(running)}")
+        self.light = on
+        self._prepare_form()
+
+    def _prepare_form(self) -> None:
+        """The base layer of the current form, and ksmd running for light hosts (stopped again for default ones)."""
         base_layer.ensure_base(self.base_dir, self.rootfs_path, self.ssh_public_key, self.host_key_types, f"{self.prefix}base",
                                light=self.light)
         if self.light and self._ksm_run_before is None:
             self._ksm_run_before = light.start_ksmd()
+        elif not self.light and self._ksm_run_before is not None:
+            light.restore_ksmd(self._ksm_run_before)
+            self._ksm_run_before = None
 
     def teardown(self) -> None:
         """Stop everything of this lab and remove its kernel objects; idempotent and crash-safe.

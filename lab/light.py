@@ -10,6 +10,9 @@ it cost less memory:
 - address-space layout randomisation off in the container (`personality(ADDR_NO_RANDOMIZE)`, inherited the same
   way), so that the same program in two hosts lays out the same heap at the same addresses and KSM finds the pages
   alike (with ASLR each heap's pointers differ, and so do the pages);
+- Python's string hashing seeded alike in every host (`PYTHONHASHSEED=0` in systemd's DefaultEnvironment, so in
+  the agent's unit too): the agent double is the same program doing the same thing, but its dicts and sets are then
+  laid out alike in every host, and KSM merges those pages too;
 - D-Bus and systemd-logind masked: nothing the node scripts, sshd, sudo or systemctl need (systemctl as root talks
   to systemd's private socket), and without logind no per-user systemd is started for each SSH login.
 """
@@ -17,6 +20,7 @@ it cost less memory:
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 import time
@@ -40,6 +44,13 @@ MASKED_UNITS = (
     "dbus.socket",
     "systemd-logind.service",
 )
+
+#: systemd drop-in of a light host (/etc/systemd/system.conf.d/): the environment every service starts with.
+SYSTEM_DROPIN = """\
+# Light lab host (lab/light.py): Python's hash seed alike in every host, so KSM can merge the agents' heaps.
+[Manager]
+DefaultEnvironment=PYTHONHASHSEED=0
+"""
 
 #: How many pages ksmd scans per wake-up (every `sleep_millisecs`, 20 ms by default) while a light lab runs: the
 #: kernel's default of 100 (20 MB/s) would take minutes to cover a few hundred hosts' memory once.
@@ -116,6 +127,19 @@ def parse_ksm_stat(text: str) -> dict[str, str]:
     return fields
 
 
+def ksm_metadata_bytes(stat: dict[str, str]) -> int:
+    """Kernel memory KSM spends tracking one process's pages (an rmap item per page scanned), from its ksm_stat.
+
+    The kernel reports `ksm_process_profit` = merged pages x page size - rmap items x the rmap item's size, so the
+    item's size need not be assumed. 0 for a process that is not merging.
+    """
+    try:
+        merged, profit = int(stat["ksm_merging_pages"]), int(stat["ksm_process_profit"])
+    except (KeyError, ValueError):
+        return 0
+    return max(0, merged * os.sysconf("SC_PAGE_SIZE") - profit)
+
+
 @dataclass(frozen=True)
 class KsmdSample:
     """ksmd's counters at one moment: its CPU and what it has merged (docs/benchmark-method.md)."""
@@ -140,8 +164,9 @@ class KsmdSample:
         return self.pages_sharing * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+@functools.cache
 def ksmd_pid() -> int | None:
-    """The pid of the kernel thread ksmd, or None (no KSM in this kernel)."""
+    """The pid of the kernel thread ksmd, or None (no KSM in this kernel); looked up once."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
