@@ -296,6 +296,8 @@ class Harness:
             if at is None:
                 detail["note"] = (detail.get("note", "") + " agents not all connected").strip()
         cpu = Counters.now() - c0
+        if cpu.ksmd >= 0.05:  # light hosts: the kernel's merging thread, in the machine's CPU but not in ours + hosts
+            detail["note"] = (detail.get("note", "") + f" ksmd {cpu.ksmd:.1f} CPU-s").strip()
         ssh = self.ssh_opens(hosts) - opens0
         label = scenario + (f", {self.shards} providers" if self.shards else "")
         label += f" (+{self.delay_ms} ms RTT)" if self.delay_ms else ""

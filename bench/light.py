@@ -45,7 +45,6 @@ def run_memory(bench: Bench, size: int) -> None:
     weight. The lab is left in the form the other parts run on.
     """
     print(f"\n== N = {size}, memory per host: default and light hosts side by side", flush=True)
-    bench.stack_tag = "m"
     try:
         for light in (False, True):
             bench.memory_rows.append(weigh_form(bench, size, light))
@@ -59,6 +58,7 @@ def weigh_form(bench: Bench, size: int, light: bool) -> dict[str, Any]:
     stop_all(bench)
     bench.lab.set_light(light)
     bench.weights.clear()
+    bench.stack_tag = "ml" if light else "m"  # a stack of its own per form: the other's nodes are in its state
     k0 = KsmdSample.now()
     hosts = bench.fresh_hosts(size)
     stack = bench.pulumi_runs(size, hosts, then=())
