@@ -83,7 +83,6 @@ class Lab:
     hosts: dict[int, Host] = field(default_factory=dict, init=False, repr=False)
     _extras: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
-    _ksm_run_before: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z]{1,3}", self.name):
@@ -197,14 +196,15 @@ class Lab:
         self._prepare_form()
 
     def _prepare_form(self) -> None:
-        """The base layer of the current form, and ksmd running for light hosts (stopped again for default ones)."""
+        """The base layer of the current form, and ksmd running for light hosts.
+
+        ksmd is left running: it scans only memory marked mergeable and sleeps while there is none, and stopping it
+        at teardown would stop it under another light lab of the machine.
+        """
         base_layer.ensure_base(self.base_dir, self.rootfs_path, self.ssh_public_key, self.host_key_types, f"{self.prefix}base",
                                light=self.light)
-        if self.light and self._ksm_run_before is None:
-            self._ksm_run_before = light.start_ksmd()
-        elif not self.light and self._ksm_run_before is not None:
-            light.restore_ksmd(self._ksm_run_before)
-            self._ksm_run_before = None
+        if self.light:
+            light.start_ksmd()
 
     def teardown(self) -> None:
         """Stop everything of this lab and remove its kernel objects; idempotent and crash-safe.
@@ -217,9 +217,6 @@ class Lab:
         self._extras.clear()
         self.hosts.clear()
         network.sweep(self)
-        if self._ksm_run_before is not None:
-            light.restore_ksmd(self._ksm_run_before)
-            self._ksm_run_before = None
 
     def __enter__(self) -> Self:
         self.setup()

@@ -84,27 +84,23 @@ class KsmUnavailable(RuntimeError):
     """This kernel has no KSM, or ksmd cannot be started from here."""
 
 
-def start_ksmd(pages_to_scan: int = PAGES_TO_SCAN) -> str:
-    """Make ksmd run (`run` = 1) at `pages_to_scan`; return the `run` value it had before, for `restore_ksmd`.
+def start_ksmd(pages_to_scan: int = PAGES_TO_SCAN) -> None:
+    """Make ksmd run (`run` = 1) at `pages_to_scan` pages per wake-up at least.
 
-    Raises KsmUnavailable, saying why, when /sys/kernel/mm/ksm is missing or not writable here.
+    Left running afterwards: it scans only memory marked mergeable and sleeps while there is none. Raises
+    KsmUnavailable, saying why, when /sys/kernel/mm/ksm is missing or not writable here.
     """
     run = KSM / "run"
     try:
-        before = run.read_text().strip()
-        (KSM / "pages_to_scan").write_text(f"{pages_to_scan}\n")
+        scan = KSM / "pages_to_scan"
+        if int(scan.read_text()) < pages_to_scan:
+            scan.write_text(f"{pages_to_scan}\n")
         run.write_text("1\n")
     except FileNotFoundError as e:
         raise KsmUnavailable(f"this kernel has no KSM ({KSM} is missing: CONFIG_KSM): {e}") from e
     except OSError as e:
         raise KsmUnavailable(f"cannot start ksmd: writing {run} failed ({e}); a light lab needs root on a "
                              f"machine whose /sys is writable") from e
-    return before
-
-
-def restore_ksmd(before: str) -> None:
-    """Put ksmd's `run` back as `start_ksmd` found it (0: stop scanning; pages merged so far stay merged)."""
-    (KSM / "run").write_text(f"{before}\n")
 
 
 def ksm_stat(pid: int) -> dict[str, str]:

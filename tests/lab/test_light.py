@@ -97,16 +97,17 @@ def run(lab: Lab, host: Host, command: str, stdin: str | None = None) -> tuple[i
         client.close()
 
 
-def host_pids(host: Host) -> list[int]:
+def processes(host: Host) -> dict[int, str]:
+    """pid -> name of every process in the host's cgroup that still lives (an SSH session's may just have ended)."""
     cgroup = host.cgroups[0]
-    pids: list[int] = []
+    found: dict[int, str] = {}
     for d in [cgroup, *(p for p in cgroup.rglob("*") if p.is_dir())]:
-        pids += [int(p) for p in (d / "cgroup.procs").read_text().split()]
-    return pids
-
-
-def comm(pid: int) -> str:
-    return Path(f"/proc/{pid}/comm").read_text().strip()
+        for pid in (d / "cgroup.procs").read_text().split():
+            try:
+                found[int(pid)] = Path(f"/proc/{pid}/comm").read_text().strip()
+            except OSError:
+                continue
+    return found
 
 
 @pytest.mark.hosts
@@ -119,13 +120,13 @@ class TestLightHosts:
                       " && sudo -n systemctl is-active light-probe.service && hostname")
             rc, out = run(lab, host, script, stdin=UNIT)
             assert (rc, out.split()) == (0, ["active", host.hostname])
-            assert "sleep" in [comm(pid) for pid in host_pids(host)]
+            assert "sleep" in processes(host).values()
 
     def test_no_dbus_or_logind_runs(self, lab: Lab, hosts: list[Host]) -> None:
         for host in hosts:
             _, out = run(lab, host, "sudo -n systemctl is-active dbus.service systemd-logind.service ssh.service")
             assert out.split() == ["inactive", "inactive", "active"]
-            names = {comm(pid) for pid in host_pids(host)}
+            names = set(processes(host).values())
             assert "sshd" in names and "systemd" in names
             assert not names & {"dbus-daemon", "systemd-logind"}
 
@@ -133,14 +134,16 @@ class TestLightHosts:
         own = light.ksm_stat(os.getpid())
         assert own["ksm_merge_any"] == "no"  # the control: this process was not marked
         for host in hosts:
-            pids = host_pids(host)
-            names = {comm(pid) for pid in pids}
-            assert {"systemd-nspawn", "systemd", "sshd", "systemd-journal"} <= names
-            for pid in pids:
-                stat = light.ksm_stat(pid)
-                assert stat.get("ksm_merge_any") == "yes", (comm(pid), stat)
-                persona = int(Path(f"/proc/{pid}/personality").read_text(), 16)
-                assert persona & light.ADDR_NO_RANDOMIZE, (comm(pid), hex(persona))
+            procs = processes(host)
+            assert {"systemd-nspawn", "systemd", "sshd", "systemd-journal"} <= set(procs.values())
+            for pid, name in procs.items():
+                try:
+                    merge_any = light.ksm_stat(pid)["ksm_merge_any"]
+                    persona = int(Path(f"/proc/{pid}/personality").read_text(), 16)
+                except (KeyError, OSError):
+                    continue  # ended meanwhile
+                assert merge_any == "yes", name
+                assert persona & light.ADDR_NO_RANDOMIZE, (name, hex(persona))
         assert int(Path("/proc/self/personality").read_text(), 16) & light.ADDR_NO_RANDOMIZE == 0
 
     def test_the_services_start_with_the_hash_seed(self, lab: Lab, hosts: list[Host]) -> None:
@@ -152,7 +155,7 @@ class TestLightHosts:
         deadline = time.monotonic() + 120
         merged = 0
         while time.monotonic() < deadline and merged == 0:
-            merged = sum(int(light.ksm_stat(pid).get("ksm_merging_pages", "0")) for pid in host_pids(hosts[1]))
+            merged = sum(int(light.ksm_stat(pid).get("ksm_merging_pages", "0")) for pid in processes(hosts[1]))
             time.sleep(1)
         assert merged > 0
         assert light.ksmd_cpu_seconds() > 0
