@@ -32,7 +32,6 @@ KSM = Path("/sys/kernel/mm/ksm")
 #: prctl option that marks every present and future anonymous mapping of the process mergeable (Linux 6.4+);
 #: kept over fork and, since Linux 6.7, over execve.
 PR_SET_MEMORY_MERGE = 67
-PR_GET_MEMORY_MERGE = 68
 #: personality(2) flag: no address-space layout randomisation for this process and what it executes.
 ADDR_NO_RANDOMIZE = 0x0040000
 #: personality(2) argument that only reads the current persona.
@@ -73,11 +72,6 @@ os.execvp(sys.argv[1], sys.argv[1:])
 def exec_prefix() -> list[str]:
     """The argv prefix that runs a command as the first process of a light host (see EXEC_PRELUDE)."""
     return [sys.executable, "-I", "-S", "-c", EXEC_PRELUDE]
-
-
-def merge_flag() -> bool:
-    """Whether this process's memory is marked mergeable (PR_GET_MEMORY_MERGE)."""
-    return bool(ctypes.CDLL(None).prctl(PR_GET_MEMORY_MERGE, 0, 0, 0, 0) == 1)
 
 
 class KsmUnavailable(RuntimeError):
