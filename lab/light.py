@@ -2,7 +2,7 @@
 "Light hosts").
 
 A light host is the same systemd-nspawn container as any lab host, with its real systemd, sshd, sudo, journald,
-node scripts and agent test double, and three differences, each of which keeps what runs the same and only makes
+node scripts and agent test double, and four differences, each of which keeps what runs the same and only makes
 it cost less memory:
 
 - kernel samepage merging (KSM) of every page of every process in the container: the nspawn process starts with
@@ -19,7 +19,6 @@ it cost less memory:
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 import sys
