@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab.linux import LabError
+
 KSM = Path("/sys/kernel/mm/ksm")
 
 #: prctl option that marks every present and future anonymous mapping of the process mergeable (Linux 6.4+);
@@ -73,7 +75,7 @@ def exec_prefix() -> list[str]:
     return [sys.executable, "-I", "-S", "-c", EXEC_PRELUDE]
 
 
-class KsmUnavailable(RuntimeError):
+class KsmUnavailable(LabError):
     """This kernel has no KSM, or ksmd cannot be started from here."""
 
 
