@@ -164,3 +164,15 @@ class TestLightHosts:
         with pytest.raises(LabError, match="while hosts run"):
             lab.set_light(False)
         assert lab.light
+
+
+def test_the_memory_table_says_whether_1000_hosts_fit() -> None:
+    from bench.light import memory_table
+
+    rows = [{"size": 30, "form": form, "ok": True, "booted_mib": 10.0, "onboarded_mib": mib, "onboarded_max_mib": mib,
+             "ksmd_cpu": 0.0, "ksmd_seconds": 100.0, "ksmd_idle_rate": 0.0, "merged_mib": 0.0, "capacity": capacity,
+             "tasks": 5} for form, mib, capacity in (("default", 23.6, 797), ("light", 7.2, 1000))]
+    lines = memory_table(rows).splitlines()
+    assert lines[2].startswith("| 30 | default |") and lines[2].endswith("| 797 | do not fit |")
+    assert lines[3].startswith("| 30 | light |") and lines[3].endswith("| 1,000 | fit |")
+    assert "not measured" in memory_table([])
