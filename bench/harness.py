@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import daily, engine
+from bench import light as light_bench
 from bench.backend import LAB_POSTGRES, Backend, start_lab_postgres
 from bench.config import (
     AGENT_TIMEOUT,
@@ -83,6 +84,16 @@ class Harness:
     """The most memory a lab host took so far: its processes' PSS and the kernel's part (0 until measured)."""
     host_tasks: int = 0
     """The most threads a lab host ran so far."""
+    light_hosts: bool = False
+    """Every part runs on light hosts (--light-hosts; lab/light.py); host_mib and host_tasks weigh only that form."""
+    memory_sizes: list[int] = field(default_factory=list)
+    """Sizes at which an onboarded host's memory is measured in both forms side by side (--memory-sizes; bench/light.py)."""
+    memory_rows: list[dict[str, Any]] = field(default_factory=list)
+    """What bench/light.py measured, one row per size and form."""
+    weights: dict[str, tuple[float, float, int]] = field(default_factory=dict)
+    """The last weigh_hosts figures by state ("booted", "onboarded"): (mean, most) MiB per host and most threads."""
+    stack_tag: str = ""
+    """Appended to the stack names of pulumi_runs, so a part's stacks do not meet another part's of the same size."""
     routes: dict[str, int] = field(default_factory=dict)
     """Host address -> loopback port of its proxy, while the runs go through the proxies."""
     wait_quiet: float = 0.0
@@ -148,7 +159,7 @@ class Harness:
             publish_release(releases, tag, {"amd64": build_llmgw(tag)})
 
         self.lab = Lab(name=LAB_NAME, subnet=LAB_SUBNET, workdir=CACHE / f"lab-{LAB_NAME}",
-                       max_hosts=max(MAX_HOSTS, self.hosts_needed))
+                       max_hosts=max(MAX_HOSTS, self.hosts_needed), light=self.light_hosts)
         shutil.rmtree(self.lab.workdir / "hosts", ignore_errors=True)
         self.lab.setup()
 
@@ -208,16 +219,22 @@ class Harness:
         return hosts
 
     def weigh_hosts(self, hosts: Sequence[Any], state: str) -> None:
-        """Record the memory and threads of the most demanding of `hosts` (for host_capacity), and say them."""
+        """Record the memory and threads of the most demanding of `hosts` (for host_capacity, when they are of the
+        form the parts run on), and say them. Light hosts are weighed once KSM has merged what it finds."""
         if not hosts:
             return
+        settled = light_bench.settle_ksm(self) if self.lab.light else ""
         weights = parallel([lambda h=h: host_memory(h.cgroups[0]) for h in hosts], workers=8)
         mib = max(w[0] for w in weights) + KERNEL_MIB_PER_HOST
-        self.host_mib, self.host_tasks = max(self.host_mib, mib), max(self.host_tasks, *(w[1] for w in weights))
+        tasks = max(w[1] for w in weights)
+        if self.lab.light == self.light_hosts:
+            self.host_mib, self.host_tasks = max(self.host_mib, mib), max(self.host_tasks, tasks)
         mean = sum(w[0] for w in weights) / len(weights) + KERNEL_MIB_PER_HOST
-        self.say(f"memory of {len(hosts)} {state} host(s): {mean:.1f} MiB each on average, {mib:.1f} at most "
-                 f"(PSS + {KERNEL_MIB_PER_HOST} kernel), {self.host_tasks} threads at most; "
-                 f"{mem_available_mib() / 1024:.1f} GiB available")
+        self.weights[state] = (mean, mib, tasks)
+        form = "light " if self.lab.light else ""
+        self.say(f"memory of {len(hosts)} {state} {form}host(s): {mean:.1f} MiB each on average, {mib:.1f} at most "
+                 f"(PSS{' + KSM metadata' if self.lab.light else ''} + {KERNEL_MIB_PER_HOST} kernel), {tasks} threads "
+                 f"at most; {mem_available_mib() / 1024:.1f} GiB available{settled}")
 
     @staticmethod
     def ssh_opens(hosts: Sequence[Any]) -> int:
@@ -279,6 +296,8 @@ class Harness:
             if at is None:
                 detail["note"] = (detail.get("note", "") + " agents not all connected").strip()
         cpu = Counters.now() - c0
+        if cpu.ksmd >= 0.05:  # light hosts: the kernel's merging thread, in the machine's CPU but not in ours + hosts
+            detail["note"] = (detail.get("note", "") + f" ksmd {cpu.ksmd:.1f} CPU-s").strip()
         ssh = self.ssh_opens(hosts) - opens0
         label = scenario + (f", {self.shards} providers" if self.shards else "")
         label += f" (+{self.delay_ms} ms RTT)" if self.delay_ms else ""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench.config import CLK_TCK, ENGINE_CGROUP, HOSTS_CGROUP, OWN_CGROUP, PEM_RE, PROGRAM_CGROUP, PROVIDER_CGROUP, REMOTE_TYPES
+from lab import light
 
 T = TypeVar("T")
 
@@ -61,11 +62,14 @@ class Counters:
     """The dynamic-provider plugin processes (the project's providers run there)."""
     program: float = 0.0
     """The Python language host and the program's python it starts (`__main__.py`: the resource graph)."""
+    ksmd: float = 0.0
+    """The kernel's samepage-merging thread, which merges light hosts' pages (lab/light.py); in `machine`, not ours."""
 
     @classmethod
     def now(cls) -> Counters:
         return cls(time.monotonic(), machine_cpu(), cgroup_cpu(OWN_CGROUP), cgroup_cpu(HOSTS_CGROUP),
-                   cgroup_cpu(ENGINE_CGROUP), cgroup_cpu(PROVIDER_CGROUP), cgroup_cpu(PROGRAM_CGROUP))
+                   cgroup_cpu(ENGINE_CGROUP), cgroup_cpu(PROVIDER_CGROUP), cgroup_cpu(PROGRAM_CGROUP),
+                   light.ksmd_cpu_seconds())
 
     def __sub__(self, other: Counters) -> Counters:
         return Counters(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)))
@@ -349,8 +353,9 @@ ASSUMED_HOST_MIB = 25.0
 
 def host_memory(cgroup: Path) -> tuple[float, int]:
     """(MiB, tasks) of the processes in a host's cgroup subtree: their proportional set size (shared pages split
-    between the processes sharing them) and their threads."""
-    pss_kib = tasks = 0
+    between the processes sharing them, pages KSM merged too), with the kernel memory KSM spends tracking their
+    pages (light hosts only; lab/light.py), and their threads."""
+    pss_kib = tasks = ksm_bytes = 0
     for d in [cgroup, *(p for p in cgroup.rglob("*") if p.is_dir())]:
         try:
             tasks += len((d / "cgroup.threads").read_text().split())
@@ -363,7 +368,8 @@ def host_memory(cgroup: Path) -> tuple[float, int]:
             except OSError:
                 continue
             pss_kib += next((int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")), 0)
-    return pss_kib / 1024, tasks
+            ksm_bytes += light.ksm_metadata_bytes(light.ksm_stat(int(pid)))
+    return pss_kib / 1024 + ksm_bytes / 2**20, tasks
 
 
 def host_capacity(host_mib: float, running: int, tasks: int = 0) -> int:

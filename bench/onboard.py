@@ -25,11 +25,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 # The `name as name` imports re-export what tests/unit/test_bench.py imports from here (from before the split).
 from bench import engine
+from bench import light as light_bench
 from bench.backend import LAB_POSTGRES, Backend, lab_postgres_rtt
 from bench.config import DELAY_MS, DOC, REPO, SCALE_N, TARGET_N, WORK
 from bench.config import FLOOR as FLOOR
@@ -107,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
                              f"behind toxiproxy with RTT_MS added (default file://{WORK / 'state'}, emptied first)")
     parser.add_argument("--reduced-ca", action="store_true",
                         help="scale runs: the hosts trust 3 system CAs (a smaller bundle for update-ca-certificates)")
+    parser.add_argument("--light-hosts", action="store_true",
+                        help="every part on light lab hosts (lab/light.py: KSM, no ASLR, no D-Bus/logind in each "
+                             "host), so the machine holds more of them; the report says so")
+    parser.add_argument("--memory-sizes", type=sizes_arg, default=[],
+                        help="sizes at which an onboarded host's memory is measured with default and with light hosts "
+                             "side by side, with ksmd's CPU and what host_capacity then says for 1,000 (default none)")
     parser.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE",
                         help="set this in the environment of every engine run (repeatable), e.g. to try an engine setting")
     parser.add_argument("--repeats", type=int, help="runs of each short scenario, median kept (default 3; --quick 1)")
@@ -147,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                   shard_sizes=shard_sizes, signer_sizes=signer_sizes, language_sizes=language_sizes,
                   reduced_ca=args.reduced_ca, tools_dir=tools_dir,
                   engine_env=dict(item.split("=", 1) for item in args.engine_env), daily=args.daily,
-                  stack_counts=args.stacks)
+                  stack_counts=args.stacks, light_hosts=args.light_hosts, memory_sizes=args.memory_sizes)
     if args.backend is not None:
         bench.backend = args.backend
     command = " ".join(["sudo .venv/bin/python -m bench.onboard", *(sys.argv[1:] if argv is None else argv)])
@@ -165,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         """Everything measured so far, as results.json holds it (written after every part, read by --render)."""
         return {"plan": {"sizes": sizes, "latency_sizes": latency_sizes, "scale_sizes": scale_sizes,
                          "shard_counts": shard_counts, "shard_sizes": shard_sizes, "signer_sizes": signer_sizes,
-                         "reduced_ca": args.reduced_ca, "daily": args.daily, "stack_counts": args.stacks,
+                         "reduced_ca": args.reduced_ca, "light_hosts": args.light_hosts,
+                         "memory_sizes": args.memory_sizes, "memory_rows": bench.memory_rows,
+                         "daily": args.daily, "stack_counts": args.stacks,
                          "backend": bench.backend.shown, "backend_note": bench.backend.note,
                          "repeats": repeats, "imports": bench.imports, "engine_env": bench.engine_env},
                 "machine": machine, "fingerprint": fingerprint, "started": started, "seconds": time.monotonic() - t0,
@@ -184,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             fingerprint = engine.package_fingerprint(bench.snapshot)
             bench.say(f"set up; package: {fingerprint}")
             bench.say(f"import check: {bench.imports}")
+            for size in args.memory_sizes:
+                part(partial(light_bench.run_memory, bench), size)
             for size in sizes:
                 part(bench.run_size, size)
             for size in latency_sizes:

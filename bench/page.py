@@ -11,6 +11,7 @@ from bench import growth
 from bench.backend import Backend
 from bench.config import DELAY_MS, FLOOR, SCALE_N, TARGET_N
 from bench.harness import Harness
+from bench.light import memory_table
 from bench.measure import Counters, Result, StateSize
 from bench.report import backend_table, cpu_breakdown, ratio_table, ratios, state_breakdown, table, where_time_goes
 from bench.summary import summary
@@ -159,7 +160,20 @@ times the run rewrote its whole snapshot. See bench/daily.py and bench/backend.p
 ## State
 
 {state_breakdown(bench.results) or '(no successful pulumi up)'}
+
+## Memory per host, default and light hosts
+
+{light_text(bench)} See [benchmark-method.md](benchmark-method.md), "Light hosts", and
+[test-hosts.md](test-hosts.md), "Light hosts", for what a light host changes.
+
+{memory_table(bench.memory_rows)}
 """
+
+
+def light_text(bench: Harness) -> str:
+    return ("Every part ran on light lab hosts (--light-hosts): KSM, no ASLR and no D-Bus or logind in each host; "
+            "*ksmd* in a run's CPU is the kernel's merging thread." if bench.light_hosts else
+            "The parts ran on the default lab hosts (no --light-hosts).")
 
 
 BACKEND_HOW = {
@@ -233,7 +247,8 @@ def rerender(path: Path, out: Path) -> int:
                   shard_counts=plan["shard_counts"], shard_sizes=plan["shard_sizes"],
                   signer_sizes=plan.get("signer_sizes", []), reduced_ca=plan["reduced_ca"],
                   imports=plan["imports"], engine_env=plan.get("engine_env", {}), daily=plan.get("daily", False),
-                  stack_counts=plan.get("stack_counts", []))
+                  stack_counts=plan.get("stack_counts", []), light_hosts=plan.get("light_hosts", False),
+                  memory_sizes=plan.get("memory_sizes", []), memory_rows=plan.get("memory_rows", []))
     if plan.get("backend"):
         bench.backend = Backend(plan["backend"], plan.get("backend_note", ""))  # as shown: for the report only
     return report(bench, record, out)

@@ -18,10 +18,11 @@ def one_line(r: Result) -> str:
     state = (f", state {r.state.per_node:.0f} B/node ({r.state.per_node_no_pem:.0f} w/o PEM)"
              if r.state else "")
     written = f", {r.backend_bytes / 1e6:.2f} MB written to the backend" if r.backend_bytes is not None else ""
+    ksmd = f", ksmd {r.cpu.ksmd:.1f}s" if r.cpu.ksmd else ""
     status = "" if r.ok else "  FAILED"
     note = f"  [{r.note}]" if r.note else ""
     return (f"N={r.size} {r.scenario}: {r.wall:.2f}s wall, {r.ssh} SSH, CPU {r.cpu.machine:.1f}s machine, "
-            f"{r.cpu_own:.1f}s ours + hosts = {cpu_split(r.cpu)}{agents}{state}{written}{status}{note}")
+            f"{r.cpu_own:.1f}s ours + hosts = {cpu_split(r.cpu)}{ksmd}{agents}{state}{written}{status}{note}")
 
 
 def backend_table(results: Sequence[Result]) -> str:

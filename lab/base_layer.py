@@ -12,6 +12,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from lab import light as light_form
 from lab import linux
 
 ROOTFS_SCRIPT = Path(__file__).with_name("rootfs.sh")
@@ -88,7 +89,8 @@ def ensure_key(path: Path, comment: str) -> None:
     path.with_suffix(".pub").write_text(public_key(path, comment) + "\n")
 
 
-def ensure_base(base_dir: Path, rootfs: Path, pub: str, host_key_types: tuple[str, ...], mount_source: str) -> None:
+def ensure_base(base_dir: Path, rootfs: Path, pub: str, host_key_types: tuple[str, ...], mount_source: str,
+                light: bool = False) -> None:
     """Build the shared base layer in `base_dir` once (rebuilt when missing or stale).
 
     The stamp ties it to the rootfs, the lab key `pub` and the recipe version: the
@@ -96,7 +98,10 @@ def ensure_base(base_dir: Path, rootfs: Path, pub: str, host_key_types: tuple[st
     `mount_source` (`lg<name>base`), so a sweep finds it after a crash.
     """
     stamp = base_dir / "stamp.json"
-    want = {"version": BASE_VERSION, "rootfs": str(rootfs), "key": pub, "host_key_types": list(host_key_types)}
+    want: dict[str, object] = {"version": BASE_VERSION, "rootfs": str(rootfs), "key": pub,
+                               "host_key_types": list(host_key_types)}
+    if light:  # the light form's layer (lab/light.py); a default layer's stamp stays as it was
+        want["light"] = [*light_form.MASKED_UNITS, light_form.SYSTEM_DROPIN]
     try:
         if json.loads(stamp.read_text()) == want and (base_dir / "up").is_dir():
             return
@@ -109,7 +114,7 @@ def ensure_base(base_dir: Path, rootfs: Path, pub: str, host_key_types: tuple[st
     opts = f"lowerdir={rootfs},upperdir={up},workdir={wk}"
     linux.run(["mount", "-t", "overlay", mount_source, "-o", opts, str(mnt)])
     try:
-        configure_base(mnt, base_dir, pub, host_key_types)
+        configure_base(mnt, base_dir, pub, host_key_types, light)
     finally:
         linux.umount(mnt)
     shutil.rmtree(wk, ignore_errors=True)
@@ -117,8 +122,9 @@ def ensure_base(base_dir: Path, rootfs: Path, pub: str, host_key_types: tuple[st
     stamp.write_text(json.dumps(want))
 
 
-def configure_base(root: Path, base_dir: Path, pub: str, host_key_types: tuple[str, ...]) -> None:
-    """Users, sudo rules, sshd settings and unit masks shared by every host (pwsudo's password beside the layer)."""
+def configure_base(root: Path, base_dir: Path, pub: str, host_key_types: tuple[str, ...], light: bool = False) -> None:
+    """Users, sudo rules, sshd settings and unit masks shared by every host (pwsudo's password beside the layer);
+    with `light`, the light form's too (lab/light.py: more units masked, a systemd drop-in)."""
     password = secrets.token_urlsafe(18)
     for user in USERS:
         linux.run(["chroot", str(root), "useradd", "--create-home", "--shell", "/bin/bash", user])
@@ -140,11 +146,14 @@ def configure_base(root: Path, base_dir: Path, pub: str, host_key_types: tuple[s
     linux.write_file(root / "etc/machine-id", "", 0o444)
     linux.write_file(root / "etc/systemd/journald.conf.d/lab.conf", JOURNALD_DROPIN, 0o644)
     units = root / "etc/systemd/system"
-    for unit in MASKED_UNITS:
+    masked = (*MASKED_UNITS, *(light_form.MASKED_UNITS if light else ()))
+    if light:
+        linux.write_file(root / "etc/systemd/system.conf.d/lab-light.conf", light_form.SYSTEM_DROPIN, 0o644)
+    for unit in masked:
         link = units / unit
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to("/dev/null")
     for wants in units.glob("*.wants/*"):
-        if wants.name in MASKED_UNITS:
+        if wants.name in masked:
             wants.unlink()

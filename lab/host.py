@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from lab import linux
+from lab import light, linux
 from lab.linux import LabError, NetemUnavailable
 
 if TYPE_CHECKING:
@@ -329,7 +329,7 @@ class Host:
             log.write(f"\n=== start {time.strftime('%H:%M:%S')} ===\n".encode())
             log.flush()
             return subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private",
+                [*(light.exec_prefix() if self.lab.light else []), "unshare", "--mount", "--propagation", "private",
                  "bash", "-c", NSPAWN_PRELUDE, "lab-nspawn", *nspawn],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=env, start_new_session=True,

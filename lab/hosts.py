@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from lab import base_layer, linux, network
+from lab import base_layer, light, linux, network
 from lab.base_layer import USERS as USERS
 from lab.base_layer import default_rootfs as default_rootfs
 from lab.host import EXTRA_PRELUDE, Host, Segment
@@ -63,6 +63,8 @@ class Lab:
       network is the /21 that starts at `subnet` (its third octet a multiple of 8):
       host addresses run on from `<subnet>.254` into the next /24s; private-segment
       hosts stay within 234.
+    - `light`: the light host form (lab/light.py; docs/test-hosts.md, "Light hosts"), for the benchmark's large
+      fleets only: KSM and no ASLR in every host, no D-Bus or logind; setup starts ksmd. The tests use the default.
     - `hosts`: the hosts prepared so far, by index.
 
     Usage: `setup()`, `boot(n)`, talk SSH to `host.addr`, `teardown()` (or `with Lab(...) as lab`).
@@ -77,6 +79,7 @@ class Lab:
     private_subnet: str = ""
     host_key_types: tuple[str, ...] = ("ed25519", "ecdsa")
     max_hosts: int = MAX_HOSTS
+    light: bool = False
     hosts: dict[int, Host] = field(default_factory=dict, init=False, repr=False)
     _extras: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -123,7 +126,7 @@ class Lab:
 
     @property
     def base_dir(self) -> Path:
-        return self.workdir / "base"
+        return self.workdir / ("base-light" if self.light else "base")
 
     @property
     def ssh_key_path(self) -> Path:
@@ -177,7 +180,31 @@ class Lab:
         linux.run(["ip", "addr", "add", f"{self.gateway}/{self.prefix_len}", "dev", self.bridge])
         linux.run(["ip", "link", "set", self.bridge, "up"])
         base_layer.ensure_key(self.ssh_key_path, f"lab-{self.name}")
-        base_layer.ensure_base(self.base_dir, self.rootfs_path, self.ssh_public_key, self.host_key_types, f"{self.prefix}base")
+        self._prepare_form()
+
+    def set_light(self, on: bool) -> None:
+        """Switch the form of the hosts booted from now on (the benchmark measures both side by side).
+
+        Every host must be stopped: a host's root is mounted over the base layer of the form it booted with.
+        """
+        if on == self.light:
+            return
+        running = sorted(h.name for h in self.hosts.values() if h.running)
+        if running:
+            raise LabError(f"cannot switch the host form of lab {self.name} while hosts run: {', '.join(running)}")
+        self.light = on
+        self._prepare_form()
+
+    def _prepare_form(self) -> None:
+        """The base layer of the current form, and ksmd running for light hosts.
+
+        ksmd is left running: it scans only memory marked mergeable and sleeps while there is none, and stopping it
+        at teardown would stop it under another light lab of the machine.
+        """
+        base_layer.ensure_base(self.base_dir, self.rootfs_path, self.ssh_public_key, self.host_key_types, f"{self.prefix}base",
+                               light=self.light)
+        if self.light:
+            light.start_ksmd()
 
     def teardown(self) -> None:
         """Stop everything of this lab and remove its kernel objects; idempotent and crash-safe.
