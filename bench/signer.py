@@ -33,7 +33,7 @@ from cryptography.x509.oid import NameOID
 
 from lab import pki as labpki
 from lab.hsm import SIGNER, Token
-from llmgw_pulumi import pki, signer
+from llmgw_pulumi import pki, signer, signing
 
 
 def requests(n: int, ca_end: dt.datetime) -> list[signer.SigningRequest]:
@@ -73,7 +73,7 @@ def per_certificate(token: Token, pki_dir: Path, nodes: int, parallel: int = 1) 
 
     def pki_dir_sign(req: signer.SigningRequest) -> str:
         # As the provider does per certificate: the PKI dir is read at issue time.
-        return signer.KeySigner(pki.load_authority(str(pki_dir), req.node_id, dt.datetime.now(dt.UTC))).sign(req)
+        return signing.KeySigner(pki.load_authority(str(pki_dir), req.node_id, dt.datetime.now(dt.UTC))).sign(req)
 
     local_ca = pki.load_authority(str(pki_dir), "bench", now).cert
     out = {}

@@ -7,7 +7,7 @@ certificate, or a chain that starts with it. The providers only call
 request, whatever signed it. Three signers:
 
 - ``pkiDir`` (the default): ca.pem and ca-key.pem read from a directory on
-  the machine running Pulumi, at issue time (``KeySigner``);
+  the machine running Pulumi, at issue time (``signing.KeySigner``);
 - ``caKey``: the CA key as the stack secret ``llmgw:caKey``, with the CA
   certificate given as a path or a value (``KeySigner`` too: the key reaches
   the provider process as a secret input that its ``check`` takes out, so it
@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -180,18 +180,6 @@ def problems(value: object) -> list[tuple[str, str, str]]:
 # --------------------------------------------------------------------------- signers
 
 
-@dataclass(frozen=True)
-class KeySigner:
-    """pkiDir and caKey: the CA key is in this process (``pki.Authority``)."""
-
-    authority: Any = field(repr=False)
-
-    def sign(self, req: SigningRequest) -> str:
-        from . import pki
-
-        return pki.issue_for_request(self.authority, req)
-
-
 FIX_PATH = "set llmgw:signer.command to the signer program's absolute path, executable by this user"
 
 
@@ -256,27 +244,3 @@ def slot(argv: Sequence[str], bound: int, poll: float = 0.05) -> Iterator[None]:
         raise SignerError("", f"{base} is not a directory private to this user", f"remove {base}; it is remade")
     with slots.one_of([base / f"{key}.{i}" for i in range(bound)], lambda: time.sleep(poll)):
         yield
-
-
-def chosen(spec: SignerSpec, node_id: str, pki_dir: str | None, ca_key_pem: str | None,
-           now: dt.datetime, passphrase: str | None = None) -> tuple[Signer, Any]:
-    """The signer config names, and the CA certificate (``cryptography`` x509) its certificates must chain to."""
-    from . import pki
-
-    if spec.kind == KIND_COMMAND:
-        assert spec.ca_pem is not None
-        command = CommandSigner(spec.command, spec.timeout_seconds, spec.max_parallel)
-        command.ready(node_id)
-        return command, pki.ca_certificate(spec.ca_pem, node_id, now)
-    if spec.kind == KIND_CA_KEY:
-        assert spec.ca_pem is not None
-        if not ca_key_pem:
-            raise SignerError(node_id, "llmgw:signer.kind is caKey, but this provider process was given no CA key",
-                              "set it: `pulumi config set --secret llmgw:caKey < ca-key.pem`")
-        authority = pki.authority_from_pem(spec.ca_pem, ca_key_pem, node_id, now)
-        return KeySigner(authority), authority.cert
-    if pki_dir is None:
-        raise SignerError(node_id, "no signer: llmgw:pkiDir is not set", "set llmgw:pkiDir, or llmgw:signer")
-    authority = pki.load_authority(pki_dir, node_id, now, passphrase)
-    return KeySigner(authority), authority.cert
-

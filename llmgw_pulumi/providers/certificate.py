@@ -267,12 +267,12 @@ def _issue(props: dict[str, Any], recorded: Recorded | None) -> dict[str, Any]:
     else the keys its node must present (an update)."""
     from cryptography.hazmat.primitives import serialization
 
-    from .. import pki, signer  # cryptography: only when a certificate is issued
+    from .. import pki, signer, signing  # cryptography: only when a certificate is issued
 
     spec = CertificateSpec.from_props(props)
     now = _now()
     # The signer is found (a PKI dir read, a key loaded, a command seen to be there) before the node is reached.
-    how = Signing(*signer.chosen(signer.SignerSpec.from_input(spec.signer), spec.node_id, spec.pki_dir,
+    how = Signing(*signing.chosen(signer.SignerSpec.from_input(spec.signer), spec.node_id, spec.pki_dir,
                                  _ca_keys.get(spec.node_id), now, spec.ca_key_passphrase), now=now)
     if spec.key_on_node:
         issued, reached = _issue_for_node_key(spec, how, recorded)

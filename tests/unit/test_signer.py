@@ -17,7 +17,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from lab import pki as labpki
 from lab.hsm import SIGNER, Token
-from llmgw_pulumi import pki, signer
+from llmgw_pulumi import pki, signer, signing
 from llmgw_pulumi.errors import SignedCertificateError, SignerError
 from llmgw_pulumi.providers.certificate import CA_KEY_INPUT, ClientCertificateProvider, _ca_keys
 
@@ -46,7 +46,7 @@ def node_request(node: str = "gpu-01", validity: dt.timedelta = DAY,
 
 def test_a_key_signer_issues_what_was_asked_and_passes_the_check(ca: pki.Authority) -> None:
     req, key = node_request()
-    got = pki.accept_signed(ca.cert, signer.KeySigner(ca).sign(req), req, NOW)
+    got = pki.accept_signed(ca.cert, signing.KeySigner(ca).sign(req), req, NOW)
     cert = x509.load_pem_x509_certificate(got.cert_pem.encode())
     assert cert.public_key() == key.public_key()
     assert cert.not_valid_after_utc == req.not_after
@@ -151,7 +151,7 @@ def test_a_failing_signer_is_a_clear_error(tmp_path: Path, body: str, named: str
 def test_a_missing_or_unexecutable_signer_is_found_before_the_node_is_reached(tmp_path: Path, ca: pki.Authority) -> None:
     spec = signer.SignerSpec(kind="command", ca_pem=ca.cert_pem, command=(str(tmp_path / "nope"),))
     with pytest.raises(SignerError, match="does not exist"):
-        signer.chosen(spec, "gpu-01", None, None, NOW)
+        signing.chosen(spec, "gpu-01", None, None, NOW)
     prog = script(tmp_path, "exit 0\n")
     prog.chmod(stat.S_IRUSR)
     with pytest.raises(SignerError, match="not executable"):
