@@ -32,8 +32,10 @@ VENV_BIN = Path(sys.executable).parent
 COPIED = ("llmgw_pulumi", "tests", "lab", "pyproject.toml")
 
 PURE_TESTS = ("tests/unit/test_validate.py", "tests/unit/test_validate_config.py", "tests/unit/test_stack_config.py",
-              "tests/unit/test_specs.py", "tests/unit/test_host_key.py", "tests/unit/test_providers.py")
-"""Pure unit tests of the config and the providers' check and diff: a second or two in all."""
+              "tests/unit/test_specs.py", "tests/unit/test_host_key.py", "tests/unit/test_providers.py",
+              "tests/unit/test_mutation_kills_*.py")
+"""Pure unit tests of the config and the providers' check and diff: a second or two in all (test_mutation_kills_*:
+what the mutation run found no test asking, word for word)."""
 
 
 @dataclass(frozen=True)
