@@ -33,9 +33,10 @@ COPIED = ("llmgw_pulumi", "tests", "lab", "pyproject.toml")
 
 PURE_TESTS = ("tests/unit/test_validate.py", "tests/unit/test_validate_config.py", "tests/unit/test_stack_config.py",
               "tests/unit/test_specs.py", "tests/unit/test_host_key.py", "tests/unit/test_providers.py",
-              "tests/unit/test_mutation_kills_*.py")
+              "tests/unit/test_mutation_kills_specs.py", "tests/unit/test_mutation_kills_schema.py",
+              "tests/unit/test_mutation_kills_agent_settings.py")
 """Pure unit tests of the config and the providers' check and diff: a second or two in all (test_mutation_kills_*:
-what the mutation run found no test asking, word for word)."""
+the refusals the mutation run found no test saying, word for word)."""
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,11 @@ def test_each_jump_host_input_is_a_mapping(hop: Any) -> None:
         ("connection.jump[1]", *NOT_JUMP)]
 
 
+def test_every_jump_host_is_checked_after_one_that_is_not_a_mapping() -> None:
+    assert found(specs.IdentitySpec.collect, _with_jump([5, {"address": "deploy@bastion", "host_key": "nonsense"}])) == [
+        ("connection.jump[0]", *NOT_JUMP), ("connection.jump[1].host_key", *BAD_HOST_KEY)]
+
+
 def test_each_jump_host_input_is_checked_as_a_hop_named_as_inputs() -> None:
     assert found(specs.IdentitySpec.collect, _with_jump([{"address": "deploy@bastion", "host_key": "nonsense"}])) == [
         ("connection.jump[0].host_key", *BAD_HOST_KEY)]

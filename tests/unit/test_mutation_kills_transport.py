@@ -7,6 +7,7 @@ The mutation run (docs/mutation.md) found these reached by no test that could fa
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -65,14 +66,20 @@ def cloud_init_replaces_the_host_key(new_key: paramiko.PKey) -> Callable[[Server
     return printed
 
 
-def test_after_waiting_for_cloud_init_the_node_is_reconnected_and_the_key_it_keeps_is_recorded(server: Server) -> None:
+def test_after_waiting_for_cloud_init_the_node_is_reconnected_and_the_key_it_keeps_is_recorded(
+        server: Server, caplog: pytest.LogCaptureFixture) -> None:
     first_key = server.host_key
     kept, _ = ed25519_pair()
     server.printed = cloud_init_replaces_the_host_key(kept)
     pool = transport.Pool()
     try:
-        with pool.session(connection(server), "gpu-01") as s:
+        with caplog.at_level(logging.INFO, logger="llmgw_pulumi.transport"), \
+                pool.session(connection(server), "gpu-01") as s:
             assert s.host_key == public_text(kept) != public_text(first_key)
+        said = [r.getMessage() for r in caplog.records if r.name == "llmgw_pulumi.transport"]
+        assert said[0].startswith(f"gpu-01: waiting up to 5s for ssh to deploy@127.0.0.1:{server.port} "
+                                  "(deploy@127.0.0.1 refused every key tried")  # the reconnection, retried once
+        assert said[1].startswith(f"gpu-01: ssh to deploy@127.0.0.1:{server.port} answered after") and len(said) == 2
         assert [c for c in server.commands if "cloud-init" in c] == [server.commands[0]] and len(server.commands) == 1
         assert server.logins == ["deploy", "deploy", "deploy"]  # before, refused once after the restart, accepted
         assert len(server.connections) == 3
