@@ -121,6 +121,14 @@ def test_engines_are_a_mapping_of_the_engines_the_agent_knows() -> None:
         ("engines.ollama", "is not an engine the agent knows", "use one of llamacpp, vllm, sglang")]
 
 
+def test_every_engine_is_checked_after_one_that_is_refused() -> None:
+    relative = ("engines.vllm.bin", "'vllm' is relative", RELATIVE_FIX.format("vllm executable"))
+    assert found(agent_settings.collect_engines, {"ollama": {"bin": "/opt/o"}, "vllm": {"bin": "vllm"}}, "engines") == [
+        ("engines.ollama", "is not an engine the agent knows", "use one of llamacpp, vllm, sglang"), relative]
+    assert found(agent_settings.collect_engines, {"llamacpp": "/opt/l", "vllm": {"bin": "vllm"}}, "engines") == [
+        ("engines.llamacpp", "must be {bin: PATH}", "write engines.llamacpp.bin: /absolute/path"), relative]
+
+
 @pytest.mark.parametrize("conf", ["/opt/sglang/bin/python", {"bin": "/opt/sglang/bin/python"},
                                   {"python": "/opt/sglang/bin/python", "bin": "/x"}])
 def test_each_engine_has_its_one_key(conf: Any) -> None:
