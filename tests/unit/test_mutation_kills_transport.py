@@ -19,6 +19,7 @@ from llmgw_pulumi import errors, transport
 from llmgw_pulumi.specs import Connection
 from tests.unit.test_host_key_ssh import Server, connection, ed25519_pair, public_text
 from tests.unit.test_host_key_ssh import server as server  # noqa: F401 - the fixture
+from tests.unit.test_transport_paths import closed_port
 
 RSA_HOST_KEY = paramiko.RSAKey.generate(2048)  # once: a mutation run forks every test from this process
 
@@ -173,6 +174,26 @@ def test_a_connection_in_use_is_not_closed_however_long_it_is_used(server: Serve
         assert eventually(lambda: not server.connections[0].is_active())  # the control: idle now, it is closed
     finally:
         pool.close_all()
+
+
+def test_a_connection_two_resources_use_is_not_closed_while_one_of_them_still_does(server: Server) -> None:
+    pool = transport.Pool(idle_seconds=0.05)
+    try:
+        with pool.session(connection(server), "gpu-01"):
+            with pool.session(connection(server), "gpu-01"):
+                pass  # the other resource is done with it
+            time.sleep(0.5)
+            assert server.connections[0].is_active() and server.logins == ["deploy"]
+    finally:
+        pool.close_all()
+
+
+def test_a_long_wait_backs_off_to_the_last_delay_and_keeps_it() -> None:
+    """Five refusals and more (0.25 + 0.5 + 1 + 2 s, then 2 s each) end in the expired wait, nothing else."""
+    conn = Connection.from_props({"host": "127.0.0.1", "port": closed_port(), "user": "deploy", "wait": 6.0,
+                                  "private_key": ed25519_pair()[1]}, "gpu-01")
+    with pytest.raises(transport.WaitExpired, match="cannot reach deploy@127.0.0.1 over ssh after 6s"):
+        transport.establish(conn, conn, "gpu-01", None, time.monotonic() + 6.0)
 
 
 def test_a_pooled_connection_that_died_is_replaced(server: Server) -> None:
