@@ -60,6 +60,8 @@ class Server:
     """Host-key algorithms this server does not offer (e.g. ssh-rsa: RSA with SHA-1 signatures, as OpenSSH 8.8+)."""
     connections: list[paramiko.Transport] = field(default_factory=list)
     """The server's end of every connection made to it, in order."""
+    forwards_held: threading.Event | None = None
+    """While given and not set, a direct-tcpip channel is not answered (a jump host that hangs)."""
 
     def serve(self) -> Iterator[Server]:
         listener = socket.create_server(("127.0.0.1", 0))
@@ -131,6 +133,8 @@ class _Interface(paramiko.ServerInterface):
     def check_channel_direct_tcpip_request(self, chanid: int, origin: tuple[str, int],
                                            destination: tuple[str, int]) -> int:
         self.server.forwards.append(destination)
+        if self.server.forwards_held is not None:
+            self.server.forwards_held.wait(120)
         self.server._tcpip[chanid] = destination
         return paramiko.OPEN_SUCCEEDED
 

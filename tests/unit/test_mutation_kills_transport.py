@@ -208,3 +208,27 @@ def test_a_pooled_connection_that_died_is_replaced(server: Server) -> None:
         assert server.logins == ["deploy", "deploy"]
     finally:
         pool.close_all()
+
+
+def test_a_jump_host_that_does_not_open_the_channel_to_the_node_is_waited_for_as_long_as_the_node(
+        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    host_key, _ = ed25519_pair()
+    held = threading.Event()
+    bastion = Server(host_key, server.client_key, server.client_text, forwards_held=held)
+    serving = bastion.serve()
+    next(serving)
+    monkeypatch.setattr(transport, "CONNECT_TIMEOUT", 0.2)  # each try of the channel; the wait bounds them all
+    conn = Connection.from_props({"host": "127.0.0.1", "port": server.port, "user": "deploy", "wait": 1.0,
+                                  "private_key": server.client_text,
+                                  "jump": [{"address": f"jumper@127.0.0.1:{bastion.port}"}]}, "gpu-01")
+    pool = transport.Pool()
+    try:
+        with pytest.raises(transport.WaitExpired) as expired, pool.session(conn, "gpu-01"):
+            pytest.fail("a session was handed out")
+        assert str(expired.value).startswith(
+            "gpu-01: cannot reach deploy@127.0.0.1 over ssh after 1s (last error: Timeout opening channel.)")
+        assert bastion.forwards and server.logins == []  # asked for, never carried
+    finally:
+        held.set()
+        pool.close_all()
+        serving.close()
