@@ -19,6 +19,7 @@ from llmgw_pulumi.schema import Problems, Spelling
 from .test_providers import AGENT, CONN, PEMS
 
 UNKNOWN = Unknown()
+CONN_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEu9J1lBjuLVgDt1cm0hmFhjmfgjLlRkL2sM1hvT2JW6"
 CERTS = {"ca_pem": PEMS["ca_pem"], "cert_pem": PEMS["cert_pem"]}
 """An identity's PEMs when the node made its key (keyOrigin node): no key_pem."""
 CONNECTION_MISSING = ("is missing", "give the node's SSH connection: host, user and private key")
@@ -134,8 +135,6 @@ def test_the_stack_config_gives_jump_hosts_as_text_a_list_of_it_or_mappings() ->
     specs._collect_jump("deploy@bastion", problems, "jump")
     assert problems.items == [("jump", *NOT_JUMP_LIST)]
 
-
-CONN_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEu9J1lBjuLVgDt1cm0hmFhjmfgjLlRkL2sM1hvT2JW6"
 
 
 # --------------------------------------------------------------------------- the certificate
