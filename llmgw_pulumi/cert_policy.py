@@ -204,7 +204,7 @@ def requested_key(csr_pem: str, node_id: str) -> PublicKey:
         raise CertificateRequestError(node_id, "the node returned something that is not a PEM certificate signing request") from None
     try:
         key = csr.public_key()
-    except UnsupportedAlgorithm:
+    except (ValueError, UnsupportedAlgorithm):  # cryptography raises ValueError for a key type it does not know
         raise CertificateRequestError(node_id, "the node's key is of a kind this policy does not know", KEY_FIX) from None
     if not csr.is_signature_valid:
         raise CertificateRequestError(node_id, "the node's certificate signing request is not signed by its own key")

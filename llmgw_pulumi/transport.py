@@ -109,9 +109,10 @@ def _open(end: Endpoint, key_type: str | None, via: paramiko.Transport | None, n
         transport.banner_timeout = CONNECT_TIMEOUT
         transport.handshake_timeout = CONNECT_TIMEOUT
         if key_type:
-            # An RSA key is verified with SHA-2 signatures (OpenSSH refuses SHA-1 ones).
+            # An RSA key (type ssh-rsa) is verified with SHA-2 signatures: OpenSSH 8.8+ offers no SHA-1 ones, and
+            # paramiko 5 does not know them (naming "ssh-rsa" here would be its ValueError "unknown cipher").
             transport.get_security_options().key_types = (
-                ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"] if key_type == "ssh-rsa" else [key_type])
+                ["rsa-sha2-512", "rsa-sha2-256"] if key_type == "ssh-rsa" else [key_type])
         try:
             transport.start_client(timeout=CONNECT_TIMEOUT)
         except paramiko.IncompatiblePeer:  # type: ignore[attr-defined]

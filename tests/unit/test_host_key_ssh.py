@@ -53,11 +53,19 @@ class Server:
     forwards: list[tuple[str, int]] = field(default_factory=list)
     """Where direct-tcpip channels (ssh -J through this server) were opened to; each is carried to that address."""
     _tcpip: dict[int, tuple[str, int]] = field(default_factory=dict)
+    printed: Callable[[Server, str], bytes | None] | None = None
+    """What a command prints (None: nothing), or None from it: the command never ends; it may change the server,
+    as cloud-init replacing the host keys."""
+    refused_key_types: tuple[str, ...] = ()
+    """Host-key algorithms this server does not offer (e.g. ssh-rsa: RSA with SHA-1 signatures, as OpenSSH 8.8+)."""
+    connections: list[paramiko.Transport] = field(default_factory=list)
+    """The server's end of every connection made to it, in order."""
+    forwards_held: threading.Event | None = None
+    """While given and not set, a direct-tcpip channel is not answered (a jump host that hangs)."""
 
     def serve(self) -> Iterator[Server]:
         listener = socket.create_server(("127.0.0.1", 0))
         self.port = listener.getsockname()[1]
-        transports: list[paramiko.Transport] = []
 
         def accept() -> None:
             while True:
@@ -65,9 +73,9 @@ class Server:
                     sock, _ = listener.accept()
                 except OSError:
                     return
-                t = paramiko.Transport(sock)
+                t = paramiko.Transport(sock, disabled_algorithms={"keys": list(self.refused_key_types)})
                 t.add_server_key(self.host_key)
-                transports.append(t)
+                self.connections.append(t)
                 try:
                     t.start_server(server=_Interface(self))
                 except (OSError, EOFError, paramiko.SSHException):
@@ -79,7 +87,7 @@ class Server:
             yield self
         finally:
             listener.close()
-            for t in transports:
+            for t in self.connections:
                 t.close()
 
 
@@ -125,16 +133,22 @@ class _Interface(paramiko.ServerInterface):
     def check_channel_direct_tcpip_request(self, chanid: int, origin: tuple[str, int],
                                            destination: tuple[str, int]) -> int:
         self.server.forwards.append(destination)
+        if self.server.forwards_held is not None:
+            self.server.forwards_held.wait(120)
         self.server._tcpip[chanid] = destination
         return paramiko.OPEN_SUCCEEDED
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
         self.server.commands.append(command.decode())
+        printed = self.server.printed(self.server, command.decode()) if self.server.printed else b""
 
         def answer() -> None:
             # The client sends its end of input only once its exec request was answered: reply after that.
             while channel.recv(65536):
                 pass
+            if printed is None:
+                return  # a command that never ends
+            channel.sendall(printed)
             channel.send_exit_status(0)
             channel.shutdown_write()
             channel.close()
