@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from llmgw_pulumi import review
+from llmgw_pulumi import review, review_markdown
 from tests.conftest import NEXT_RELEASE, RELEASE, REPO, ssh, stack_config
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
@@ -248,7 +248,7 @@ def summary_line(summary: str, label: str) -> list[str]:
 def test_on_13_nodes_the_summary_of_a_bump_under_rollout_names_the_restarts_in_the_order_they_happen(
         cluster, hosts, new_stack):
     # 13 nodes: two canaries (not in name order), two held back, and nine more, so that both lists the summary
-    # names are longer than it shows unfolded (review.FOLD_AFTER) and the nine restart in three full batches of
+    # names are longer than it shows unfolded (review_markdown.FOLD_AFTER) and the nine restart in three full batches of
     # maxParallel, which a rollout that ignored it would exceed.
     fleet = hosts(13)
     ids = [h.hostname for h in fleet]
@@ -275,7 +275,7 @@ def test_on_13_nodes_the_summary_of_a_bump_under_rollout_names_the_restarts_in_t
     assert row(summary, f"agent upgraded {RELEASE} → {NEXT_RELEASE}") == sorted(bumped, key=review.natural)
     assert row(summary, "untouched") == sorted(kept, key=review.natural)
     then_line = next(x for x in summary.splitlines() if x.strip().startswith("2. then, in any order:"))
-    assert len(others) > review.FOLD_AFTER and "<details>" in then_line, then_line  # folded, and read in full above
+    assert len(others) > review_markdown.FOLD_AFTER and "<details>" in then_line, then_line  # folded, and read in full above
     assert "**Agents that will restart: 11**" in summary and "(at most 3 at once)" in summary
     assert sorted(summary_line(summary, "1. the canaries, in any order:")) == sorted(canaries)
     assert summary_line(summary, "2. then, in any order:") == others
