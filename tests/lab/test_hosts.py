@@ -164,12 +164,8 @@ def leftovers(lab: Lab) -> list[str]:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    lab = Lab(name=NAME, subnet=SUBNET, workdir=tmp_path_factory.mktemp("lab"))
-    lab.setup()
-    try:
+    with Lab(name=NAME, subnet=SUBNET, workdir=tmp_path_factory.mktemp("lab")) as lab:
         yield lab
-    finally:
-        lab.teardown()
 
 
 @pytest.fixture(scope="module")

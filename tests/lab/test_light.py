@@ -67,12 +67,8 @@ def light_lab_name_and_subnet(worker: str) -> tuple[str, str]:
 def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     worker = getattr(request.config, "workerinput", {}).get("workerid", "")
     name, subnet = light_lab_name_and_subnet(worker)
-    lab = Lab(name=name, subnet=subnet, workdir=tmp_path_factory.mktemp("light"), light=True)
-    lab.setup()
-    try:
+    with Lab(name=name, subnet=subnet, workdir=tmp_path_factory.mktemp("light"), light=True) as lab:
         yield lab
-    finally:
-        lab.teardown()
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ The mutation run (docs/mutation.md) found these reached by no test that could fa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -129,14 +130,8 @@ def test_cloud_init_that_does_not_finish_within_the_wait_is_an_expired_wait_nami
     server.printed = lambda srv, command: None if "cloud-init status" in command else b""
     conn = Connection.from_props({"host": "127.0.0.1", "port": server.port, "user": "deploy", "wait": 1.0,
                                   "private_key": server.client_text}, "gpu-01")
-    pool = transport.Pool()
-    try:
-        with pytest.raises(transport.WaitExpired) as expired, pool.session(conn, "gpu-01"):
-            pytest.fail("a session was handed out")
-        assert str(expired.value).startswith(
-            "gpu-01: cloud-init on 127.0.0.1 did not report done within 1s (cloud-init status --wait)\n  fix: ")
-    finally:
-        pool.close_all()
+    assert expired_wait(conn).startswith(
+        "gpu-01: cloud-init on 127.0.0.1 did not report done within 1s (cloud-init status --wait)\n  fix: ")
 
 
 # --------------------------------------------------------------------------- the pool
@@ -146,10 +141,26 @@ def reapers() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "llmgw-ssh-reaper"]
 
 
+@contextlib.contextmanager
+def pool_of(idle_seconds: float = transport.IDLE_SECONDS) -> Iterator[transport.Pool]:
+    """A pool whose connections are closed after ``idle_seconds`` unused; every one closed at the end."""
+    pool = transport.Pool(idle_seconds=idle_seconds)
+    try:
+        yield pool
+    finally:
+        pool.close_all()
+
+
+def expired_wait(conn: Connection) -> str:
+    """The message of the WaitExpired that asking a fresh pool for a session to ``conn`` raises."""
+    with pool_of() as pool, pytest.raises(transport.WaitExpired) as expired, pool.session(conn, "gpu-01"):
+        pytest.fail("a session was handed out")
+    return str(expired.value)
+
+
 def test_an_idle_connection_is_closed_by_the_pools_one_reaper_a_daemon_thread(server: Server) -> None:
     before = set(reapers())
-    pool = transport.Pool(idle_seconds=0.2)
-    try:
+    with pool_of(0.2) as pool:
         with pool.session(connection(server), "gpu-01"):
             pass
         assert eventually(lambda: not server.connections[0].is_active())
@@ -158,31 +169,22 @@ def test_an_idle_connection_is_closed_by_the_pools_one_reaper_a_daemon_thread(se
         assert len(server.connections) == 2 and server.logins == ["deploy", "deploy"]
         new = [t for t in reapers() if t not in before]
         assert [(t.daemon, t.is_alive()) for t in new] == [(True, True)]  # one; it never keeps the process alive
-    finally:
-        pool.close_all()
 
 
 def test_a_connection_in_use_is_not_closed_however_long_it_is_used(server: Server) -> None:
-    pool = transport.Pool(idle_seconds=0.05)
-    try:
+    with pool_of(0.05) as pool:
         with pool.session(connection(server), "gpu-01"):
             time.sleep(0.5)  # ten idle limits, forty reaper rounds
             assert server.connections[0].is_active()
         assert eventually(lambda: not server.connections[0].is_active())  # the control: idle now, it is closed
-    finally:
-        pool.close_all()
 
 
 def test_a_connection_two_resources_use_is_not_closed_while_one_of_them_still_does(server: Server) -> None:
-    pool = transport.Pool(idle_seconds=0.05)
-    try:
+    with pool_of(0.05) as pool, pool.session(connection(server), "gpu-01"):
         with pool.session(connection(server), "gpu-01"):
-            with pool.session(connection(server), "gpu-01"):
-                pass  # the other resource is done with it
-            time.sleep(0.5)
-            assert server.connections[0].is_active() and server.logins == ["deploy"]
-    finally:
-        pool.close_all()
+            pass  # the other resource is done with it
+        time.sleep(0.5)
+        assert server.connections[0].is_active() and server.logins == ["deploy"]
 
 
 def test_a_long_wait_backs_off_to_the_last_delay_and_keeps_it() -> None:
@@ -218,14 +220,10 @@ def test_a_jump_host_that_does_not_open_the_channel_to_the_node_is_waited_for_as
     conn = Connection.from_props({"host": "127.0.0.1", "port": server.port, "user": "deploy", "wait": 1.0,
                                   "private_key": server.client_text,
                                   "jump": [{"address": f"jumper@127.0.0.1:{bastion.port}"}]}, "gpu-01")
-    pool = transport.Pool()
     try:
-        with pytest.raises(transport.WaitExpired) as expired, pool.session(conn, "gpu-01"):
-            pytest.fail("a session was handed out")
-        assert str(expired.value).startswith(
+        assert expired_wait(conn).startswith(
             "gpu-01: cannot reach deploy@127.0.0.1 over ssh after 1s (last error: Timeout opening channel.)")
         assert bastion.forwards and server.logins == []  # asked for, never carried
     finally:
         held.set()
-        pool.close_all()
         serving.close()
