@@ -316,7 +316,3 @@ def migrate(outputs: Mapping[str, Any], resource: str) -> dict[str, Any]:
     if version == STATE_VERSION:
         out[VERSION_KEY] = STATE_VERSION
     return out
-
-
-def is_current(outputs: Mapping[str, Any]) -> bool:
-    return version_of(outputs) == STATE_VERSION
