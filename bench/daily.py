@@ -2,16 +2,22 @@
 
 - Daily changes (`--daily`, after the scale runs of each size, on the same stack):
   1% of the agents (at least one) upgraded to UPGRADE_RELEASE with
-  `llmgw:rollout: {maxParallel: 2, canary: [the first of them]}`, then
+  `llmgw:rollout: {maxParallel: 2, canary: [the first of them]}` (new in the
+  config: every AgentInstall's input changes), then the next 1% with the
+  rollout as it was (what a fleet that keeps its rollout settings pays), then
   DAILY_NODES nodes added (hosts booted with the fleet, idle until then), then
   DAILY_NODES nodes of the original fleet removed. At most half the fleet is
   added or removed in a small run (10 nodes of 10 would leave nothing).
-- Stacks at once (`--stacks 1,4,8`, at each scale size): the N nodes split
-  round-robin over K stacks of one project and one backend, whose `pulumi up`
-  from scratch, then no-op `pulumi up`, run side by side as K CI jobs would.
-  One measured run covers all K: wall time until the last one ends, CPU of all
-  engines, providers and programs, the state of all K, and the bytes all K
-  wrote to the backend.
+- Stacks at once (`--stacks 1,4,8`, at each of `--stack-sizes`, the scale
+  sizes by default): the N nodes split round-robin over K stacks of one
+  project and one backend, whose `pulumi up` from scratch, then no-op
+  `pulumi up`, run side by side as K CI jobs would. One measured run covers
+  all K: wall time until the last one ends, CPU of all engines, providers and
+  programs, the state of all K, and the bytes all K wrote to the backend.
+  With `--daily`, one of the K stacks (one rack's) then runs alone: a no-op
+  `up`, a `preview`, and the same daily changes (1% of the whole fleet's
+  agents upgraded, all in that rack, 10 nodes added to it, 10 removed from
+  it), as an operator changes one failure domain; the other stacks do not run.
 
 Each run checks that the engine did what the change is (updates, creates,
 deletes); a run that did not is marked failed, with what the engine reported.
@@ -23,7 +29,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from bench.config import UPGRADE_RELEASE
+from bench.config import NOOP, PREVIEW, UPGRADE_RELEASE
 from bench.measure import Result, parallel
 
 if TYPE_CHECKING:
@@ -32,13 +38,14 @@ if TYPE_CHECKING:
 
 DAILY_NODES = 10
 UPGRADE = "daily: 1% of agents upgraded (llmgw:rollout)"
+UPGRADE_AGAIN = "daily: 1% more agents upgraded, llmgw:rollout kept"
 ADD = "daily: nodes added"
 REMOVE = "daily: nodes removed"
 AT_ONCE_UP = "pulumi up, from scratch, stacks at once"
 AT_ONCE_NOOP = "pulumi up, no-op, stacks at once"
-DAILY = (UPGRADE, ADD, REMOVE)
+DAILY = (UPGRADE, UPGRADE_AGAIN, ADD, REMOVE)
 #: What the engine's summary must show for each change: the operation, at least once.
-EXPECTED_OP = {UPGRADE: "update", ADD: "create", REMOVE: "delete"}
+EXPECTED_OP = {UPGRADE: "update", UPGRADE_AGAIN: "update", ADD: "create", REMOVE: "delete"}
 
 T = TypeVar("T")
 
@@ -60,19 +67,38 @@ def split(items: Sequence[T], parts: int) -> list[list[T]]:
     return [list(items[i::parts]) for i in range(parts)]
 
 
+def expected_op(kind: str) -> str | None:
+    """The operation a daily change's run must show; its kind may carry a suffix (", one stack of 8")."""
+    return next((op for change, op in EXPECTED_OP.items() if kind == change or kind.startswith(change + ",")), None)
+
+
+def removed_ids(fleet: Sequence[Any], upgraded: int, count: int) -> set[str]:
+    """The last `count` nodes of `fleet`, never one of its first `upgraded` (the canary stays), and never all."""
+    removable = list(fleet[upgraded:])[-count:] if count else []
+    if len(removable) >= len(fleet):
+        removable = removable[1:]
+    return {h.hostname for h in removable}
+
+
 def check_changes(result: Result) -> None:
     """Mark a daily change failed when the engine's summary lacks the operation the change is."""
-    want = EXPECTED_OP.get(result.kind)
+    want = expected_op(result.kind)
     changes = result.detail.get("changes") or {}
     if result.ok and want is not None and not changes.get(want):
         result.ok = False
         result.note = (result.note + f" expected {want} steps, the engine reported {changes}").strip()
 
 
-def changes(bench: Harness, size: int, stack: LabStack, fleet: Sequence[Any], extra: Sequence[Any]) -> None:
-    """The three daily changes, one after another, on `stack` (onboarded with `fleet`); `extra` are idle hosts."""
+def changes(bench: Harness, size: int, stack: LabStack, fleet: Sequence[Any], extra: Sequence[Any],
+            of_stacks: int = 1) -> None:
+    """The three daily changes, one after another, on `stack` (onboarded with `fleet`); `extra` are idle hosts.
+
+    `size` is the whole fleet's: 1% of it is upgraded. With `of_stacks` > 1, `stack` is one of that many stacks
+    holding the fleet (`fleet` is its share), and the rows say so.
+    """
+    suffix = f", one stack of {of_stacks}" if of_stacks > 1 else ""
     config = bench.stack_config([(h.hostname, h.addr) for h in fleet])
-    upgraded = list(fleet[:upgraded_count(size)])
+    upgraded = list(fleet[:min(upgraded_count(size), len(fleet))])
     config["rollout"] = {"maxParallel": 2, "canary": [upgraded[0].hostname]}
     for node in config["nodes"][:len(upgraded)]:
         node["agent"] = {"version": UPGRADE_RELEASE}
@@ -80,17 +106,28 @@ def changes(bench: Harness, size: int, stack: LabStack, fleet: Sequence[Any], ex
 
     def run(scenario: str, tag: str, agent_hosts: Sequence[Any], note: str) -> Result:
         stack.set_config(config)
-        r = bench.measure(size, scenario, everyone, partial(bench.engine_run, stack, "up", f"n{size}-daily-{tag}"),
+        log = f"n{size}-daily-{tag}" + (f"-k{of_stacks}" if of_stacks > 1 else "")
+        r = bench.measure(size, scenario + suffix, everyone, partial(bench.engine_run, stack, "up", log),
                           agents=bool(agent_hosts), agent_hosts=agent_hosts)
-        r.note = (note + " " + r.note).strip()
+        r.stacks = of_stacks
+        r.note = (note + (f", in a stack of {len(fleet)}" if of_stacks > 1 else "") + " " + r.note).strip()
         check_changes(r)
         bench.record_state(r, [stack])
         return r
 
-    run(UPGRADE, "upgrade", upgraded, f"{len(upgraded)} of {size} agents to {UPGRADE_RELEASE}, maxParallel 2, 1 canary")
+    run(UPGRADE, "upgrade", upgraded, f"{len(upgraded)} of {size} agents to {UPGRADE_RELEASE}, maxParallel 2, 1 canary; "
+        "llmgw:rollout new in the config, so every AgentInstall's input changes (a same step, written to the backend)")
+    # The next 1%, the rollout as it was: what a fleet that keeps llmgw:rollout pays (the canary is unchanged).
+    again = list(fleet[len(upgraded):2 * len(upgraded)])
+    if again:
+        for node in config["nodes"][len(upgraded):len(upgraded) + len(again)]:
+            node["agent"] = {"version": UPGRADE_RELEASE}
+        run(UPGRADE_AGAIN, "upgrade-again", again, f"{len(again)} more of {size} agents to {UPGRADE_RELEASE}, "
+            "llmgw:rollout unchanged")
+    upgraded += again
     config["nodes"] += bench.stack_config([(h.hostname, h.addr) for h in extra])["nodes"]
     run(ADD, "add", extra, f"{len(extra)} nodes added to {size}")
-    removed = {h.hostname for h in fleet[len(fleet) - len(extra):]}  # never the upgraded ones (the canary stays)
+    removed = removed_ids(fleet, len(upgraded), len(extra))
     config["nodes"] = [n for n in config["nodes"] if n["id"] not in removed]
     run(REMOVE, "remove", [], f"{len(removed)} nodes removed of {size + len(extra)}")
 
@@ -110,8 +147,11 @@ def merged(details: Sequence[dict[str, Any]], oks: Sequence[bool]) -> tuple[bool
 
 
 def at_once(bench: Harness, size: int, count: int) -> None:
-    """`pulumi up` from scratch, then a no-op `up`, of `count` stacks side by side, the nodes split between them."""
-    hosts = bench.fresh_hosts(size, reduced_ca=bench.reduced_ca)
+    """`pulumi up` from scratch, then a no-op `up`, of `count` stacks side by side, the nodes split between them;
+    with --daily, then the daily changes on the first of them alone."""
+    extra = changed_count(size) if bench.daily else 0
+    booted = bench.fresh_hosts(size + extra, reduced_ca=bench.reduced_ca)
+    hosts, idle = booted[:size], booted[size:]
     groups = split(hosts, count)
     stacks = [bench.new_stack(f"at-once-n{size}-k{count}-{i}") for i in range(count)]
     for stack, group in zip(stacks, groups, strict=True):
@@ -128,3 +168,13 @@ def at_once(bench: Harness, size: int, count: int) -> None:
         bench.record_state(r, stacks)
         if not r.ok:
             return
+    if extra:
+        print(f"\n== N = {size}, one stack of {count} alone: no-op up, preview, the daily changes", flush=True)
+        alone = f", one stack of {count}"
+        for scenario, verb in ((NOOP + alone, "up"), (PREVIEW + alone, "preview")):
+            r = bench.measure(size, scenario, groups[0], partial(bench.engine_run, stacks[0], verb,
+                                                                 f"n{size}-k{count}-alone-{verb}"))
+            r.stacks = count
+            r.note = (f"the stack of {len(groups[0])} nodes alone " + r.note).strip()
+            bench.record_state(r, [stacks[0]])
+        changes(bench, size, stacks[0], groups[0], idle, of_stacks=count)

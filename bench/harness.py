@@ -109,13 +109,15 @@ class Harness:
     """Scale runs: the daily changes follow, on the same stack (bench/daily.py)."""
     stack_counts: list[int] = field(default_factory=list)
     """Scale runs: the same nodes as this many stacks at once against the one backend (bench/daily.py)."""
+    stack_sizes: list[int] = field(default_factory=list)
+    """The sizes at which the stack counts run (--stack-sizes; the scale sizes by default)."""
 
     # ----------------------------------------------------------------- paths
 
     @property
     def hosts_needed(self) -> int:
         """The most hosts one part boots at once: its size, and the scale runs' idle hosts for the daily changes."""
-        scale = max(self.scale_sizes, default=0)
+        scale = max([*self.scale_sizes, *(self.stack_sizes if self.stack_counts else [])], default=0)
         extra = daily.changed_count(scale) if self.daily and scale else 0
         return max([*self.sizes, *self.latency_sizes, *self.shard_sizes, *self.signer_sizes, *self.language_sizes, scale + extra, 1])
 
@@ -303,7 +305,8 @@ class Harness:
         label += f" (+{self.delay_ms} ms RTT)" if self.delay_ms else ""
         result = Result(size, label, ok, wall, ssh, cpu, idle, idle_own, agents_up=agents_up,
                         remote_ops=detail.pop("remote_ops", None), note=detail.pop("note", ""), detail=detail,
-                        delay_ms=self.delay_ms, shards=self.shards, kind=scenario.rsplit(" #", 1)[0])
+                        delay_ms=self.delay_ms, shards=self.shards, kind=scenario.rsplit(" #", 1)[0],
+                        backend=self.backend.shown)
         if detail.pop("engine_run", False):
             result.backend_bytes = self.backend.written(watched, backend_at)
         self.results.append(result)

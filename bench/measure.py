@@ -161,6 +161,8 @@ class Result:
     """The stack's state after the run, as `pulumi stack export` prints it (summed over the stacks run at once)."""
     stacks: int = 1
     """Stacks run at once against the one backend, the nodes split evenly between them."""
+    backend: str = ""
+    """The state backend of the run, as shown (no password), e.g. file:///var/cache/... or postgres://..."""
 
     @property
     def cpu_own(self) -> float:

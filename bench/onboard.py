@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
                              "llmgw:rollout, 10 nodes added, 10 removed (bench/daily.py)")
     parser.add_argument("--stacks", type=sizes_arg, default=[], metavar="K,...",
                         help="scale runs: the same nodes also as K stacks at once against the one backend, e.g. 1,4,8")
+    parser.add_argument("--stack-sizes", type=sizes_arg, metavar="N,...",
+                        help="the sizes at which --stacks runs (default: every scale size); a size not among the "
+                             "scale sizes runs only that part, on fresh hosts")
     parser.add_argument("--backend", type=backend_arg, metavar="URL",
                         help=f"the state backend of every stack: file://DIR, postgres://USER@HOST:PORT/DB (the "
                              f"password in PGPASSWORD), or lab-postgres[:RTT_MS] to start lab/postgres.py's server, "
@@ -121,13 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                         help="before each run wait up to this long for other work on the machine to stop (default 0)")
     parser.add_argument("--out", type=Path, help=f"where to write the table and plots (default {DOC.relative_to(REPO)})")
-    parser.add_argument("--render", type=Path, metavar="RESULTS_JSON",
-                        help="measure nothing: write the report (and plots) of an earlier run from its results.json")
+    parser.add_argument("--render", type=Path, nargs="+", metavar="RESULTS_JSON",
+                        help="measure nothing: write the report (and plots) of earlier runs from their results.json "
+                             "(several: one page, e.g. the file backend's run and PostgreSQL's)")
     args = parser.parse_args(argv)
     if args.render:
         return rerender(args.render, args.out or DOC)
     if any("=" not in item for item in args.engine_env):
         parser.error("--engine-env takes NAME=VALUE")
+    if args.stack_sizes and not args.stacks:
+        parser.error("--stack-sizes needs --stacks: give the stack counts to run at those sizes, e.g. --stacks 4,8")
     if os.geteuid() != 0:
         parser.error("needs root: the lab hosts are systemd-nspawn containers in network namespaces")
     pick = lambda given, quick, full: given if given is not None else (quick if args.quick else full)  # noqa: E731
@@ -138,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     shard_sizes = pick(args.shard_sizes, [], [TARGET_N, SCALE_N]) if shard_counts else []
     signer_sizes = pick(args.signer_sizes, [], [TARGET_N])
     language_sizes = args.language_sizes or []
+    stack_sizes = args.stack_sizes if args.stack_sizes is not None else list(scale_sizes)
     repeats = args.repeats or (1 if args.quick else 3)
     out = args.out or (WORK / "benchmark-quick.md" if args.quick else DOC)
     for tool in ("ssh", "scp"):
@@ -155,17 +162,19 @@ def main(argv: list[str] | None = None) -> int:
                   shard_sizes=shard_sizes, signer_sizes=signer_sizes, language_sizes=language_sizes,
                   reduced_ca=args.reduced_ca, tools_dir=tools_dir,
                   engine_env=dict(item.split("=", 1) for item in args.engine_env), daily=args.daily,
-                  stack_counts=args.stacks, light_hosts=args.light_hosts, memory_sizes=args.memory_sizes)
+                  stack_counts=args.stacks, stack_sizes=stack_sizes, light_hosts=args.light_hosts,
+                  memory_sizes=args.memory_sizes)
     if args.backend is not None:
         bench.backend = args.backend
     command = " ".join(["sudo .venv/bin/python -m bench.onboard", *(sys.argv[1:] if argv is None else argv)])
     machine = machine_description()
     estimate = estimate_minutes(sizes, latency_sizes, scale_sizes, shard_counts, shard_sizes, signer_sizes,
-                                daily=args.daily, stack_counts=args.stacks)
+                                daily=args.daily, stack_counts=args.stacks, stack_sizes=stack_sizes)
     print(f"machine: {machine}\nlogs: {log_dir}\nplain {list_text(sizes)}; +{2 * DELAY_MS} ms RTT "
           f"{list_text(latency_sizes)}; scale {list_text(scale_sizes)}; providers {list_text(shard_counts)} at "
           f"{list_text(shard_sizes)}; daily changes {'yes' if args.daily else 'no'}; stacks at once "
-          f"{list_text(args.stacks)}; backend {bench.backend.shown}; estimated duration ~{estimate:.0f} min", flush=True)
+          f"{list_text(args.stacks)} at {list_text(stack_sizes if args.stacks else [])}; backend "
+          f"{bench.backend.shown}; estimated duration ~{estimate:.0f} min", flush=True)
     fingerprint = "?"
     skipped: list[str] = []
 
@@ -175,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                          "shard_counts": shard_counts, "shard_sizes": shard_sizes, "signer_sizes": signer_sizes,
                          "reduced_ca": args.reduced_ca, "light_hosts": args.light_hosts,
                          "memory_sizes": args.memory_sizes, "memory_rows": bench.memory_rows,
-                         "daily": args.daily, "stack_counts": args.stacks,
+                         "daily": args.daily, "stack_counts": args.stacks, "stack_sizes": stack_sizes,
                          "backend": bench.backend.shown, "backend_note": bench.backend.note,
                          "repeats": repeats, "imports": bench.imports, "engine_env": bench.engine_env},
                 "machine": machine, "fingerprint": fingerprint, "started": started, "seconds": time.monotonic() - t0,
@@ -200,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                 part(bench.run_size, size)
             for size in latency_sizes:
                 part(bench.run_latency, size)
-            for size in scale_sizes + shard_sizes:
+            stacks_only = [n for n in stack_sizes if n not in scale_sizes] if args.stacks else []
+            for size in scale_sizes + stacks_only + shard_sizes:
                 running = sum(1 for h in bench.lab.hosts.values() if h.running)
                 capacity = host_capacity(bench.host_mib, running, bench.host_tasks)
                 if size > capacity:
@@ -209,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(skipped[-1], flush=True)
                 elif size in scale_sizes:
                     part(bench.run_scale, size)
+                elif size in stacks_only:
+                    part(bench.run_stacks, size)
             for size in shard_sizes:
                 if not any(f"at {size} nodes skipped" in s for s in skipped):
                     part(bench.run_shards, size)

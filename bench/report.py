@@ -28,18 +28,19 @@ def one_line(r: Result) -> str:
 def backend_table(results: Sequence[Result]) -> str:
     """Issue 21's figures per engine run: wall, the operator's CPU by part, the state, and the bytes written to the
     backend during the run (checkpoint traffic), also as a multiple of the state it left."""
-    rows = ["| N | run | stacks | wall s | engine CPU-s | provider CPU-s | program CPU-s | operator CPU-s/node "
-            "| state KB | written to the backend MB | written / state | notes |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in results:
-        if r.backend_bytes is None and r.state_bytes is None:
-            continue
+    shown = [r for r in results if r.backend_bytes is not None or r.state_bytes is not None]
+    several = len({r.backend for r in shown}) > 1
+    rows = ["| N | run | stacks | " + ("backend | " if several else "") + "wall s | engine CPU-s | provider CPU-s "
+            "| program CPU-s | operator CPU-s/node | state KB | written to the backend MB | written / state | notes |",
+            "|---:|---|---:|" + ("---|" if several else "") + "---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in shown:
         c = r.cpu
         state = "" if r.state_bytes is None else f"{r.state_bytes / 1e3:,.0f}"
         written = "" if r.backend_bytes is None else f"{r.backend_bytes / 1e6:,.2f}"
         times = f"{r.backend_bytes / r.state_bytes:.1f}" if r.backend_bytes is not None and r.state_bytes else ""
         note = ("FAILED " if not r.ok else "") + r.note.replace("|", "/")
-        rows.append(f"| {r.size} | {r.scenario} | {r.stacks} | {r.wall:.2f} | {c.engine:.1f} | {c.provider:.1f} "
+        where = f"{r.backend.split(':', 1)[0]} | " if several else ""
+        rows.append(f"| {r.size} | {r.scenario} | {r.stacks} | {where}{r.wall:.2f} | {c.engine:.1f} | {c.provider:.1f} "
                     f"| {c.program:.1f} | {(c.engine + c.provider + c.program) / r.size:.3f} | {state} | {written} "
                     f"| {times} | {note} |")
     return "\n".join(rows) if len(rows) > 2 else "(no engine runs measured)"

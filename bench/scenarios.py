@@ -230,13 +230,31 @@ class Bench(Harness):
         extra = daily.changed_count(size) if self.daily else 0
         hosts = self.fresh_hosts(size + extra, reduced_ca=self.reduced_ca)
         first = len(self.results)
-        stack = self.pulumi_runs(size, hosts[:size], then=("noop", "preview", "refresh"))
+        # The targets' runs first (no-op, preview, the daily changes), the refresh last: a run stopped early at a
+        # large size (a timeout, Ctrl-C) keeps what the targets need.
+        stack = self.pulumi_runs(size, hosts[:size], then=("noop", "preview"))
         if stack is not None and extra:
             print(f"\n== N = {size}, daily changes", flush=True)
             daily.changes(self, size, stack, hosts[:size], hosts[size:])
+        if stack is not None:
+            # After the daily changes the fleet is the original one, 10 added and 10 removed: the same size.
+            self.record_state(self.measure(size, "pulumi refresh", hosts[:size] if not extra else hosts,
+                                           partial(self.engine_run, stack, "refresh", f"n{size}-refresh")), [stack])
+        if size in self.stack_sizes:
+            self.run_stacks(size, first=first)
+        else:
+            self.mark_reduced_ca(first)
+
+    def run_stacks(self, size: int, first: int | None = None) -> None:
+        """The same N nodes as each of --stacks' counts of stacks at once (bench/daily.py), on fresh hosts."""
+        first = len(self.results) if first is None else first
         for count in self.stack_counts:
             print(f"\n== N = {size}, {count} stack(s) at once", flush=True)
             daily.at_once(self, size, count)
+        self.mark_reduced_ca(first)
+
+    def mark_reduced_ca(self, first: int) -> None:
+        """Say on the results from `first` on that their hosts trusted 3 system CAs, when they did."""
         if self.reduced_ca:
             for r in self.results[first:]:
                 r.reduced_ca = True

@@ -23,6 +23,7 @@ from bench.config import (
     TARGET_N,
     UP,
 )
+from bench.daily import DAILY
 from bench.measure import Result
 from bench.summary import Target, fmt, ratio
 
@@ -83,6 +84,21 @@ def growth_figures(results: Sequence[Result]) -> list[growth.Figure]:
         return {kind: sorted((r.size, value(r)) for r in runs if r.kind == kind) for kind in PLOTTED}
 
     ups = [r for r in runs if r.kind == UP and r.state]
+    one_stack = [r for r in results if r.ok and r.delay_ms == 0 and r.shards is None and r.stacks == 1]
+
+    def over(kinds: Sequence[str], value: Callable[[Result], float | None]) -> dict[str, list[tuple[float, float]]]:
+        got = {kind: sorted((r.size, v) for r in one_stack if r.kind == kind and (v := value(r)) is not None)
+               for kind in kinds}
+        return {kind: points for kind, points in got.items() if points}
+
+    daily_figures = [
+        growth.Figure("daily-engine-cpu", "Engine CPU of the daily changes (one stack)", "CPU-s",
+                      over(DAILY, lambda r: r.cpu.engine)),
+        growth.Figure("daily-wall", "Wall time of the daily changes (one stack)", "wall time, s",
+                      over(DAILY, lambda r: r.wall)),
+        growth.Figure("backend-written", "Bytes written to the state backend during the run (one stack)", "bytes",
+                      over((UP, NOOP, *DAILY), lambda r: None if r.backend_bytes is None else float(r.backend_bytes))),
+    ]
     return [
         growth.Figure("wall", "Wall time of each pulumi run", "wall time, s", series(lambda r: r.wall)),
         growth.Figure("engine-cpu", "Engine CPU (the pulumi CLI)", "CPU-s", series(lambda r: r.cpu.engine)),
@@ -93,6 +109,7 @@ def growth_figures(results: Sequence[Result]) -> list[growth.Figure]:
         growth.Figure("state", "State size after pulumi up (exported deployment)", "bytes", {
             "with PEM bodies": sorted((r.size, float(r.state.total)) for r in ups if r.state),
             "without PEM bodies": sorted((r.size, float(r.state.total_no_pem)) for r in ups if r.state)}),
+        *(fig for fig in daily_figures if fig.series),
     ]
 
 

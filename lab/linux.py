@@ -78,6 +78,24 @@ def raise_inotify_limits() -> None:
             path.write_text(str(want))
 
 
+NEIGH_PER_HOST = 4
+"""Neighbour (ARP) entries one lab host accounts for: its own entries for the gateway and the release server's
+address, and the entries the gateway and the release server's namespace hold for it."""
+NEIGH_SYSCTLS = Path("/proc/sys/net/ipv4/neigh/default")
+
+
+def raise_neighbour_limits(hosts: int) -> None:
+    """The kernel has one ARP table for every network namespace, and refuses new entries beyond gc_thresh3
+    (1,024 by default): with ~250 lab hosts or more it logs "neighbor table overflow" and connections to new
+    neighbours fail (the benchmark's 500- and 1,000-node fleets). Raise the three thresholds so that
+    NEIGH_PER_HOST entries per host stay below the first (no garbage collection at all); never lower them."""
+    want = NEIGH_PER_HOST * hosts
+    for name, value in (("gc_thresh1", want), ("gc_thresh2", 2 * want), ("gc_thresh3", 4 * want)):
+        path = NEIGH_SYSCTLS / name
+        if int(path.read_text()) < value:
+            path.write_text(str(value))
+
+
 def mountinfo() -> list[tuple[str, str, str]]:
     """(mount point, fs type, source) of every mount in our mount namespace."""
     mounts = []

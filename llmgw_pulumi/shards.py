@@ -23,8 +23,15 @@ node gets by default, e.g. for your own dynamic resources next to a node.
 
 The environment variable ``LLMGW_PROVIDER_SHARDS`` (``SHARDS_ENV``) overrides
 the number of shards for a program run; the benchmark uses it to compare
-4, 8 and 16 processes. Changing it moves nodes to other shards, so an
-existing stack would replace its nodes' resources: it is for fresh stacks.
+4, 8 and 16 processes. Changing it, or ``PROVIDER_SHARDS``, moves many nodes
+to another shard, and that changes nothing on them: the engine replaces a
+resource whose provider changed only when the new provider's DiffConfig asks
+for it, and a ``pulumi-python`` provider resource has no config, so the
+moved resources are diffed as before and stay the same; only the provider
+resources come and go (state only). No alias is needed: the
+`pulumi up` after the change shows a shard created or deleted and nothing
+else, opens no SSH connection, and the preview after it is empty
+(tests/e2e/test_provider_processes.py, on real hosts).
 """
 
 from __future__ import annotations

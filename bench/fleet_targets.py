@@ -1,0 +1,103 @@
+"""Issue 21's targets at 1,000 nodes, each from the runs of one or more benchmark runs, for the one-screen summary.
+
+Pure: measured runs in, Targets out. One stack first; where the issue allows meeting a target by splitting the
+fleet into stacks per failure domain, the split's figure follows on its own line, so a reader sees both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from bench import growth
+from bench.config import NOOP, PREVIEW, UP
+from bench.daily import ADD, AT_ONCE_NOOP, AT_ONCE_UP, DAILY, REMOVE, UPGRADE, UPGRADE_AGAIN
+from bench.measure import Result
+from bench.summary import Target
+
+FLEET_N = 1000
+"""Issue 21's targets are set at 1,000 nodes."""
+STATE_LIMIT_21 = 10_000
+"""Bytes of state per node without PEM bodies (issue 21: 10 KB)."""
+QUICK_S = 20.0
+"""No-op `up` and `preview` of the fleet, seconds."""
+CHANGE_S = 60.0
+"""Upgrading 10 agents, or adding 10 nodes, seconds."""
+CPU_PER_NODE = 0.25
+"""Operator CPU-s per node of an `up` from scratch."""
+
+
+def _run(results: Sequence[Result], size: int, kind: str, stacks: int = 1) -> Result | None:
+    """The successful plain-bridge run of `kind` at `size` with `stacks` stacks (default provider count)."""
+    return next((r for r in results if r.ok and r.size == size and r.kind == kind and r.stacks == stacks
+                 and r.delay_ms == 0 and r.shards is None), None)
+
+
+def operator_cpu(r: Result) -> float:
+    return r.cpu.engine + r.cpu.provider + r.cpu.program
+
+
+def split_counts(results: Sequence[Result], size: int) -> list[int]:
+    """The stack counts above 1 measured at `size`, smallest first."""
+    return sorted({r.stacks for r in results if r.size == size and r.stacks > 1})
+
+
+def daily_growth(results: Sequence[Result], kind: str) -> tuple[float | None, str]:
+    """The growth exponent of a daily change's engine CPU over the one-stack sizes measured, and its points."""
+    points = sorted((r.size, r.cpu.engine) for r in results
+                    if r.ok and r.kind == kind and r.stacks == 1 and r.delay_ms == 0 and r.shards is None)
+    shown = ", ".join(f"{n}: {cpu:.1f}" for n, cpu in points) + " CPU-s"
+    return (growth.exponent(points) if len({n for n, _ in points}) >= 2 else None), shown
+
+
+def issue21_targets(results: Sequence[Result], n: int = FLEET_N) -> list[Target]:
+    """Issue 21's targets at `n` nodes: one stack, then each split measured (K stacks; a daily change on one)."""
+    secs = lambda r: "not measured" if r is None else f"{r.wall:.1f} s"  # noqa: E731
+    wall = lambda r: None if r is None else r.wall  # noqa: E731
+    splits = split_counts(results, n)
+    out: list[Target] = []
+
+    for kind, short in ((NOOP, "no-op up"), (PREVIEW, "preview")):
+        r = _run(results, n, kind)
+        out.append(Target(f"{n} nodes, 1 stack: {short}, s", wall(r), QUICK_S, measured=secs(r)))
+        for k in splits:
+            rk = _run(results, n, f"{kind}, one stack of {k}", k)
+            out.append(Target(f"{n} nodes in {k} stacks: {short} of one stack, s", wall(rk), QUICK_S,
+                              measured=secs(rk)))
+    for k in splits:
+        r = _run(results, n, AT_ONCE_NOOP, k)
+        out.append(Target(f"{n} nodes, {k} stacks at once: no-op up, s", wall(r), QUICK_S,
+                          measured=secs(r) + " (all K side by side)"))
+
+    agents = max(1, round(n / 100))
+    for kind, short in ((UPGRADE, f"{agents} agents upgraded, rollout new"),
+                        (UPGRADE_AGAIN, f"{agents} agents upgraded, rollout kept"), (ADD, "10 nodes added")):
+        r = _run(results, n, kind)
+        out.append(Target(f"{n} nodes, 1 stack: {short}, s", wall(r), CHANGE_S, measured=secs(r)))
+        for k in splits:
+            rk = _run(results, n, f"{kind}, one stack of {k}", k)
+            out.append(Target(f"{n} nodes in {k} stacks: {short} (one stack), s", wall(rk), CHANGE_S,
+                              measured=secs(rk)))
+
+    for kind in DAILY:
+        k, shown = daily_growth(results, kind)
+        label = {UPGRADE: "upgrade 1%", UPGRADE_AGAIN: "upgrade 1% more", ADD: "add 10", REMOVE: "remove 10"}[kind]
+        out.append(Target(f"daily change '{label}': engine CPU growth exponent", k, 1.0, measured=shown))
+
+    up = _run(results, n, UP)
+    out.append(Target(f"{n} nodes, 1 stack: operator CPU-s per node (up)", None if up is None else operator_cpu(up) / n,
+                      CPU_PER_NODE, measured="" if up is None else (
+                          f"engine {up.cpu.engine:.0f} + provider {up.cpu.provider:.0f} + program {up.cpu.program:.0f}")))
+    for k in splits:
+        rk = _run(results, n, AT_ONCE_UP, k)
+        out.append(Target(f"{n} nodes, {k} stacks at once: operator CPU-s per node (up)",
+                          None if rk is None else operator_cpu(rk) / n, CPU_PER_NODE,
+                          measured="" if rk is None else f"engine {rk.cpu.engine:.0f} + provider "
+                          f"{rk.cpu.provider:.0f} + program {rk.cpu.program:.0f}"))
+
+    with_state = [r for r in results if r.ok and r.kind == UP and r.state is not None and r.stacks == 1]
+    largest = max(with_state, key=lambda r: r.size, default=None)
+    out.append(Target(f"{largest.size if largest else n} nodes: state B/node w/o PEM",
+                      None if largest is None or largest.state is None else largest.state.per_node_no_pem,
+                      STATE_LIMIT_21, measured="" if largest is None or largest.state is None
+                      else f"{largest.state.per_node:,.0f} B/node with PEM bodies"))
+    return out
