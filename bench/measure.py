@@ -351,6 +351,9 @@ def mem_available_mib() -> float:
 KERNEL_MIB_PER_HOST = 2.5
 #: Memory per host assumed until one is measured in the run (a booted host took 10 MiB; the agent adds its own).
 ASSUMED_HOST_MIB = 25.0
+ASSUMED_LIGHT_HOST_MIB = 8.0
+"""A light host's memory before one is weighed in the run: the most one took in the light runs measured so far
+(7.9 MiB booted at 210 hosts, 7.0 onboarded at 30; docs/test-hosts.md, "Light hosts")."""
 
 
 def host_memory(cgroup: Path) -> tuple[float, int]:

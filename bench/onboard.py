@@ -40,7 +40,7 @@ from bench.config import SEQ as SEQ
 from bench.config import SIGNED_UP as SIGNED_UP
 from bench.config import UP as UP
 from bench.harness import reduce_ca_bundle as reduce_ca_bundle
-from bench.measure import ASSUMED_HOST_MIB, host_capacity, machine_description, own_cgroup
+from bench.measure import ASSUMED_HOST_MIB, ASSUMED_LIGHT_HOST_MIB, host_capacity, machine_description, own_cgroup
 from bench.measure import Counters as Counters
 from bench.measure import Result as Result
 from bench.page import estimate_minutes, list_text, report, rerender
@@ -212,10 +212,11 @@ def main(argv: list[str] | None = None) -> int:
             stacks_only = [n for n in stack_sizes if n not in scale_sizes] if args.stacks else []
             for size in scale_sizes + stacks_only + shard_sizes:
                 running = sum(1 for h in bench.lab.hosts.values() if h.running)
-                capacity = host_capacity(bench.host_mib, running, bench.host_tasks)
+                per_host = bench.host_mib or (ASSUMED_LIGHT_HOST_MIB if args.light_hosts else ASSUMED_HOST_MIB)
+                capacity = host_capacity(per_host, running, bench.host_tasks)
                 if size > capacity:
                     skipped.append(f"runs at {size} nodes skipped: this machine holds about {capacity} lab hosts "
-                                   f"({bench.host_mib or ASSUMED_HOST_MIB:.0f} MiB each)")
+                                   f"({per_host:.0f} MiB each)")
                     print(skipped[-1], flush=True)
                 elif size in scale_sizes:
                     part(bench.run_scale, size)
