@@ -60,6 +60,7 @@ SLOW_FIRST: dict[str, int] = {
     "tests/e2e/test_signer.py::test_a_signer_that_fails_changes_nothing_on_the_node_and_the_next_up_recovers": 60,
     "tests/e2e/test_faults.py::test_release_server_fault_during_an_upgrade_keeps_the_running_agent": 55,
     "tests/e2e/test_upgrade.py::test_an_upgrade_from_the_base_commit_changes_no_node": 55,
+    "tests/e2e/test_provider_processes.py::test_fewer_provider_processes_move_the_nodes_without_touching_one": 55,
     "tests/e2e/test_lifecycle.py::test_certificate_renewal_inside_the_window": 55,
     "tests/e2e/test_signer.py::test_the_ca_key_as_a_stack_secret_signs_and_never_reaches_state": 54,
     "tests/e2e/test_rollout.py::test_onboarding_is_not_gated_and_a_version_bump_restarts_two_at_a_time_canary_first": 53,
