@@ -168,3 +168,16 @@ def test_the_daily_changes_and_the_checkpoint_traffic_get_growth_figures_of_the_
     assert figures["daily-wall"].series == {UPGRADE: [(200, 20.0), (1000, 50.0)]}
     assert figures["backend-written"].series == {UP: [(200, 7e9)]}
     assert "daily-engine-cpu" not in {f.slug for f in growth_figures([up])}  # no daily runs: no empty plot
+
+
+def test_the_targets_are_read_at_1000_nodes_or_else_at_the_largest_size_measured_and_say_so():
+    from bench.config import UP
+    from bench.page import fleet_size_measured, issue21_summary
+
+    assert fleet_size_measured([run(200, UP, 1.0), run(500, UP, 1.0), run(1000, UP, 1.0, ok=False)]) == 500
+    assert fleet_size_measured([run(1000, UP, 1.0), run(2000, UP, 1.0)]) == 1000
+    assert fleet_size_measured([run(100, UP, 1.0), run(500, UP, 1.0, stacks=8)]) is None
+    assert issue21_summary([run(30, UP, 1.0)]) == ""
+    text = issue21_summary([run(500, UP, 1.0)])
+    assert text.splitlines()[0].startswith("== Issue 21 targets at 500 nodes (set at 1,000, not measured) ")
+    assert "500 nodes, 1 stack: no-op up, s" in text
