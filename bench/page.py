@@ -234,7 +234,7 @@ def full_run_minutes() -> float:
 def report(bench: Harness, record: dict[str, Any], out: Path) -> int:
     """Plots and docs beside `out`, the report printed, then the one-screen summary."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    plots = draw_plots(growth_figures(bench.results), out.parent)
+    plots = draw_plots(growth_figures(bench.results), out.parent, prefix=f"{out.stem}-")  # benchmark.md: benchmark-*.png
     doc = render(bench, record["machine"], record["fingerprint"], record["started"], record["seconds"],
                  record["command"], plots)
     out.write_text(doc)

@@ -148,10 +148,10 @@ def shard_comparison(results: Sequence[Result]) -> tuple[str, list[str]]:
     return "\n".join(rows), notes
 
 
-def draw_plots(figures: Sequence[growth.Figure], out_dir: Path) -> list[Path]:
-    """The PNGs beside the report; none (and a message) when matplotlib is missing."""
+def draw_plots(figures: Sequence[growth.Figure], out_dir: Path, prefix: str = "benchmark-") -> list[Path]:
+    """The PNGs beside the report (``<prefix><slug>.png``); none (and a message) when matplotlib is missing."""
     try:
-        return [growth.plot(fig, out_dir) for fig in figures if any(len(p) > 1 for p in fig.series.values())]
+        return [growth.plot(fig, out_dir, prefix) for fig in figures if any(len(p) > 1 for p in fig.series.values())]
     except ImportError as exc:
         print(f"no plots: {exc} (scripts/bench-tools.sh installs matplotlib)", flush=True)
         return []
