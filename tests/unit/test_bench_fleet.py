@@ -55,8 +55,8 @@ def test_the_targets_at_1000_nodes_come_from_the_one_stack_runs_and_each_split_o
     assert (t["1000 nodes, 1 stack: no-op up, s"].value, t["1000 nodes, 1 stack: no-op up, s"].met) == (42.0, False)
     assert (t["1000 nodes, 1 stack: preview, s"].value, t["1000 nodes, 1 stack: preview, s"].met) == (18.0, True)
     assert t["1000 nodes, 8 stacks at once: no-op up, s"].value == 35.0
-    assert t["1000 nodes in 8 stacks: no-op up of one stack, s"].value == 9.0
-    assert t["1000 nodes in 8 stacks: preview of one stack, s"].met is True
+    assert t["1000 nodes in 8 stacks: no-op up (one stack), s"].value == 9.0
+    assert t["1000 nodes in 8 stacks: preview (one stack), s"].met is True
     assert t["1000 nodes, 1 stack: 10 agents upgraded, rollout new, s"].met is False
     assert t["1000 nodes in 8 stacks: 10 agents upgraded, rollout new (one stack), s"].value == 25.0
     assert t["1000 nodes, 1 stack: 10 agents upgraded, rollout kept, s"].value is None  # not measured
