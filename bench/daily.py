@@ -91,7 +91,7 @@ def check_changes(result: Result) -> None:
 
 def changes(bench: Harness, size: int, stack: LabStack, fleet: Sequence[Any], extra: Sequence[Any],
             of_stacks: int = 1) -> None:
-    """The three daily changes, one after another, on `stack` (onboarded with `fleet`); `extra` are idle hosts.
+    """The daily changes (DAILY), one after another, on `stack` (onboarded with `fleet`); `extra` are idle hosts.
 
     `size` is the whole fleet's: 1% of it is upgraded. With `of_stacks` > 1, `stack` is one of that many stacks
     holding the fleet (`fleet` is its share), and the rows say so.

@@ -10,9 +10,10 @@ from collections.abc import Sequence
 
 from bench import growth
 from bench.config import NOOP, PREVIEW, UP
-from bench.daily import ADD, AT_ONCE_NOOP, AT_ONCE_UP, DAILY, REMOVE, UPGRADE, UPGRADE_AGAIN
+from bench.daily import ADD, AT_ONCE_NOOP, AT_ONCE_UP, DAILY, REMOVE, UPGRADE, UPGRADE_AGAIN, upgraded_count
 from bench.measure import Result
 from bench.summary import Target
+from bench.targets import operator_cpu
 
 FLEET_N = 1000
 """Issue 21's targets are set at 1,000 nodes."""
@@ -32,10 +33,6 @@ def _run(results: Sequence[Result], size: int, kind: str, stacks: int = 1) -> Re
                  and r.delay_ms == 0 and r.shards is None), None)
 
 
-def operator_cpu(r: Result) -> float:
-    return r.cpu.engine + r.cpu.provider + r.cpu.program
-
-
 def split_counts(results: Sequence[Result], size: int) -> list[int]:
     """The stack counts above 1 measured at `size`, smallest first."""
     return sorted({r.stacks for r in results if r.size == size and r.stacks > 1})
@@ -46,7 +43,7 @@ def daily_growth(results: Sequence[Result], kind: str) -> tuple[float | None, st
     points = sorted((r.size, r.cpu.engine) for r in results
                     if r.ok and r.kind == kind and r.stacks == 1 and r.delay_ms == 0 and r.shards is None)
     shown = ", ".join(f"{n}: {cpu:.1f}" for n, cpu in points) + " CPU-s"
-    return (growth.exponent(points) if len({n for n, _ in points}) >= 2 else None), shown
+    return growth.exponent(points), shown  # None with fewer than two sizes
 
 
 def issue21_targets(results: Sequence[Result], n: int = FLEET_N) -> list[Target]:
@@ -70,7 +67,7 @@ def issue21_targets(results: Sequence[Result], n: int = FLEET_N) -> list[Target]
         r = _run(results, n, AT_ONCE_NOOP, k)
         out.append(Target(f"{n} nodes, {k} stacks at once: no-op up, s", wall(r), QUICK_S,
                           measured=secs(r) + " (all K side by side)"))
-    agents = max(1, round(n / 100))
+    agents = upgraded_count(n)
     timed(UPGRADE, f"{agents} agents upgraded, rollout new", CHANGE_S)
     timed(UPGRADE_AGAIN, f"{agents} agents upgraded, rollout kept", CHANGE_S)
     timed(ADD, "10 nodes added", CHANGE_S)

@@ -238,7 +238,7 @@ class Bench(Harness):
             daily.changes(self, size, stack, hosts[:size], hosts[size:])
         if stack is not None:
             # After the daily changes the fleet is the original one, 10 added and 10 removed: the same size.
-            self.record_state(self.measure(size, "pulumi refresh", hosts[:size] if not extra else hosts,
+            self.record_state(self.measure(size, "pulumi refresh", hosts,
                                            partial(self.engine_run, stack, "refresh", f"n{size}-refresh")), [stack])
         if size in self.stack_sizes:
             self.run_stacks(size, first=first)
