@@ -129,6 +129,11 @@ class Lab:
         return self.workdir / ("base-light" if self.light else "base")
 
     @property
+    def hosts_dir(self) -> Path:
+        """Where every host's dirs lie (upper, work, merged root); a bind mount of itself once `setup` ran."""
+        return self.workdir / "hosts"
+
+    @property
     def ssh_key_path(self) -> Path:
         return self.workdir / "ssh" / "id_ed25519"
 
@@ -181,7 +186,17 @@ class Lab:
         linux.run(["ip", "addr", "add", f"{self.gateway}/{self.prefix_len}", "dev", self.bridge])
         linux.run(["ip", "link", "set", self.bridge, "up"])
         base_layer.ensure_key(self.ssh_key_path, f"lab-{self.name}")
+        self._mount_hosts_dir()
         self._prepare_form()
+
+    def _mount_hosts_dir(self) -> None:
+        """Make the hosts dir a mount of its own, so a new mount namespace drops every host root in one unmount.
+
+        Workaround 5 (lab/host.py, DETACH_LAB_MOUNTS). Teardown's sweep unmounts it with everything under the workdir.
+        """
+        self.hosts_dir.mkdir(parents=True, exist_ok=True)
+        if not any(m == str(self.hosts_dir) for m, _, _ in linux.mountinfo()):
+            linux.run(["mount", "--bind", str(self.hosts_dir), str(self.hosts_dir)])
 
     def set_light(self, on: bool) -> None:
         """Switch the form of the hosts booted from now on (the benchmark measures both side by side).
@@ -250,7 +265,7 @@ class Lab:
                 if hostname is not None:
                     host.hostname = hostname
                 return host
-            hdir = self.workdir / "hosts" / str(index)
+            hdir = self.hosts_dir / str(index)
             host = Host(
                 lab=self,
                 index=index,
@@ -315,7 +330,8 @@ class Lab:
         """
         netns = self.add_netns(netns_suffix, addr_index, segment)
         popen_kwargs.setdefault("start_new_session", True)
-        wrapped = ["unshare", "--mount", "--propagation", "private", "sh", "-c", EXTRA_PRELUDE, "lab-extra",
+        wrapped = ["unshare", "--mount", "--propagation", "private", "env", f"LAB_HOSTS_MNT={self.hosts_dir}",
+                   "sh", "-c", EXTRA_PRELUDE, "lab-extra",
                    "ip", "netns", "exec", netns, *argv]  # fmt: skip
         proc: subprocess.Popen[bytes] = subprocess.Popen(wrapped, **popen_kwargs)
         self._extras.append(proc)
