@@ -181,6 +181,7 @@ class Lab:
         self.teardown()
         linux.raise_inotify_limits()
         linux.raise_neighbour_limits(self.max_hosts)
+        linux.raise_backlog_limit(self.max_hosts)
         network.check_subnet_free(self, self.subnet, self.prefix_len)
         linux.run(["ip", "link", "add", self.bridge, "type", "bridge"])
         linux.run(["ip", "addr", "add", f"{self.gateway}/{self.prefix_len}", "dev", self.bridge])

@@ -82,6 +82,9 @@ NEIGH_PER_HOST = 4
 """Neighbour (ARP) entries one lab host accounts for: its own entries for the gateway and the release server's
 address, and the entries the gateway and the release server's namespace hold for it."""
 NEIGH_SYSCTLS = Path("/proc/sys/net/ipv4/neigh/default")
+BACKLOG_SYSCTL = Path("/proc/sys/net/core/netdev_max_backlog")
+BACKLOG_PER_HOST = 4
+"""Packets a broadcast on the lab bridge queues per host: one copy per port, a few broadcasts at once."""
 
 
 def raise_neighbour_limits(hosts: int) -> None:
@@ -94,6 +97,17 @@ def raise_neighbour_limits(hosts: int) -> None:
         path = NEIGH_SYSCTLS / name
         if int(path.read_text()) < value:
             path.write_text(str(value))
+
+
+def raise_backlog_limit(hosts: int) -> None:
+    """A broadcast on the lab bridge (an ARP request of the machine's side) is copied to every port, and each
+    copy waits in this CPU's input queue of `netdev_max_backlog` packets (1,000 by default) before the host's
+    netns takes it; the copies beyond are dropped. With 1,010 hosts on the bridge, the hosts of the first ports
+    (the last to get their copy) never saw an ARP request for them and could not be reached. Raise the queue to
+    BACKLOG_PER_HOST packets per host; never lower it."""
+    want = BACKLOG_PER_HOST * hosts
+    if int(BACKLOG_SYSCTL.read_text()) < want:
+        BACKLOG_SYSCTL.write_text(str(want))
 
 
 def mountinfo() -> list[tuple[str, str, str]]:
