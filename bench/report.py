@@ -25,6 +25,11 @@ def one_line(r: Result) -> str:
             f"{r.cpu_own:.1f}s ours + hosts = {cpu_split(r.cpu)}{ksmd}{agents}{state}{written}{status}{note}")
 
 
+def table_note(r: Result) -> str:
+    """A row's note for a markdown table cell: one line (a failure's note quotes the engine's multi-line output)."""
+    return " ".join((("FAILED " if not r.ok else "") + r.note).split()).replace("|", "/")
+
+
 def backend_table(results: Sequence[Result]) -> str:
     """Issue 21's figures per engine run: wall, the operator's CPU by part, the state, and the bytes written to the
     backend during the run (checkpoint traffic), also as a multiple of the state it left."""
@@ -38,7 +43,7 @@ def backend_table(results: Sequence[Result]) -> str:
         state = "" if r.state_bytes is None else f"{r.state_bytes / 1e3:,.0f}"
         written = "" if r.backend_bytes is None else f"{r.backend_bytes / 1e6:,.2f}"
         times = f"{r.backend_bytes / r.state_bytes:.1f}" if r.backend_bytes is not None and r.state_bytes else ""
-        note = ("FAILED " if not r.ok else "") + r.note.replace("|", "/")
+        note = table_note(r)
         where = f"{r.backend.split(':', 1)[0]} | " if several else ""
         rows.append(f"| {r.size} | {r.scenario} | {r.stacks} | {where}{r.wall:.2f} | {c.engine:.1f} | {c.provider:.1f} "
                     f"| {c.program:.1f} | {(c.engine + c.provider + c.program) / r.size:.3f} | {state} | {written} "
@@ -70,7 +75,7 @@ def table(results: Sequence[Result]) -> str:
         state = f"{r.state.per_node:,.0f} ({r.state.per_node_no_pem:,.0f})" if r.state else ""
         agents = f"{r.agents_up:.1f}" if r.agents_up is not None else ""
         other = (r.cpu.machine - r.cpu_own) / r.cpu.wall if r.cpu.wall > 0 else 0.0
-        note = ("FAILED " if not r.ok else "") + r.note.replace("|", "/")
+        note = table_note(r)
         rows.append(f"| {r.size} | {r.scenario} | {r.wall:.2f} | {r.ssh} | {r.ssh / r.size:.1f} "
                     f"| {r.cpu.machine:.1f} | {own_cpu(r):.1f}{mark} ({r.cpu.operator:.1f} + {r.cpu.hosts:.1f}) "
                     f"| {own_cpu(r) / r.size:.2f}{mark} | {other:.2f} | {agents} | {state} | {note} |")

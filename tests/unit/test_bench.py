@@ -408,3 +408,16 @@ def test_the_lab_postgres_backend_names_its_added_round_trip_and_needs_lab_postg
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(RuntimeError, match="needs lab/postgres.py"):
         backend.start_lab_postgres("lab-postgres:10", tmp_path, lambda: None)
+
+
+def test_a_failed_runs_multi_line_note_stays_in_its_table_row() -> None:
+    from bench.measure import Counters, Result
+    from bench.report import backend_table, table
+
+    note = "FAILED (see up.log): Diagnostics:\n    error: reset | by peer\n\nResources:\n    1 errored"
+    failed = Result(1000, "pulumi up, from scratch", False, 10.0, 5, Counters(10.0, 0, 0, 0), 0, 0, note=note,
+                    kind="up", backend_bytes=1, state_bytes=1)
+    for text in (table([failed]), backend_table([failed])):
+        rows = [line for line in text.splitlines() if line.startswith("| 1000 ")]
+        assert len(rows) == 1 and "error: reset / by peer Resources: 1 errored" in rows[0]
+        assert all(line.startswith("|") for line in text.strip().splitlines())  # no line outside the table
