@@ -228,12 +228,14 @@ class Lab:
 
         The workdir (key, base layer, host upper dirs) stays, for inspection and reuse.
         """
-        linux.parallel([h.stop for h in self.hosts.values()])
-        for proc in self._extras:
-            self._stop_extra(proc)
-        self._extras.clear()
-        self.hosts.clear()
-        network.sweep(self)
+        try:
+            linux.parallel([h.stop for h in self.hosts.values()])
+        finally:  # a host that failed to stop (a cgroup still busy) is swept with the rest: the error is raised after
+            for proc in self._extras:
+                self._stop_extra(proc)
+            self._extras.clear()
+            self.hosts.clear()
+            network.sweep(self)
 
     def __enter__(self) -> Self:
         self.setup()
