@@ -94,9 +94,7 @@ def raise_neighbour_limits(hosts: int) -> None:
     NEIGH_PER_HOST entries per host stay below the first (no garbage collection at all); never lower them."""
     want = NEIGH_PER_HOST * hosts
     for name, value in (("gc_thresh1", want), ("gc_thresh2", 2 * want), ("gc_thresh3", 4 * want)):
-        path = NEIGH_SYSCTLS / name
-        if int(path.read_text()) < value:
-            path.write_text(str(value))
+        _raise_sysctl(NEIGH_SYSCTLS / name, value)
 
 
 def raise_backlog_limit(hosts: int) -> None:
@@ -105,9 +103,13 @@ def raise_backlog_limit(hosts: int) -> None:
     netns takes it; the copies beyond are dropped. With 1,010 hosts on the bridge, the hosts of the first ports
     (the last to get their copy) never saw an ARP request for them and could not be reached. Raise the queue to
     BACKLOG_PER_HOST packets per host; never lower it."""
-    want = BACKLOG_PER_HOST * hosts
-    if int(BACKLOG_SYSCTL.read_text()) < want:
-        BACKLOG_SYSCTL.write_text(str(want))
+    _raise_sysctl(BACKLOG_SYSCTL, BACKLOG_PER_HOST * hosts)
+
+
+def _raise_sysctl(path: Path, value: int) -> None:
+    """Set an integer sysctl to `value` if it is lower; a higher one (another lab's, the admin's) stays."""
+    if int(path.read_text()) < value:
+        path.write_text(str(value))
 
 
 def mountinfo() -> list[tuple[str, str, str]]:
