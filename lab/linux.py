@@ -73,9 +73,7 @@ def raise_inotify_limits() -> None:
     EMFILE). Raise the limits; never lower them.
     """
     for name, want in INOTIFY_LIMITS.items():
-        path = Path("/proc/sys/fs/inotify") / name
-        if int(path.read_text()) < want:
-            path.write_text(str(want))
+        _raise_sysctl(Path("/proc/sys/fs/inotify") / name, want)
 
 
 NEIGH_PER_HOST = 4
