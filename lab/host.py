@@ -284,7 +284,7 @@ class Host:
         return None if linux.is_whiteout(st) else found
 
     def _root_mounted(self) -> bool:
-        return any(m == str(self.root) for m, _, _ in linux.mountinfo())
+        return linux.is_mounted(self.root)
 
     def _mount_root(self) -> None:
         for d in (self.upper, self.work, self.root):

@@ -196,7 +196,7 @@ class Lab:
         Workaround 5 (lab/host.py, DETACH_LAB_MOUNTS). Teardown's sweep unmounts it with everything under the workdir.
         """
         self.hosts_dir.mkdir(parents=True, exist_ok=True)
-        if not any(m == str(self.hosts_dir) for m, _, _ in linux.mountinfo()):
+        if not linux.is_mounted(self.hosts_dir):
             linux.run(["mount", "--bind", str(self.hosts_dir), str(self.hosts_dir)])
 
     def set_light(self, on: bool) -> None:

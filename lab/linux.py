@@ -121,12 +121,17 @@ def mountinfo() -> list[tuple[str, str, str]]:
     return mounts
 
 
+def is_mounted(path: Path) -> bool:
+    """Whether something is mounted at `path` in our mount namespace."""
+    return any(m == str(path) for m, _, _ in mountinfo())
+
+
 def umount(path: Path) -> None:
     """Unmount, retrying briefly when busy, and fall back to a lazy unmount."""
     for _ in range(20):
         if run(["umount", str(path)], check=False).returncode == 0:
             return
-        if not any(m == str(path) for m, _, _ in mountinfo()):
+        if not is_mounted(path):
             return
         time.sleep(0.05)
     run(["umount", "-l", str(path)], check=False)
