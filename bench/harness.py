@@ -162,7 +162,7 @@ class Harness:
 
         self.lab = Lab(name=LAB_NAME, subnet=LAB_SUBNET, workdir=CACHE / f"lab-{LAB_NAME}",
                        max_hosts=max(MAX_HOSTS, self.hosts_needed), light=self.light_hosts)
-        shutil.rmtree(self.lab.workdir / "hosts", ignore_errors=True)
+        shutil.rmtree(self.lab.hosts_dir, ignore_errors=True)
         self.lab.setup()
 
         rel_host = f"{LAB_SUBNET}.2"

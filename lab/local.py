@@ -66,7 +66,7 @@ def main() -> int:
         labpki.init_ca(pki_dir)
 
     lab = Lab(name="l", subnet=subnet, workdir=CACHE / "lab-l")
-    shutil.rmtree(lab.workdir / "hosts", ignore_errors=True)
+    shutil.rmtree(lab.hosts_dir, ignore_errors=True)
     shutil.rmtree(work / "state", ignore_errors=True)  # every run starts from fresh hosts and an empty stack
     lab.setup()
     try:

@@ -115,7 +115,7 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Any]:
     worker = getattr(request.config, "workerinput", {}).get("workerid", "")
     name, subnet = lab_name_and_subnet(worker)
     lab = Lab(name=name, subnet=subnet, workdir=CACHE / f"lab-{name}")
-    shutil.rmtree(lab.workdir / "hosts", ignore_errors=True)
+    shutil.rmtree(lab.hosts_dir, ignore_errors=True)
     lab.setup()
     try:
         yield lab

@@ -59,12 +59,12 @@ def host_keys(addr: str, cluster: Any) -> set[str]:
 
 
 def nspawn_running(lab: Any, index: int) -> bool:
-    root = lab.workdir / "hosts" / str(index) / "merged"
+    root = lab.hosts_dir / str(index) / "merged"
     return nspawn_pid(SimpleNamespace(name=f"{lab.prefix}h{index}", root=root)) is not None
 
 
 def stops(lab: Any, index: int) -> list[dict[str, Any]]:
-    path = lab.workdir / "hosts" / str(index) / "stops.jsonl"
+    path = lab.hosts_dir / str(index) / "stops.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
