@@ -1,13 +1,16 @@
 """Issue 21's runs: the daily changes on an onboarded fleet, and several stacks at once against one backend.
 
 - Daily changes (`--daily`, after the scale runs of each size, on the same stack):
-  1% of the agents (at least one) upgraded to UPGRADE_RELEASE with
-  `llmgw:rollout: {maxParallel: 2, canary: [the first of them]}` (new in the
-  config: every AgentInstall's input changes), then the next 1% with the
-  rollout as it was (what a fleet that keeps its rollout settings pays), then
+  `llmgw:rollout: {maxParallel: 2}` added to the config (every AgentInstall is
+  given its share of it: state only, no node touched; an operator does this
+  once), then 1% of the agents (at least one) upgraded to UPGRADE_RELEASE with
+  the first of them named the canary (what each day's upgrade is: only the
+  upgraded nodes' inputs change, the canary's share included), then
   DAILY_NODES nodes added (hosts booted with the fleet, idle until then), then
   DAILY_NODES nodes of the original fleet removed. At most half the fleet is
   added or removed in a small run (10 nodes of 10 would leave nothing).
+  Results of earlier runs may hold UPGRADE and UPGRADE_AGAIN instead: the 1%
+  with llmgw:rollout new in the config, then the next 1% with it kept.
 - Stacks at once (`--stacks 1,4,8`, at each of `--stack-sizes`, the scale
   sizes by default): the N nodes split round-robin over K stacks of one
   project and one backend, whose `pulumi up` from scratch, then no-op
@@ -37,16 +40,24 @@ if TYPE_CHECKING:
     from lab.stack import LabStack
 
 DAILY_NODES = 10
+GRPC_LOG_VAR = "PULUMI_DEBUG_GRPC"
+"""The engine logs every gRPC call it makes or serves to this file (--grpc-log)."""
 UPGRADE = "daily: 1% of agents upgraded (llmgw:rollout)"
 UPGRADE_AGAIN = "daily: 1% more agents upgraded, llmgw:rollout kept"
+ROLLOUT_ADDED = "daily: llmgw:rollout added (state only)"
+UPGRADE_CANARY = "daily: 1% of agents upgraded, a new canary"
 ADD = "daily: nodes added"
 REMOVE = "daily: nodes removed"
 AT_ONCE_UP = "pulumi up, from scratch, stacks at once"
 AT_ONCE_NOOP = "pulumi up, no-op, stacks at once"
 AT_ONCE_RESUME = "pulumi up, again after a failed one, stacks at once"
-DAILY = (UPGRADE, UPGRADE_AGAIN, ADD, REMOVE)
+AT_ONCE_RESUMES = 2
+"""How many times a failed `up` of the stacks at once is run again, as a CI job's retries would."""
+DAILY = (UPGRADE, UPGRADE_AGAIN, ROLLOUT_ADDED, UPGRADE_CANARY, ADD, REMOVE)
 #: What the engine's summary must show for each change: the operation, at least once.
-EXPECTED_OP = {UPGRADE: "update", UPGRADE_AGAIN: "update", ADD: "create", REMOVE: "delete"}
+EXPECTED_OP = {UPGRADE: "update", UPGRADE_AGAIN: "update", UPGRADE_CANARY: "update", ADD: "create", REMOVE: "delete"}
+#: Changes that must touch no node: the engine's summary shows nothing but same steps.
+STATE_ONLY = (ROLLOUT_ADDED,)
 
 T = TypeVar("T")
 
@@ -82,12 +93,18 @@ def removed_ids(fleet: Sequence[Any], upgraded: int, count: int) -> set[str]:
 
 
 def check_changes(result: Result) -> None:
-    """Mark a daily change failed when the engine's summary lacks the operation the change is."""
+    """Mark a daily change failed when the engine's summary lacks the operation the change is, or when a
+    state-only change did anything but same steps."""
     want = expected_op(result.kind)
     changes = result.detail.get("changes") or {}
     if result.ok and want is not None and not changes.get(want):
         result.ok = False
         result.note = (result.note + f" expected {want} steps, the engine reported {changes}").strip()
+    state_only = any(result.kind == k or result.kind.startswith(k + ",") for k in STATE_ONLY)
+    if result.ok and state_only and (set(changes) - {"same"} or result.ssh):
+        result.ok = False
+        result.note = (result.note + f" expected same steps only and no SSH connection, the engine reported "
+                                     f"{changes} and the hosts accepted {result.ssh}").strip()
 
 
 def changes(bench: Harness, size: int, stack: LabStack, fleet: Sequence[Any], extra: Sequence[Any],
@@ -100,9 +117,6 @@ def changes(bench: Harness, size: int, stack: LabStack, fleet: Sequence[Any], ex
     suffix = f", one stack of {of_stacks}" if of_stacks > 1 else ""
     config = bench.stack_config([(h.hostname, h.addr) for h in fleet])
     upgraded = list(fleet[:min(upgraded_count(size), len(fleet))])
-    config["rollout"] = {"maxParallel": 2, "canary": [upgraded[0].hostname]}
-    for node in config["nodes"][:len(upgraded)]:
-        node["agent"] = {"version": UPGRADE_RELEASE}
     everyone = [*fleet, *extra]
 
     def run(scenario: str, tag: str, agent_hosts: Sequence[Any], note: str) -> Result:
@@ -116,16 +130,14 @@ def changes(bench: Harness, size: int, stack: LabStack, fleet: Sequence[Any], ex
         bench.record_state(r, [stack])
         return r
 
-    run(UPGRADE, "upgrade", upgraded, f"{len(upgraded)} of {size} agents to {UPGRADE_RELEASE}, maxParallel 2, 1 canary; "
-        "llmgw:rollout new in the config, so every AgentInstall's input changes (a same step, written to the backend)")
-    # The next 1%, the rollout as it was: what a fleet that keeps llmgw:rollout pays (the canary is unchanged).
-    again = list(fleet[len(upgraded):2 * len(upgraded)])
-    if again:
-        for node in config["nodes"][len(upgraded):len(upgraded) + len(again)]:
-            node["agent"] = {"version": UPGRADE_RELEASE}
-        run(UPGRADE_AGAIN, "upgrade-again", again, f"{len(again)} more of {size} agents to {UPGRADE_RELEASE}, "
-            "llmgw:rollout unchanged")
-    upgraded += again
+    config["rollout"] = {"maxParallel": 2}
+    run(ROLLOUT_ADDED, "rollout-added", [], "llmgw:rollout {maxParallel: 2} added: every AgentInstall's input "
+        "changes (a same step each, written to the backend), no node is touched")
+    config["rollout"]["canary"] = [upgraded[0].hostname]
+    for node in config["nodes"][:len(upgraded)]:
+        node["agent"] = {"version": UPGRADE_RELEASE}
+    run(UPGRADE_CANARY, "upgrade", upgraded, f"{len(upgraded)} of {size} agents to {UPGRADE_RELEASE}, maxParallel 2, "
+        f"{upgraded[0].hostname} the new canary: only the upgraded nodes' inputs change")
     config["nodes"] += bench.stack_config([(h.hostname, h.addr) for h in extra])["nodes"]
     run(ADD, "add", extra, f"{len(extra)} nodes added to {size}")
     removed = removed_ids(fleet, len(upgraded), len(extra))
@@ -163,19 +175,33 @@ def at_once(bench: Harness, size: int, count: int) -> None:
         return merged([d for _, d in runs], [ok for ok, _ in runs])
 
     def run(scenario: str, verb: str, agents: bool) -> Result:
+        logged = bench.grpc_log and (verb == "up" or verb.startswith("resume"))
+        for i, s in enumerate(stacks):
+            if logged:
+                s.env[GRPC_LOG_VAR] = str(bench.log_dir / f"n{size}-k{count}-{i}-{verb}.grpc.jsonl")
+            else:
+                s.env.pop(GRPC_LOG_VAR, None)
         r = bench.measure(size, scenario, hosts, partial(action, verb), agents=agents)
         r.stacks = count
-        r.note = (f"{count} stack(s) of {', '.join(str(len(g)) for g in groups)} nodes " + r.note).strip()
+        r.note = (f"{count} stack(s) of {', '.join(str(len(g)) for g in groups)} nodes "
+                  + ("every engine gRPC call logged (--grpc-log) " if logged else "") + r.note).strip()
         bench.record_state(r, stacks)
         return r
 
     # A failed `up` tells the operator to run it again (onboarding resumes where each node is), as a CI job's
-    # retry would: every stack again, the finished ones a no-op. Its agents connected in either run, so the
-    # resumed run does not wait for them; the no-op after it checks that nothing is left to do.
-    if not run(AT_ONCE_UP, "up", True).ok and not run(AT_ONCE_RESUME, "resume", False).ok:
+    # retries would (at most AT_ONCE_RESUMES): every stack again, the finished ones a no-op. Its agents connected
+    # in one of the runs, so a resumed run does not wait for them; the no-op after it checks that nothing is left.
+    ok = run(AT_ONCE_UP, "up", True).ok
+    for attempt in range(AT_ONCE_RESUMES):
+        if ok:
+            break
+        ok = run(AT_ONCE_RESUME, "resume" + (f"{attempt + 1}" if attempt else ""), False).ok
+    if not ok:
         return
     if not run(AT_ONCE_NOOP, "noop", False).ok:
         return
+    for s in stacks:
+        s.env.pop(GRPC_LOG_VAR, None)
     if extra:
         print(f"\n== N = {size}, one stack of {count} alone: no-op up, preview, the daily changes", flush=True)
         alone = f", one stack of {count}"

@@ -107,6 +107,8 @@ class Harness:
     """The lab's PostgreSQL server, when --backend lab-postgres started one."""
     daily: bool = False
     """Scale runs: the daily changes follow, on the same stack (bench/daily.py)."""
+    grpc_log: bool = False
+    """The stacks-at-once `up`s log every engine gRPC call (PULUMI_DEBUG_GRPC), one file per stack (--grpc-log)."""
     stack_counts: list[int] = field(default_factory=list)
     """Scale runs: the same nodes as this many stacks at once against the one backend (bench/daily.py)."""
     stack_sizes: list[int] = field(default_factory=list)

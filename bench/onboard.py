@@ -120,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
                              "side by side, with ksmd's CPU and what host_capacity then says for 1,000 (default none)")
     parser.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE",
                         help="set this in the environment of every engine run (repeatable), e.g. to try an engine setting")
+    parser.add_argument("--grpc-log", action="store_true",
+                        help="stacks at once: each stack's `up` (and the one after a failed one) logs every gRPC call of "
+                             "its engine (PULUMI_DEBUG_GRPC) to <logs>/<run>.grpc.jsonl, to find which call a reset "
+                             "broke; those rows say so (their engine CPU includes the logging)")
     parser.add_argument("--repeats", type=int, help="runs of each short scenario, median kept (default 3; --quick 1)")
     parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                         help="before each run wait up to this long for other work on the machine to stop (default 0)")
@@ -163,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                   reduced_ca=args.reduced_ca, tools_dir=tools_dir,
                   engine_env=dict(item.split("=", 1) for item in args.engine_env), daily=args.daily,
                   stack_counts=args.stacks, stack_sizes=stack_sizes, light_hosts=args.light_hosts,
-                  memory_sizes=args.memory_sizes)
+                  memory_sizes=args.memory_sizes, grpc_log=args.grpc_log)
     if args.backend is not None:
         bench.backend = args.backend
     command = " ".join(["sudo .venv/bin/python -m bench.onboard", *(sys.argv[1:] if argv is None else argv)])

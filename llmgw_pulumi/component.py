@@ -170,7 +170,7 @@ def _rollout(spec: stack_config.StackSpec) -> Rollout | None:
     directory = rollout.stack_dir(os.getcwd(), *key)
     if not pulumi.runtime.is_dry_run() and (*key, os.getppid()) not in _started_runs:
         _started_runs.add((*key, os.getppid()))
-        rollout.start_run(directory)
+        rollout.start_run(directory, spec.rollout.canaries)
     return dataclasses.replace(spec.rollout, directory=str(directory))
 
 

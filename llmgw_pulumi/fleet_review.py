@@ -34,7 +34,7 @@ UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
 """How the engine's JSON writes a value a preview cannot know yet (a certificate still to be issued)."""
 VERSION, BINARY_SHA256 = "version", "binary_sha256"
 AGENT_YAML, DRIFT, ROLLOUT = "agent_yaml", "drift", "rollout"
-MAX_PARALLEL, CANARIES = "max_parallel", "canaries"
+MAX_PARALLEL, CANARY = "max_parallel", "canary"
 NOT_AFTER, RENEW_BEFORE_HOURS, CA_NOT_AFTER = "not_after", "renew_before_hours", "ca_not_after"
 CA_FINGERPRINT, NODE_KEY, NODE_KEY_HELD, KEY_ORIGIN = "ca_fingerprint", "node_key", "held", "key_origin"
 CERT_PEM, KEY_PEM, SERIAL = "cert_pem", "key_pem", "serial"
@@ -97,8 +97,7 @@ class FleetReview:
         """(canaries, then the others under the rollout, restarts outside any rollout, maxParallel)."""
         gated = [r for r in self.nodes.values() if r.restart_gated and not r.restart_ungated and r.rollout]
         rollout = gated[0].rollout if gated else None
-        canary_order = list((rollout or {}).get(CANARIES) or [])
-        canaries = [c for c in canary_order if any(r.node == c for r in gated)]
+        canaries = sorted((r.node for r in gated if r.rollout and r.rollout.get(CANARY) is True), key=natural)
         rest = sorted((r.node for r in gated if r.node not in canaries), key=natural)
         outside = self.group(lambda r: r.restarts and r.node not in canaries and r.node not in rest)
         max_parallel = (rollout or {}).get(MAX_PARALLEL)

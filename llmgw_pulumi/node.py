@@ -43,7 +43,7 @@ from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
 from .schema import SettingInfo, declared_in, describe_args
 from .shards import PACKAGE, provider_for
-from .specs import KEY_ORIGIN_NODE, CertificateSpec, Connection, EngineCheckSpec, Rollout
+from .specs import KEY_ORIGIN_NODE, CertificateSpec, Connection, EngineCheckSpec, NodeRollout, Rollout
 
 ConnectionArgs = Connection
 """How to reach the node over SSH: host, user, port, private_key (made secret) or private_key_path, host_key, wait."""
@@ -177,7 +177,7 @@ def onboard(parent: pulumi.ComponentResource, name: str, args: NodeArgs,
     agent = AgentInstall(name, AgentInstallArgs(
         node_id=args.node_id, connection=conn, known_host_key=known_host_key,
         known_jump_host_keys=identity.jump_host_keys, hostname=identity.hostname,
-        settings=args.settings, binary=args.binary, rollout=args.rollout,
+        settings=args.settings, binary=args.binary, rollout=node_rollout(args.rollout, args.node_id),
     ), child)
 
     check = EngineCheck(name, EngineCheckArgs(
@@ -194,6 +194,15 @@ def onboard(parent: pulumi.ComponentResource, name: str, args: NodeArgs,
 
     check.problems.apply(warn)
     return Parts(certificate, identity, agent, check)
+
+
+def node_rollout(policy: Rollout | None, node_id: pulumi.Input[str]) -> pulumi.Input[NodeRollout] | None:
+    """The node's share of llmgw:rollout (``Rollout.for_node``), its AgentInstall's ``rollout`` input."""
+    if policy is None:
+        return None
+    if isinstance(node_id, str):
+        return policy.for_node(node_id)
+    return pulumi.Output.all(node_id).apply(lambda known: policy.for_node(str(known[0])))
 
 
 def child_options(parent: pulumi.ComponentResource, name: str, args: NodeArgs,

@@ -34,9 +34,10 @@ from typing import Any
 from . import desired
 from .facts import ABSENT, NodeFacts
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 """The shape of the providers' outputs. 0 (no ``state_version``): written by ca1dd75 or e80e071; 1: by fc02334
-(records by path, hex digests, AgentInstall keeping the texts of agent.yaml and the unit)."""
+(records by path, hex digests, AgentInstall keeping the texts of agent.yaml and the unit); 2: AgentInstall's
+``rollout`` holding the stack's whole canary list."""
 VERSION_KEY = "state_version"
 OBSERVED_KEY = "observed"
 ANY = "*"
@@ -294,7 +295,20 @@ def _v1_to_v2(outputs: dict[str, Any], resource: str) -> dict[str, Any]:
     return out
 
 
-_STEPS = {0: _v0_to_v1, 1: _v1_to_v2}
+def _v2_to_v3(outputs: dict[str, Any], resource: str) -> dict[str, Any]:
+    """Version 2 gave each AgentInstall the stack's whole llmgw:rollout (``canaries``, a list): now the node's
+    share of it, ``canary`` (a bool) in place of the list (``specs.NodeRollout``)."""
+    out = dict(outputs)
+    given = out.get("rollout")
+    if resource == desired.AGENT and isinstance(given, Mapping) and "canaries" in given:
+        share = {k: v for k, v in given.items() if k != "canaries"}
+        canaries = given["canaries"]
+        share["canary"] = isinstance(canaries, (list, tuple)) and out.get("node_id") in canaries
+        out["rollout"] = share
+    return out
+
+
+_STEPS = {0: _v0_to_v1, 1: _v1_to_v2, 2: _v2_to_v3}
 """version -> the step that brings a record of that version to the next."""
 
 

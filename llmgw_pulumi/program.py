@@ -155,7 +155,7 @@ def stack_rollout(spec: stack_config.StackSpec) -> Rollout | None:
         return None
     directory = rollout.stack_dir(os.getcwd(), pulumi.get_organization(), pulumi.get_project(), pulumi.get_stack())
     if not pulumi.runtime.is_dry_run():
-        rollout.start_run(directory)
+        rollout.start_run(directory, spec.rollout.canaries)
     return dataclasses.replace(spec.rollout, directory=str(directory))
 
 

@@ -19,8 +19,16 @@ The stack's directory
 This run
     The program, when it runs for `pulumi up` (never for a preview), writes a fresh
     random run id into ``<stack dir>/run`` before it registers any resource, and makes
-    ``<stack dir>/runs/<run id>/``. Each provider reads the run id when an agent's
-    update needs it. Markers of an earlier run, finished or crashed, live in another
+    ``<stack dir>/runs/<run id>/``, with the run's canary list in its ``canaries`` file
+    (a node id a line). Each provider reads the run id, and the canaries, when an agent's
+    update needs them.
+
+What a node is given
+    Its AgentInstall's ``rollout`` input is its share of llmgw:rollout
+    (``specs.NodeRollout``): ``maxParallel``, the stack's directory, and whether the node
+    is a canary. The canary list itself is in no node's state: naming new canaries (as
+    each day's upgrade does) changes the inputs of the nodes that become or stop being
+    canaries, and leaves the rest of the fleet's state as it was. Markers of an earlier run, finished or crashed, live in another
     run's directory and are never read again; run directories older than a day are
     removed when a new run starts. Slots are locks (``flock``) on files of the run's
     directory: a lock dies with the process holding it, so a crashed run leaves no
@@ -69,11 +77,12 @@ from pathlib import Path
 
 from . import slots, validate
 from .errors import ConfigError, RolloutStoppedError
-from .specs import Rollout
+from .specs import NodeRollout
 
 DIR_ENV = "LLMGW_ROLLOUT_DIR"
 RUN_FILE = "run"
 RUNS = "runs"
+CANARIES_FILE = "canaries"
 STARTED, DONE, FAILED, UNCHANGED = "started", "done", "failed", "unchanged"
 STATES = (FAILED, DONE, UNCHANGED, STARTED)
 """A node's states, the one that counts first when several are there."""
@@ -201,12 +210,17 @@ def _read(path: Path) -> str | None:
         return f.read()
 
 
-def _node_file(node: str, state: str) -> str:
-    """The name of a node's marker; a node id is a DNS label, never a path."""
+def _node(node: str) -> str:
+    """``node``, refused unless it is a node id: a DNS label, never a path nor more than one line."""
     if validate.node_id(node) is not None or "\n" in node:
         raise ConfigError(node, "rollout", f"{node!r} is not a node id a marker can be named by",
                           "give nodes ids that are DNS labels")
-    return f"{node}.{state}"
+    return node
+
+
+def _node_file(node: str, state: str) -> str:
+    """The name of a node's marker."""
+    return f"{_node(node)}.{state}"
 
 
 def _write(path: Path, text: str) -> None:
@@ -218,8 +232,9 @@ def _write(path: Path, text: str) -> None:
     os.replace(temp, path)
 
 
-def start_run(directory: Path, now: float | None = None) -> str:
-    """A new run of this stack (the program calls it once per `pulumi up`): its id, written to ``<dir>/run``."""
+def start_run(directory: Path, canaries: Sequence[str] = (), now: float | None = None) -> str:
+    """A new run of this stack (the program calls it once per `pulumi up`): its id, written to ``<dir>/run``
+    once its directory holds the run's ``canaries`` (validated node ids, as llmgw:rollout names them)."""
     directory = private_dir(directory)
     runs = private_dir(directory / RUNS)
     now = time.time() if now is None else now
@@ -229,7 +244,8 @@ def start_run(directory: Path, now: float | None = None) -> str:
             if RUN_ID.fullmatch(old.name) and stat.S_ISDIR(st.st_mode) and now - st.st_mtime > KEEP_RUNS:
                 shutil.rmtree(old)
     run = secrets.token_hex(8)
-    private_dir(runs / run)
+    path = private_dir(runs / run)
+    _write(path / CANARIES_FILE, "".join(f"{_node(c)}\n" for c in canaries))
     _write(directory / RUN_FILE, run + "\n")
     return run
 
@@ -240,6 +256,8 @@ class Run:
 
     path: Path
     run_id: str
+    canaries: tuple[str, ...] = ()
+    """The nodes this run updates first (its ``canaries`` file)."""
 
     @classmethod
     def current(cls, directory: Path) -> Run:
@@ -253,10 +271,11 @@ class Run:
             path = checked_dir(checked_dir(directory / RUNS) / run_id) if run_id else None
         except FileNotFoundError:
             path = None
-        if path is None:
+        listed = _read(path / CANARIES_FILE) if path is not None else None
+        if path is None or listed is None:
             raise ConfigError("llmgw", "rollout", f"no current run in {directory}: the program did not start one",
                               "run `pulumi up` with this project's program, which starts the run")
-        return cls(path, run_id)
+        return cls(path, run_id, tuple(_node(c) for c in listed.splitlines()))
 
     def mark(self, node: str, state: str, text: str = "") -> None:
         _write(self.path / _node_file(node, state), text)
@@ -317,15 +336,15 @@ def wait_for_canaries(run: Run, node: str, canaries: Sequence[str], silence: flo
 
 
 @contextlib.contextmanager
-def update(policy: Rollout | None, node: str) -> Iterator[None]:
+def update(policy: NodeRollout | None, node: str) -> Iterator[None]:
     """An update of ``node``'s running agent, gated as the module's docstring says (no policy: not gated)."""
     if policy is None or not policy.directory:
         yield
         return
     run = Run.current(Path(policy.directory))
     _refuse_after_failure(run, node)
-    if node not in policy.canaries:
-        wait_for_canaries(run, node, policy.canaries)
+    if not policy.canary:
+        wait_for_canaries(run, node, run.canaries)
     slot = run.slot(policy.max_parallel, lambda: _refuse_after_failure(run, node)) if policy.max_parallel \
         else contextlib.nullcontext()
     with slot:
@@ -347,21 +366,21 @@ def reported(run: Run, node: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def onboarding(policy: Rollout | None, node: str) -> Iterator[None]:
+def onboarding(policy: NodeRollout | None, node: str) -> Iterator[None]:
     """A create: never waits; a canary reports its result, as its update would."""
-    if policy is None or not policy.directory or node not in policy.canaries:
+    if policy is None or not policy.directory or not policy.canary:
         yield
         return
     with reported(Run.current(Path(policy.directory)), node):
         yield
 
 
-def unchanged(policy: Rollout | None, node: str) -> None:
+def unchanged(policy: NodeRollout | None, node: str) -> None:
     """A canary whose agent has nothing to change this run says so, so that no one waits for it.
 
     Called from the provider's diff too, which must not fail: without a run (a
     preview before any `pulumi up`) there is no one to tell.
     """
-    if policy is not None and policy.directory and node in policy.canaries:
+    if policy is not None and policy.directory and policy.canary:
         with contextlib.suppress(ConfigError, OSError):
             Run.current(Path(policy.directory)).mark(node, UNCHANGED)

@@ -187,9 +187,10 @@ def collect_one(cls: type, name: str, props: Mapping[str, Any], problems: Proble
     collector(props.get(key), problems, prefix + key)
 
 
-def nested_settings(cls: type) -> Collect:
-    """The collector of a mapping of ``cls``'s settings: unknown keys with the nearest one, then each setting."""
-    what = f"a {cls.__name__.lower()} setting"
+def nested_settings(cls: type, name: str | None = None) -> Collect:
+    """The collector of a mapping of ``cls``'s settings: unknown keys with the nearest one, then each setting.
+    ``name``: what a setting of it is called in messages (default: the class's name, lower case)."""
+    what = f"a {name or cls.__name__.lower()} setting"
 
     def collect(value: Any, problems: Problems, where: str) -> None:
         if not isinstance(value, Mapping):

@@ -305,6 +305,28 @@ class Rollout:
                                     doc="The stack's coordination directory on the operator's machine (the program "
                                         "sets it).")
 
+    def for_node(self, node_id: str) -> NodeRollout:
+        """What one node's AgentInstall is given of it (see NodeRollout)."""
+        return NodeRollout(max_parallel=self.max_parallel, canary=node_id in self.canaries, directory=self.directory)
+
+
+@dataclass(frozen=True)
+class NodeRollout:
+    """One node's share of llmgw:rollout: its AgentInstall's ``rollout`` input.
+
+    The canary list is not in it: each `pulumi up` writes it into its run's
+    directory (llmgw_pulumi.rollout.start_run), where a node waiting for the
+    canaries reads it. So naming another canary changes the inputs of the nodes
+    that become or stop being canaries, and no other node's state.
+    """
+
+    max_parallel: int | None = setting(None, validate.positive_int, convert=int, default=None,
+                                       doc="At most this many agents restart at once, across the whole stack; None: "
+                                           "no limit.")
+    canary: bool = setting(None, validate.boolean, default=False, doc="This node is one of the canaries.")
+    directory: str | None = setting(None, lambda v: validate.abs_path(v, "rollout coordination directory"), default=None,
+                                    doc="The stack's coordination directory on the operator's machine.")
+
 
 # --------------------------------------------------------------------------- agent
 
@@ -316,7 +338,7 @@ class AgentSpec:
     settings: AgentSettings
     binary: BinarySource
     hostname: str
-    rollout: Rollout | None = None
+    rollout: NodeRollout | None = None
 
     @staticmethod
     def collect(props: Mapping[str, Any], problems: Problems) -> None:
@@ -325,7 +347,7 @@ class AgentSpec:
         AgentSettings.collect(props, problems)
         BinarySource.collect(props, problems)
         if props.get("rollout") is not None:
-            nested_settings(Rollout)(props["rollout"], problems, "rollout")
+            nested_settings(NodeRollout, "rollout")(props["rollout"], problems, "rollout")
         problems.check("hostname", props.get("hostname"), lambda h: None if isinstance(h, str) and h else
                        ("is missing", "pass the hostname NodeIdentity read from the node"))
 
@@ -338,7 +360,7 @@ class AgentSpec:
             settings=build(AgentSettings, props),
             binary=build(BinarySource, props),
             hostname=props["hostname"],
-            rollout=build(Rollout, props["rollout"]) if props.get("rollout") else None,
+            rollout=build(NodeRollout, props["rollout"]) if props.get("rollout") else None,
         )
 
 

@@ -28,7 +28,7 @@ from pulumi.output import Unknown
 from .. import desired, facts, observed, plan, release, remote, rollout
 from ..errors import ConfigError
 from ..observed import OBSERVED_KEY, RENDERED_KEYS, STATE_VERSION, VERSION_KEY, Observed, Wanted
-from ..specs import NODE_REPLACE_KEYS, AgentSettings, AgentSpec, BinarySource, Rollout, build, is_unknown, names
+from ..specs import NODE_REPLACE_KEYS, AgentSettings, AgentSpec, BinarySource, NodeRollout, build, is_unknown, names
 from . import _glue
 
 SETTINGS_KEYS = ("node_id", *names(AgentSettings))
@@ -224,12 +224,12 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def rollout_of(props: dict[str, Any]) -> Rollout | None:
-    """The ``rollout`` input (llmgw:rollout, with the stack's coordination directory), when there is one."""
+def rollout_of(props: dict[str, Any]) -> NodeRollout | None:
+    """The ``rollout`` input (the node's share of llmgw:rollout, ``specs.NodeRollout``), when there is one."""
     given = props.get("rollout")
     if not isinstance(given, dict) or is_unknown(given):
         return None
-    built: Rollout = build(Rollout, given)
+    built: NodeRollout = build(NodeRollout, given)
     return built
 
 
@@ -330,8 +330,9 @@ class AgentInstallArgs(_glue.OnboardedNodeArgs):
     """What agent.yaml says; each of its fields is an input of its own (servers, mgmt_addr, ...)."""
     binary: BinarySource = field(metadata={"flatten": True})
     """Where /usr/local/bin/llmgw comes from; each of its fields is an input of its own (version, release_url, ...)."""
-    rollout: Rollout | None = None
-    """How updates of running agents are spread over the stack (llmgw_pulumi.rollout); never a change itself."""
+    rollout: pulumi.Input[NodeRollout] | None = None
+    """This node's share of how updates of running agents are spread over the stack (llmgw_pulumi.rollout); never a
+    change itself."""
 
 
 class AgentInstall(_glue.NodeResource, module="llmgw", name="AgentInstall"):

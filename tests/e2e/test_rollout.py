@@ -128,6 +128,25 @@ def test_onboarding_is_not_gated_and_a_version_bump_restarts_two_at_a_time_canar
     assert {n: outputs[n]["agent_version"] for n in ids} == dict.fromkeys(ids, NEXT_RELEASE)
     assert fleet_versions(outputs["fleet"]) == dict.fromkeys(ids, NEXT_RELEASE), outputs["fleet"]
 
+    # Another canary named (as each day's upgrade does): no agent restarts, and only the two nodes whose role
+    # changed have new inputs; the other nodes' state is as it was.
+    def agent_inputs() -> dict[str, Any]:
+        return {r["urn"].split("::")[-1]: r["inputs"] for r in stack.export()["resources"]
+                if r["type"].endswith("AgentInstall")}
+
+    before = agent_inputs()
+    stack.set_config({**config, "rollout": {"maxParallel": 2, "canary": [ids[1]]},
+                      "agent": {"version": NEXT_RELEASE, "releaseUrl": cluster.release_url}})
+    t1 = time.time()
+    up = stack.up()
+    assert up.ok, up.output
+    assert set(up.changes) == {"same"}, up.changes
+    after = agent_inputs()
+    assert {n for n in ids if after[n] != before[n]} == {canary, ids[1]}, (before, after)
+    assert (after[canary]["rollout"]["canary"], after[ids[1]]["rollout"]["canary"]) == (False, True)
+    assert "canaries" not in after[ids[2]]["rollout"], after[ids[2]]
+    assert timeline(cluster, ids, t1) == [], "an agent restarted for a change of canaries"
+
 
 @pytest.fixture(scope="module")
 def broken_release(cluster: Any) -> str:

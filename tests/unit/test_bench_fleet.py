@@ -181,3 +181,26 @@ def test_the_targets_are_read_at_1000_nodes_or_else_at_the_largest_size_measured
     text = issue21_summary([run(500, UP, 1.0)])
     assert text.splitlines()[0].startswith("== Issue 21 targets at 500 nodes (set at 1,000, not measured) ")
     assert "500 nodes, 1 stack: no-op up, s" in text
+
+
+def test_adding_the_rollout_must_touch_no_node_and_the_daily_upgrade_names_a_new_canary():
+    from bench.daily import ROLLOUT_ADDED, UPGRADE_CANARY
+
+    state_only = run(1000, f"{ROLLOUT_ADDED}, one stack of 8", 20.0, stacks=8, changes={"same": 625})
+    check_changes(state_only)
+    assert state_only.ok, state_only.note
+    updated = run(1000, ROLLOUT_ADDED, 20.0, changes={"same": 4990, "update": 10})
+    check_changes(updated)
+    assert not updated.ok and "expected same steps only" in updated.note
+    connected = run(1000, ROLLOUT_ADDED, 20.0, changes={"same": 5000})
+    connected.ssh = 3
+    check_changes(connected)
+    assert not connected.ok and "accepted 3" in connected.note
+    assert expected_op(UPGRADE_CANARY) == "update"
+
+    t = by_name([run(1000, UPGRADE_CANARY, 40.0), run(1000, f"{UPGRADE_CANARY}, one stack of 8", 12.0, stacks=8)])
+    assert t["1000 nodes, 1 stack: 10 agents upgraded, a new canary, s"].value == 40.0
+    assert t["1000 nodes in 8 stacks: 10 agents upgraded, a new canary (one stack), s"].met is True
+    assert not any("rollout new" in name for name in t)  # the earlier runs' rows only where they were measured
+    assert "daily change 'upgrade 1%': engine CPU growth exponent" not in t
+    assert "daily change 'rollout added': engine CPU growth exponent" in t

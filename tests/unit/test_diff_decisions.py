@@ -79,16 +79,21 @@ def test_a_canary_whose_agent_has_nothing_to_change_says_so_and_only_then(tmp_pa
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(rollout.DIR_ENV, str(tmp_path / "rollout"))
     directory = rollout.stack_dir("/project", "org", "proj", "prod")
-    rollout.start_run(directory)
+    rollout.start_run(directory, ["gpu-01", "gpu-02"])
     run = rollout.Run.current(directory)
     p = AgentInstallProvider()
     for node in ("gpu-01", "gpu-02"):
         olds = installed(checked(p, {**AGENT, "node_id": node, "hostname": node,
-                                     "rollout": {"canaries": ["gpu-01", "gpu-02"], "directory": str(directory)}}))
+                                     "rollout": {"canary": True, "directory": str(directory)}}))
         assert p.diff(node, olds, {**olds, "servers": ["cp2:7443"]}).changes is True
         assert run.state(node) is None  # it has something to change: the others wait for it
         assert p.diff(node, olds, olds).changes is False
         assert run.state(node) == (rollout.UNCHANGED, "")
+    # A node that is not a canary says nothing: no one waits for it.
+    olds = installed(checked(p, {**AGENT, "node_id": "gpu-03", "hostname": "gpu-03",
+                                 "rollout": {"canary": False, "directory": str(directory)}}))
+    assert p.diff("gpu-03", olds, olds).changes is False
+    assert run.state("gpu-03") is None
 
 
 def test_what_a_preview_or_an_unpinned_key_leaves_out_is_not_a_change_but_a_removed_setting_is() -> None:

@@ -262,7 +262,12 @@ def test_an_agent_needs_the_hostname_the_identity_read() -> None:
 
 
 def test_an_agents_rollout_is_a_mapping_of_rollout_settings() -> None:
-    assert found(specs.AgentSpec.collect, {**AGENT, "rollout": {"max_parallel": 2, "canaries": ["gpu-01"]}}) == []
+    assert found(specs.AgentSpec.collect, {**AGENT, "rollout": {"max_parallel": 2, "canary": True}}) == []
+    # The stack's canary list is the run's (llmgw_pulumi.rollout), never in a node's inputs.
+    assert found(specs.AgentSpec.collect, {**AGENT, "rollout": {"canaries": ["gpu-01"]}}) == [
+        ("rollout.canaries", "is not a rollout setting", "did you mean canary?")]
+    assert [f for f, _, _ in found(specs.AgentSpec.collect, {**AGENT, "rollout": {"canary": "gpu-01"}})] == [
+        "rollout.canary"]
     assert found(specs.AgentSpec.collect, {**AGENT, "rollout": {"max_paralel": 2}}) == [
         ("rollout.max_paralel", "is not a rollout setting", "did you mean max_parallel?")]
     assert found(specs.AgentSpec.collect, {**AGENT, "rollout": {"max_parallel": 0}}) == [

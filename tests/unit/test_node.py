@@ -224,3 +224,25 @@ def test_a_program_written_for_0_1_0_still_gives_the_binary_as_nodeargs_fields()
         NodeArgs(**common, binary=BinarySource(version="v1.4.2"), version="v1.4.3")
     with pytest.raises(TypeError, match=r"'gpu-01': binary must be a BinarySource"):
         NodeArgs(**common)
+
+
+@pulumi.runtime.test
+def test_each_agent_is_given_its_share_of_the_rollout_never_the_canary_list(monitor):
+    """Naming another canary must leave every other node's inputs (and state) as they were."""
+    import dataclasses
+
+    from pulumi.runtime import rpc
+
+    from llmgw_pulumi.specs import Rollout
+
+    policy = Rollout(max_parallel=2, canaries=("gpu-01",), directory="/home/op/.local/state/r")
+    nodes = [Node(n, dataclasses.replace(node_args(i), rollout=policy))
+             for n, i in (("gpu-01", "gpu-01"), ("gpu-02", pulumi.Output.from_input("gpu-02")))]
+
+    def check(_: Any) -> None:
+        given = {r.name: rpc.deserialize_properties(r.object)["rollout"] for r in monitor.of_type(
+            "pulumi-python:dynamic/llmgw:AgentInstall")}
+        assert given == {"gpu-01": {"max_parallel": 2, "canary": True, "directory": "/home/op/.local/state/r"},
+                         "gpu-02": {"max_parallel": 2, "canary": False, "directory": "/home/op/.local/state/r"}}
+
+    return pulumi.Output.all(*(n.agent.urn for n in nodes)).apply(check)

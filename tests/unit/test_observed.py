@@ -117,21 +117,21 @@ def test_identity_v1_record_becomes_one_by_file_name_with_short_digests() -> Non
         **{k: v for k, v in IDENTITY_V1.items() if k != "observed"},
         "observed": {"files": {"ca": f"{A_SHORT} 644 root:root", "cert": f"{B_SHORT} 644 root:root",
                                "key": f"{A_SHORT} 644 nobody:nogroup", "trust_anchor": "absent"}},
-        "state_version": 2,
+        "state_version": 3,
     }
 
 
 def test_agent_v1_texts_become_their_digests_and_the_record_one_by_file_name() -> None:
     assert observed.migrate(AGENT_V1, desired.AGENT) == {
-        **AGENT_V1, "agent_yaml": f"sha256:{YAML_SHORT}", "unit": f"sha256:{UNIT_SHORT}", "state_version": 2,
+        **AGENT_V1, "agent_yaml": f"sha256:{YAML_SHORT}", "unit": f"sha256:{UNIT_SHORT}", "state_version": 3,
         "observed": {"files": {"binary": f"{A_SHORT} 777 root:root", "config": f"{B_SHORT} 644 root:root = {A_SHORT}",
                                "unit": "absent"}, "unit": "inactive enabled"},
     }
 
 
-def test_version_0_is_brought_to_version_2_through_version_1() -> None:
+def test_version_0_is_brought_to_the_current_version_step_by_step() -> None:
     migrated = observed.migrate(IDENTITY_V0, desired.IDENTITY)
-    assert migrated["state_version"] == 2 and migrated["observed"]["files"]["key"] == f"{A_SHORT} 644 nobody:nogroup"
+    assert migrated["state_version"] == 3 and migrated["observed"]["files"]["key"] == f"{A_SHORT} 644 nobody:nogroup"
     agent = observed.migrate(AGENT_V0, desired.AGENT)
     assert agent["agent_yaml"] == f"sha256:{YAML_SHORT}" and "node_state" not in agent
     assert agent["observed"]["files"]["binary"] == f"{A_SHORT} 777 root:root"
@@ -142,3 +142,16 @@ def test_a_current_record_is_left_as_it_is_and_migrating_twice_changes_nothing()
     assert observed.migrate(once, desired.AGENT) == once
     later = {**once, "state_version": 99, "observed": {"something": "new"}}
     assert observed.migrate(later, desired.AGENT) == later, "a record of a later version is not rewritten"
+
+
+def test_agent_v2_rollout_keeps_the_nodes_share_of_the_canary_list() -> None:
+    """Version 2 gave every AgentInstall the stack's whole canary list; version 3 says whether it is a canary."""
+    v2 = {**observed.migrate(AGENT_V1, desired.AGENT), "state_version": 2}
+    stack_wide = {"max_parallel": 2, "canaries": ["gpu-00", v2["node_id"]], "directory": "/home/op/.local/state/x"}
+    assert observed.migrate({**v2, "rollout": stack_wide}, desired.AGENT)["rollout"] == {
+        "max_parallel": 2, "canary": True, "directory": "/home/op/.local/state/x"}
+    others = {**stack_wide, "canaries": ["gpu-00"]}
+    assert observed.migrate({**v2, "rollout": others}, desired.AGENT)["rollout"]["canary"] is False
+    assert "rollout" not in observed.migrate(v2, desired.AGENT)  # no rollout: none made up
+    identity = {**IDENTITY_V1, "state_version": 2, "rollout": stack_wide}  # only AgentInstall's is migrated
+    assert observed.migrate(identity, desired.IDENTITY)["rollout"] == stack_wide

@@ -69,8 +69,8 @@ def test_an_update_that_fails_on_the_node_is_reported_failed_to_the_rollout(
     stay up is marked failed (so no other node starts), not done."""
     monkeypatch.setenv(rollout.DIR_ENV, str(tmp_path / "rollout"))
     directory = rollout.stack_dir("/project", "org", "proj", "prod")
-    rollout.start_run(directory)
-    policy = {"max_parallel": 1, "canaries": ["gpu-01"], "directory": str(directory)}
+    rollout.start_run(directory, ["gpu-01"])
+    policy = {"max_parallel": 1, "canary": True, "directory": str(directory)}
     p = AgentInstallProvider()
     outs = p.create(agent_inputs(dev_build, rollout=policy)).outs
     broken = tmp_path / "broken"

@@ -26,7 +26,7 @@ def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv(rollout.DIR_ENV, str(tmp_path / "rollout"))
     monkeypatch.setattr(rollout, "POLL", 0.02)
     directory = rollout.stack_dir("/project", "org", "proj", "prod")
-    rollout.start_run(directory)
+    rollout.start_run(directory, ("c",))  # the run's canary list, as the program writes it from llmgw:rollout
     return directory
 
 
@@ -65,7 +65,7 @@ def _update(directory: Path, max_parallel: int | None, canaries: tuple[str, ...]
     rollout.POLL = 0.02
     rollout.time = _Clock(log, node)  # type: ignore[assignment]
     try:
-        with rollout.update(plan(directory, max_parallel, canaries), node):
+        with rollout.update(plan(directory, max_parallel, canaries).for_node(node), node):
             _say(log, node, "inside")
             if not release.wait(WAIT):
                 _say(log, node, "never let go")
@@ -89,6 +89,7 @@ class Updates:
     def __init__(self, directory: Path, tmp_path: Path, nodes: list[str], max_parallel: int | None = None,
                  canaries: tuple[str, ...] = (), failing: tuple[str, ...] = ()) -> None:
         self.log = tmp_path / "log"
+        rollout.start_run(directory, canaries)  # a run of its own, listing its canaries
         ctx = multiprocessing.get_context("fork")
         self.release = {n: ctx.Event() for n in nodes}
         self.procs = [ctx.Process(target=_update, daemon=True,
@@ -201,10 +202,36 @@ def test_after_a_failure_no_node_waiting_for_a_slot_starts(stack, tmp_path):
 
 def test_a_canary_with_nothing_to_change_does_not_hold_the_others(stack):
     p = plan(stack, canaries=("c",))
-    rollout.unchanged(p, "c")
-    with rollout.update(p, "a"):
+    rollout.unchanged(p.for_node("c"), "c")
+    with rollout.update(p.for_node("a"), "a"):
         pass
     assert rollout.Run.current(stack).state("a") == (rollout.DONE, "")
+
+
+def test_a_node_waits_for_the_canaries_its_run_lists_not_for_its_own_input(stack, tmp_path):
+    """The canary list is the run's (written by the program), so a node's input says only whether it is one."""
+    assert plan(stack, canaries=("c",)).for_node("c").canary is True
+    assert plan(stack, canaries=("c",)).for_node("a").canary is False
+    assert rollout.Run.current(stack).canaries == ("c",)
+    with pytest.raises(RolloutStoppedError, match="a: not updated: canary c reported nothing"):
+        rollout.wait_for_canaries(rollout.Run.current(stack), "a", rollout.Run.current(stack).canaries, silence=0.0)
+    # A run that lists no canary: the same node input does not wait at all.
+    rollout.start_run(stack, ())
+    with rollout.update(plan(stack, canaries=("c",)).for_node("a"), "a"):
+        pass
+    assert rollout.Run.current(stack).state("a") == (rollout.DONE, "")
+
+
+def test_a_canaries_file_that_names_no_node_is_refused(stack):
+    with pytest.raises(ConfigError, match=r"'\.\./x' is not a node id"):
+        rollout.start_run(stack, ("../x",))
+    run = rollout.Run.current(stack)  # the run before stays the current one
+    (run.path / rollout.CANARIES_FILE).write_text("c\n../../etc\n")
+    with pytest.raises(ConfigError, match=r"'\.\./\.\./etc' is not a node id"):
+        rollout.Run.current(stack)
+    (run.path / rollout.CANARIES_FILE).unlink()
+    with pytest.raises(ConfigError, match="no current run"):
+        rollout.Run.current(stack)
 
 
 def test_a_silent_canary_is_given_up_on_with_a_clear_error(stack):
@@ -215,9 +242,9 @@ def test_a_silent_canary_is_given_up_on_with_a_clear_error(stack):
 
 def test_creates_never_wait_and_a_canary_create_reports(stack):
     p = plan(stack, max_parallel=1, canaries=("c",))
-    with rollout.onboarding(p, "a"):  # the canary has reported nothing: a create does not wait for it
+    with rollout.onboarding(p.for_node("a"), "a"):  # the canary has reported nothing: a create does not wait for it
         pass
-    with pytest.raises(RuntimeError), rollout.onboarding(p, "c"):
+    with pytest.raises(RuntimeError), rollout.onboarding(p.for_node("c"), "c"):
         raise RuntimeError("c: cannot reach it")
     assert rollout.Run.current(stack).state("c") == (rollout.FAILED, "c: cannot reach it")
 
@@ -232,7 +259,7 @@ def test_a_new_run_ignores_the_markers_of_the_last_and_sweeps_old_ones(stack):
     second = rollout.Run.current(stack)
     assert second.run_id != first.run_id and second.failures() == [] and second.state("c") is None
     assert first.path.is_dir() and not old.exists()
-    with rollout.update(plan(stack, 1, ("c",)), "c"):
+    with rollout.update(plan(stack, 1, ("c",)).for_node("c"), "c"):
         pass
 
 
@@ -252,8 +279,8 @@ def test_the_directories_are_private_and_a_foreign_one_is_refused(stack, tmp_pat
 def test_without_a_run_an_update_is_refused_and_a_diff_says_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv(rollout.DIR_ENV, str(tmp_path))
     p = plan(tmp_path / "never-started", canaries=("c",))
-    rollout.unchanged(p, "c")  # a preview before any `pulumi up`: nothing to tell, no error
-    with pytest.raises(ConfigError, match="no current run"), rollout.update(p, "a"):
+    rollout.unchanged(p.for_node("c"), "c")  # a preview before any `pulumi up`: nothing to tell, no error
+    with pytest.raises(ConfigError, match="no current run"), rollout.update(p.for_node("a"), "a"):
         pass
 
 
@@ -312,7 +339,7 @@ def test_a_planted_symlink_is_never_followed(tmp_path, monkeypatch):
     (directory / rollout.RUNS).rename(tmp_path / "runs-elsewhere")
     (directory / rollout.RUNS).symlink_to(tmp_path / "runs-elsewhere")
     with pytest.raises(ConfigError, match=r"/runs is refused: it is a symlink"):
-        rollout.update(plan(directory, canaries=("c",)), "a").__enter__()
+        rollout.update(plan(directory, canaries=("c",)).for_node("a"), "a").__enter__()
 
 
 def test_a_marker_that_is_a_symlink_is_refused(stack):
@@ -329,10 +356,10 @@ def test_a_forged_done_in_a_directory_others_can_write_releases_no_one(stack, mo
     run = rollout.Run.current(stack)
     run.path.chmod(mode)  # a run directory others could have written the `done` into
     refused = f"{run.path} is refused: it is not a directory of this user's that only it can write \\(mode {mode:04o}"
-    with pytest.raises(ConfigError, match=refused), rollout.update(plan(stack, canaries=("c",)), "a"):
+    with pytest.raises(ConfigError, match=refused), rollout.update(plan(stack, canaries=("c",)).for_node("a"), "a"):
         raise AssertionError("a forged marker released a non-canary")
     run.path.chmod(0o700)  # positive control: the same marker in a private directory does release it
-    with rollout.update(plan(stack, canaries=("c",)), "a"):
+    with rollout.update(plan(stack, canaries=("c",)).for_node("a"), "a"):
         pass
 
 
