@@ -216,12 +216,12 @@ def kill_cgroup(top: Path, timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def remove_cgroup(top: Path, timeout: float = 30.0) -> None:
+def remove_cgroup(top: Path, timeout: float = 120.0) -> None:
     """rmdir a cgroup subtree, deepest first (cgroup dirs can only be rmdir'ed).
 
     A killed process leaves cgroup.procs before it has exited, and the cgroup stays busy until it has: with a
-    thousand hosts stopping at once on 2 CPUs, 5 s was too short, and teardown failed on a cgroup that listed no
-    process."""
+    thousand hosts stopping at once on 2 CPUs, 5 s and then 30 s were too short, and teardown failed on a cgroup
+    that listed no process."""
     deadline = time.monotonic() + timeout
     while top.exists():
         for d in cgroup_dirs(top):
