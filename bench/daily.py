@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from bench.config import NOOP, PREVIEW, UPGRADE_RELEASE
+from bench.config import NOOP, PREVIEW, UP, UPGRADE_RELEASE
 from bench.measure import Result, parallel
 
 if TYPE_CHECKING:
@@ -204,11 +204,36 @@ def at_once(bench: Harness, size: int, count: int) -> None:
         s.env.pop(GRPC_LOG_VAR, None)
     if extra:
         print(f"\n== N = {size}, one stack of {count} alone: no-op up, preview, the daily changes", flush=True)
-        alone = f", one stack of {count}"
-        for scenario, verb in ((NOOP + alone, "up"), (PREVIEW + alone, "preview")):
-            r = bench.measure(size, scenario, groups[0], partial(bench.engine_run, stacks[0], verb,
-                                                                 f"n{size}-k{count}-alone-{verb}"))
-            r.stacks = count
-            r.note = (f"the stack of {len(groups[0])} nodes alone " + r.note).strip()
-            bench.record_state(r, [stacks[0]])
-        changes(bench, size, stacks[0], groups[0], idle, of_stacks=count)
+        rack_runs(bench, size, count, stacks[0], groups[0], idle)
+
+
+def rack_runs(bench: Harness, size: int, count: int, stack: LabStack, rack: Sequence[Any], idle: Sequence[Any],
+              note: str = "") -> None:
+    """One rack's stack of a `size`-node fleet in `count` stacks, alone: no-op up, preview, the daily changes."""
+    alone = f", one stack of {count}"
+    for scenario, verb in ((NOOP + alone, "up"), (PREVIEW + alone, "preview")):
+        r = bench.measure(size, scenario, rack, partial(bench.engine_run, stack, verb,
+                                                        f"n{size}-k{count}-alone-{verb}"))
+        r.stacks = count
+        r.note = (f"the stack of {len(rack)} nodes alone {note}" + r.note).strip()
+        bench.record_state(r, [stack])
+    changes(bench, size, stack, rack, idle, of_stacks=count)
+
+
+def one_rack(bench: Harness, size: int, count: int) -> None:
+    """Only one rack's stack of `size` nodes in `count` stacks: onboarded (its `up` from scratch, recorded at the
+    rack's size), then as at_once's rack runs, recorded as one stack of `count` holding `size` nodes. The other
+    stacks are not made: their state is their own, and no run of this stack reads it."""
+    rack = len(split(range(size), count)[0])
+    extra = changed_count(size)
+    booted = bench.fresh_hosts(rack + extra, reduced_ca=bench.reduced_ca)
+    hosts, idle = booted[:rack], booted[rack:]
+    stack = bench.new_stack(f"rack-n{size}-k{count}")
+    stack.set_config(bench.stack_config([(h.hostname, h.addr) for h in hosts]))
+    up = bench.measure(rack, f"{UP}, one rack of {count}", hosts, partial(bench.engine_run, stack, "up",
+                                                                        f"n{size}-k{count}-rack-up"), agents=True)
+    up.note = (f"one rack's stack of {rack} nodes of a {size}-node fleet in {count} stacks " + up.note).strip()
+    bench.record_state(up, [stack])
+    if up.ok:
+        rack_runs(bench, size, count, stack, hosts, idle, note=f"(measured alone: the other {count - 1} stacks "
+                                                              "were not made) ")

@@ -59,7 +59,7 @@ def issue21_targets(results: Sequence[Result], n: int = FLEET_N) -> list[Target]
         out.append(Target(f"{n} nodes, 1 stack: {short}, s", wall(r), limit, measured=secs(r)))
         for k in splits:
             rk = _run(results, n, f"{kind}, one stack of {k}", k)
-            out.append(Target(f"{n} nodes in {k} stacks: {short} (one stack), s", wall(rk), limit, measured=secs(rk)))
+            out.append(Target(f"{n} in {k} stacks, one stack: {short}, s", wall(rk), limit, measured=secs(rk)))
 
     timed(NOOP, "no-op up", QUICK_S)
     timed(PREVIEW, "preview", QUICK_S)
@@ -71,7 +71,7 @@ def issue21_targets(results: Sequence[Result], n: int = FLEET_N) -> list[Target]
     # The rows of earlier runs (llmgw:rollout new, then kept) where no run measured the current daily upgrade.
     measured = {r.kind.split(",")[0] for r in results if r.ok and r.size == n}
     if UPGRADE_CANARY in measured or UPGRADE not in measured:
-        timed(UPGRADE_CANARY, f"{agents} agents upgraded, a new canary", CHANGE_S)
+        timed(UPGRADE_CANARY, f"{agents} agents upgraded, new canary", CHANGE_S)
     else:
         timed(UPGRADE, f"{agents} agents upgraded, rollout new", CHANGE_S)
         timed(UPGRADE_AGAIN, f"{agents} agents upgraded, rollout kept", CHANGE_S)

@@ -121,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
                              "side by side, with ksmd's CPU and what host_capacity then says for 1,000 (default none)")
     parser.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE",
                         help="set this in the environment of every engine run (repeatable), e.g. to try an engine setting")
+    parser.add_argument("--rack-of", type=int, nargs=2, metavar=("FLEET", "STACKS"),
+                        help="measure one rack's stack alone: FLEET/STACKS nodes onboarded, then its no-op up, preview "
+                             "and the daily changes (1%% of FLEET upgraded, in this rack), recorded as one stack of "
+                             "STACKS holding FLEET nodes (the other stacks' state is separate, and no run of this one "
+                             "reads it), e.g. --rack-of 1000 8")
     parser.add_argument("--grpc-log", action="store_true",
                         help="stacks at once: each stack's `up` (and the one after a failed one) logs every gRPC call of "
                              "its engine (PULUMI_DEBUG_GRPC) to <logs>/<run>.grpc.jsonl, to find which call a reset "
@@ -135,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.render:
         return rerender(args.render, args.out or DOC)
+    if args.rack_of and not (1 <= args.rack_of[1] <= args.rack_of[0]):
+        parser.error(f"--rack-of {args.rack_of[0]} {args.rack_of[1]}: give a fleet of at least as many nodes as "
+                     "stacks, e.g. --rack-of 1000 8")
+    if args.rack_of and not args.daily:
+        parser.error("--rack-of measures the daily changes: give --daily too")
     if any("=" not in item for item in args.engine_env):
         parser.error("--engine-env takes NAME=VALUE")
     if args.stack_sizes and not args.stacks:
@@ -230,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             for size in shard_sizes:
                 if not any(f"at {size} nodes skipped" in s for s in skipped):
                     part(bench.run_shards, size)
+            if args.rack_of:
+                part(partial(bench.run_rack, count=args.rack_of[1]), args.rack_of[0])
             for size in signer_sizes:
                 part(bench.run_signers, size)
             for size in language_sizes:

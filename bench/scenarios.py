@@ -253,6 +253,13 @@ class Bench(Harness):
             daily.at_once(self, size, count)
         self.mark_reduced_ca(first)
 
+    def run_rack(self, size: int, count: int) -> None:
+        """One rack's stack of a `size`-node fleet split into `count` stacks, measured alone (bench/daily.py)."""
+        print(f"\n== N = {size} as {count} stacks: one rack's stack alone", flush=True)
+        first = len(self.results)
+        daily.one_rack(self, size, count)
+        self.mark_reduced_ca(first)
+
     def mark_reduced_ca(self, first: int) -> None:
         """Say on the results from `first` on that their hosts trusted 3 system CAs, when they did."""
         if self.reduced_ca:

@@ -42,9 +42,11 @@ def ratio(num: float | None, den: float | None) -> float | None:
 def fmt(value: float | None, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
-def summary(targets: Sequence[Target], notes: Sequence[str] = (), title: str = "Issue 12 targets") -> str:
-    """One screen: a line per target (value, limit, met/missed, from what), a count, then up to a few notes."""
-    name_w = min(max((len(t.name) for t in targets), default=10), 48)
+def summary(targets: Sequence[Target], notes: Sequence[str] = (), title: str = "Issue 12 targets",
+            name_width: int = 48) -> str:
+    """One screen: a line per target (value, limit, met/missed, from what), a count, then up to a few notes.
+    A name longer than ``name_width`` is cut (a wider name leaves less of the "from what" on the line)."""
+    name_w = min(max((len(t.name) for t in targets), default=10), name_width)
     lines = [f"== {title} " + "=" * max(0, WIDTH - len(title) - 4)]
     for t in targets:
         name = t.name if len(t.name) <= name_w else t.name[: name_w - 1] + "~"

@@ -55,12 +55,12 @@ def test_the_targets_at_1000_nodes_come_from_the_one_stack_runs_and_each_split_o
     assert (t["1000 nodes, 1 stack: no-op up, s"].value, t["1000 nodes, 1 stack: no-op up, s"].met) == (42.0, False)
     assert (t["1000 nodes, 1 stack: preview, s"].value, t["1000 nodes, 1 stack: preview, s"].met) == (18.0, True)
     assert t["1000 nodes, 8 stacks at once: no-op up, s"].value == 35.0
-    assert t["1000 nodes in 8 stacks: no-op up (one stack), s"].value == 9.0
-    assert t["1000 nodes in 8 stacks: preview (one stack), s"].met is True
+    assert t["1000 in 8 stacks, one stack: no-op up, s"].value == 9.0
+    assert t["1000 in 8 stacks, one stack: preview, s"].met is True
     assert t["1000 nodes, 1 stack: 10 agents upgraded, rollout new, s"].met is False
-    assert t["1000 nodes in 8 stacks: 10 agents upgraded, rollout new (one stack), s"].value == 25.0
+    assert t["1000 in 8 stacks, one stack: 10 agents upgraded, rollout new, s"].value == 25.0
     assert t["1000 nodes, 1 stack: 10 agents upgraded, rollout kept, s"].value is None  # not measured
-    assert t["1000 nodes in 8 stacks: 10 nodes added (one stack), s"].value == 31.0
+    assert t["1000 in 8 stacks, one stack: 10 nodes added, s"].value == 31.0
     assert t["1000 nodes, 1 stack: 10 nodes added, s"].value == 70.0
     assert t["1000 nodes, 1 stack: operator CPU-s per node (up)"].value == pytest.approx(0.25)
     assert t["1000 nodes, 1 stack: operator CPU-s per node (up)"].met is True  # at the limit is met
@@ -142,6 +142,19 @@ def test_stack_sizes_need_stack_counts():
         main(["--stack-sizes", "1000"])
 
 
+@pytest.mark.parametrize("argv, why", [
+    (["--rack-of", "8", "1000", "--daily"], "give a fleet of at least as many nodes as stacks"),
+    (["--rack-of", "1000", "0", "--daily"], "give a fleet of at least as many nodes as stacks"),
+    (["--rack-of", "1000", "8"], "give --daily too"),
+])
+def test_a_rack_of_a_fleet_needs_a_fleet_at_least_as_large_and_the_daily_changes(argv, why, capsys):
+    from bench.onboard import main
+
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert why in capsys.readouterr().err
+
+
 def test_the_removed_nodes_are_the_last_ones_never_an_upgraded_one_nor_the_whole_fleet():
     from types import SimpleNamespace
 
@@ -181,6 +194,12 @@ def test_the_targets_are_read_at_1000_nodes_or_else_at_the_largest_size_measured
     text = issue21_summary([run(500, UP, 1.0)])
     assert text.splitlines()[0].startswith("== Issue 21 targets at 500 nodes (set at 1,000, not measured) ")
     assert "500 nodes, 1 stack: no-op up, s" in text
+    # 1,000 nodes measured only as stacks: their lines follow the largest one-stack size's, and say so.
+    from bench.config import NOOP
+    split = issue21_summary([run(500, UP, 1.0), run(1000, f"{NOOP}, one stack of 8", 12.0, stacks=8)])
+    assert split.splitlines()[0].startswith("== Issue 21 targets: 500 nodes in 1 stack (set at 1,000), 1,000 split ")
+    assert "1000 in 8 stacks, one stack: no-op up, s" in split and "500 nodes, 1 stack: no-op up, s" in split
+    assert "1000 nodes, 1 stack" not in split  # no line for what was not measured at 1,000
 
 
 def test_adding_the_rollout_must_touch_no_node_and_the_daily_upgrade_names_a_new_canary():
@@ -199,8 +218,8 @@ def test_adding_the_rollout_must_touch_no_node_and_the_daily_upgrade_names_a_new
     assert expected_op(UPGRADE_CANARY) == "update"
 
     t = by_name([run(1000, UPGRADE_CANARY, 40.0), run(1000, f"{UPGRADE_CANARY}, one stack of 8", 12.0, stacks=8)])
-    assert t["1000 nodes, 1 stack: 10 agents upgraded, a new canary, s"].value == 40.0
-    assert t["1000 nodes in 8 stacks: 10 agents upgraded, a new canary (one stack), s"].met is True
+    assert t["1000 nodes, 1 stack: 10 agents upgraded, new canary, s"].value == 40.0
+    assert t["1000 in 8 stacks, one stack: 10 agents upgraded, new canary, s"].met is True
     assert not any("rollout new" in name for name in t)  # the earlier runs' rows only where they were measured
     assert "daily change 'upgrade 1%': engine CPU growth exponent" not in t
     assert "daily change 'rollout added': engine CPU growth exponent" in t
