@@ -45,11 +45,14 @@ from tests.e2e.test_lifecycle import install_test_engine
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
-BASES = ("ca1dd75", "e80e071", "fc02334")
+BASES = ("ca1dd75", "e80e071", "fc02334", "b870cc4")
 """The commits whose package writes state this checkout's package must take over without touching a node:
-ca1dd75 (the first the test ran from), e80e071 (the last before the state model of observed.py: state version 0)
-and fc02334 (the last of state version 1: records by path with hex digests, AgentInstall keeping the texts of
-agent.yaml and the unit)."""
+ca1dd75 (the first the test ran from), e80e071 (the last before the state model of observed.py: state version 0),
+fc02334 (the last of state version 1: records by path with hex digests, AgentInstall keeping the texts of
+agent.yaml and the unit) and b870cc4 (the last of state version 2: each AgentInstall's ``rollout`` holding the
+stack's whole canary list; onboarded with ``llmgw:rollout``, see ROLLOUT_FROM)."""
+ROLLOUT_FROM = {"b870cc4": {"maxParallel": 2}}
+"""Bases whose stack is onboarded with this ``llmgw:rollout`` (its canary: the first node), kept for the upgrade."""
 
 NODE_FILES = ("/usr/local/bin/llmgw", "/etc/systemd/system/llmgw-agent.service",
               "/usr/local/share/ca-certificates/llmgw-ca.crt", "/etc/ssl/certs/ca-certificates.crt")
@@ -192,7 +195,8 @@ def test_an_upgrade_from_the_base_commit_changes_no_node(cluster, hosts, new_sta
     ]
     fleet = [keyed, operator_keyed, dev]
     ids = {h.hostname for h in fleet}
-    stack = new_stack(stack_config(cluster, fleet, nodes=nodes))
+    rollout = {**ROLLOUT_FROM[base_commit], "canary": [keyed.hostname]} if base_commit in ROLLOUT_FROM else None
+    stack = new_stack(stack_config(cluster, fleet, nodes=nodes, **({"rollout": rollout} if rollout else {})))
 
     # The base's package onboards the nodes.
     old_log = tmp_path / "imports-base.log"
@@ -249,6 +253,11 @@ def test_an_upgrade_from_the_base_commit_changes_no_node(cluster, hosts, new_sta
     problems += [f"{n}: the control plane saw its stream end and open again during the upgrade: {sorted(s)}"
                  for n, s in streams(cluster, ids, mark).items() if sorted(s) != ["accepted", "closed"]]
     assert problems == [], "the upgrade changed nodes:\n" + "\n".join(problems) + "\n" + upgrade.output
+    if rollout:  # each AgentInstall now holds its share of llmgw:rollout, not the canary list
+        shares = {r["urn"].split("::")[-1]: r["inputs"]["rollout"] for r in stack.export()["resources"]
+                  if r["type"].endswith("AgentInstall")}
+        assert {n: (s.get("canary"), "canaries" in s) for n, s in shares.items()} == {
+            h.hostname: (h is keyed, False) for h in fleet}, shares
 
     preview = stack.preview(expect_no_changes=True)
     assert preview.ok, preview.output
@@ -260,10 +269,12 @@ def test_an_upgrade_from_the_base_commit_changes_no_node(cluster, hosts, new_sta
                if r["type"].endswith(("NodeIdentity", "AgentInstall"))]
     assert len(records) == 2 * len(fleet), [urn for urn, _ in records]
     for urn, outs in records:
-        assert outs.get("state_version") == 2 and "observed" in outs, (urn, outs)
+        assert outs.get("state_version") == 3 and "observed" in outs, (urn, outs)
         assert not {"node_state", "files"} & set(outs), (urn, outs)
         assert not any(name.startswith("/") for name in outs["observed"]["files"]), (urn, outs["observed"])
         if urn.split("::")[-2].endswith("AgentInstall"):
             assert outs["agent_yaml"].startswith("sha256:") and outs["unit"].startswith("sha256:"), (urn, outs)
+            if rollout:  # version 2's canary list, read back as the node's share
+                assert set(outs["rollout"]) == {"max_parallel", "canary", "directory"}, (urn, outs["rollout"])
     after_refresh = stack.preview(expect_no_changes=True)
     assert after_refresh.ok, after_refresh.output
