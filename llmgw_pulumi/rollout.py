@@ -21,18 +21,18 @@ This run
     random run id into ``<stack dir>/run`` before it registers any resource, and makes
     ``<stack dir>/runs/<run id>/``, with the run's canary list in its ``canaries`` file
     (a node id a line). Each provider reads the run id, and the canaries, when an agent's
-    update needs them.
+    update needs them. Markers of an earlier run, finished or crashed, live in another
+    run's directory and are never read again; run directories older than a day are
+    removed when a new run starts. Slots are locks (``flock``) on files of the run's
+    directory: a lock dies with the process holding it, so a crashed run leaves no
+    slot taken.
 
 What a node is given
     Its AgentInstall's ``rollout`` input is its share of llmgw:rollout
     (``specs.NodeRollout``): ``maxParallel``, the stack's directory, and whether the node
     is a canary. The canary list itself is in no node's state: naming new canaries (as
     each day's upgrade does) changes the inputs of the nodes that become or stop being
-    canaries, and leaves the rest of the fleet's state as it was. Markers of an earlier run, finished or crashed, live in another
-    run's directory and are never read again; run directories older than a day are
-    removed when a new run starts. Slots are locks (``flock``) on files of the run's
-    directory: a lock dies with the process holding it, so a crashed run leaves no
-    slot taken.
+    canaries, and leaves the rest of the fleet's state as it was.
 
 What a node writes (``runs/<run id>/<node id>.<state>``)
     ``started`` when its update begins, then ``done`` or ``failed`` (with the error's
