@@ -10,7 +10,19 @@ from collections.abc import Sequence
 
 from bench import growth
 from bench.config import NOOP, PREVIEW, UP
-from bench.daily import ADD, AT_ONCE_NOOP, AT_ONCE_UP, DAILY, REMOVE, ROLLOUT_ADDED, UPGRADE, UPGRADE_AGAIN, UPGRADE_CANARY, upgraded_count
+from bench.daily import (
+    ADD,
+    AT_ONCE_NOOP,
+    AT_ONCE_UP,
+    DAILY,
+    REMOVE,
+    ROLLOUT_ADDED,
+    UPGRADE,
+    UPGRADE_AGAIN,
+    UPGRADE_CANARY,
+    is_change,
+    upgraded_count,
+)
 from bench.measure import Result
 from bench.summary import Target
 from bench.targets import operator_cpu
@@ -69,8 +81,10 @@ def issue21_targets(results: Sequence[Result], n: int = FLEET_N) -> list[Target]
                           measured=secs(r) + " (all K side by side)"))
     agents = upgraded_count(n)
     # The rows of earlier runs (llmgw:rollout new, then kept) where no run measured the current daily upgrade.
-    measured = {r.kind.split(",")[0] for r in results if r.ok and r.size == n}
-    if UPGRADE_CANARY in measured or UPGRADE not in measured:
+    def made(change: str) -> bool:
+        return any(r.ok and r.size == n and is_change(r.kind, change) for r in results)
+
+    if made(UPGRADE_CANARY) or not made(UPGRADE):
         timed(UPGRADE_CANARY, f"{agents} agents upgraded, new canary", CHANGE_S)
     else:
         timed(UPGRADE, f"{agents} agents upgraded, rollout new", CHANGE_S)

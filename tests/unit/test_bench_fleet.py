@@ -223,3 +223,14 @@ def test_adding_the_rollout_must_touch_no_node_and_the_daily_upgrade_names_a_new
     assert not any("rollout new" in name for name in t)  # the earlier runs' rows only where they were measured
     assert "daily change 'upgrade 1%': engine CPU growth exponent" not in t
     assert "daily change 'rollout added': engine CPU growth exponent" in t
+
+
+def test_the_current_upgrade_is_shown_where_a_run_made_it_even_beside_an_earlier_runs_upgrade():
+    """The daily upgrade's kind has a comma of its own: a run of it is found as the change, not cut at the comma."""
+    from bench.daily import UPGRADE_AGAIN, UPGRADE_CANARY
+
+    t = by_name([run(1000, UPGRADE, 90.0), run(1000, UPGRADE_AGAIN, 50.0), run(1000, UPGRADE_CANARY, 40.0)])
+    assert t["1000 nodes, 1 stack: 10 agents upgraded, new canary, s"].value == 40.0
+    assert not any("rollout new" in name for name in t)
+    earlier = by_name([run(1000, UPGRADE, 90.0), run(1000, UPGRADE_AGAIN, 50.0)])
+    assert earlier["1000 nodes, 1 stack: 10 agents upgraded, rollout new, s"].value == 90.0
