@@ -288,6 +288,18 @@ def canaries_as_given(value: Any) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
 
+def _max_parallel(config: str | None) -> Any:
+    """Rollout's and NodeRollout's ``max_parallel``: one declaration, a stack-config name only in Rollout."""
+    return setting(config, validate.positive_int, convert=int, default=None,
+                   doc="At most this many agents restart at once, across the whole stack; None: no limit.")
+
+
+def _rollout_directory() -> Any:
+    """Rollout's and NodeRollout's ``directory``, which the program sets (never a stack-config setting)."""
+    return setting(None, lambda v: validate.abs_path(v, "rollout coordination directory"), default=None,
+                   doc="The stack's coordination directory on the operator's machine (the program sets it).")
+
+
 @dataclass(frozen=True)
 class Rollout:
     """How updates of running agents are spread (stack config ``llmgw:rollout``; see llmgw_pulumi.rollout).
@@ -296,14 +308,10 @@ class Rollout:
     (the program sets it); it is not a stack-config setting.
     """
 
-    max_parallel: int | None = setting("maxParallel", validate.positive_int, convert=int, default=None,
-                                       doc="At most this many agents restart at once, across the whole stack; None: "
-                                           "no limit.")
+    max_parallel: int | None = _max_parallel("maxParallel")
     canaries: tuple[str, ...] = setting("canary", collect=collect_canaries, convert=canaries_as_given, default=(),
                                         doc="Node ids updated first; the others start only once these succeeded.")
-    directory: str | None = setting(None, lambda v: validate.abs_path(v, "rollout coordination directory"), default=None,
-                                    doc="The stack's coordination directory on the operator's machine (the program "
-                                        "sets it).")
+    directory: str | None = _rollout_directory()
 
     def for_node(self, node_id: str) -> NodeRollout:
         """What one node's AgentInstall is given of it (see NodeRollout)."""
@@ -320,12 +328,9 @@ class NodeRollout:
     that become or stop being canaries, and no other node's state.
     """
 
-    max_parallel: int | None = setting(None, validate.positive_int, convert=int, default=None,
-                                       doc="At most this many agents restart at once, across the whole stack; None: "
-                                           "no limit.")
+    max_parallel: int | None = _max_parallel(None)
     canary: bool = setting(None, validate.boolean, default=False, doc="This node is one of the canaries.")
-    directory: str | None = setting(None, lambda v: validate.abs_path(v, "rollout coordination directory"), default=None,
-                                    doc="The stack's coordination directory on the operator's machine.")
+    directory: str | None = _rollout_directory()
 
 
 # --------------------------------------------------------------------------- agent
