@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import pulumi
 
 from .agent_settings import AgentSettings, BinarySource
+from .call_stack import recorded_frames
 from .providers.agent import AgentInstall, AgentInstallArgs
 from .providers.certificate import ClientCertificate, ClientCertificateArgs
 from .providers.engines import EngineCheck, EngineCheckArgs
@@ -137,7 +138,8 @@ class Node(pulumi.ComponentResource):
     engine_check: EngineCheck
 
     def __init__(self, name: str, args: NodeArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("llmgw:index:Node", name, None, opts)
+        with recorded_frames(1):  # where the program made it (llmgw_pulumi.call_stack)
+            super().__init__("llmgw:index:Node", name, None, opts)
         self.certificate, self.identity, self.agent, self.engine_check = onboard(self, name, args, opts)
         # The component records no outputs of its own: each value it could repeat (hostname, host key,
         # certificate, agent hash, problems, inventory) is in its resources' state already, the stack
@@ -149,7 +151,15 @@ class Node(pulumi.ComponentResource):
 
 def onboard(parent: pulumi.ComponentResource, name: str, args: NodeArgs,
             opts: pulumi.ResourceOptions | None = None) -> Parts:
-    """The node's four resources as children of ``parent`` (a Node; or the component of llmgw_pulumi.component)."""
+    """The node's four resources as children of ``parent`` (a Node; or the component of llmgw_pulumi.component).
+
+    They record no frame of the program's call stack: theirs would be this function's lines (llmgw_pulumi.call_stack).
+    """
+    with recorded_frames(0):
+        return _onboard(parent, name, args, opts)
+
+
+def _onboard(parent: pulumi.ComponentResource, name: str, args: NodeArgs, opts: pulumi.ResourceOptions | None) -> Parts:
     child = child_options(parent, name, args, opts or pulumi.ResourceOptions())
     conn = args.connection
 

@@ -9,12 +9,15 @@ call takes the URN of the resource a message is about. So:
 
 - the package's modules log with the standard ``logging`` module
   (``logging.getLogger(__name__)``), knowing nothing of Pulumi;
-- each provider call runs inside ``about(urn)``, the URN of the resource it
-  serves (each resource carries it as the hidden input ``__urn``, computed by
-  the program with ``pulumi.resource.create_urn``);
+- each provider call runs inside ``about()``, which finds the URN of the
+  resource it serves in the engine's request: the SDK's dynamic-provider
+  server (pulumi.dynamic.__main__) answers each Create, Read, Update,
+  Delete, Diff and Check with the request, which names the resource, as a
+  local of its handler, the frame the provider is called from. (A hidden
+  ``__urn`` input used to carry it, about 900 bytes of state per node.)
 - a handler on the ``llmgw_pulumi`` logger sends INFO and WARNING records to
-  the engine under that URN. Outside a provider process (unit tests), or for
-  a resource without ``__urn``, a record is printed to stderr instead, which
+  the engine under that URN. Outside a provider process (unit tests), or
+  where no request is found, a record is printed to stderr instead, which
   the engine still shows, unattributed.
 """
 
@@ -25,39 +28,36 @@ import contextvars
 import logging
 import sys
 import threading
-from collections.abc import Awaitable, Iterator
-from typing import Any, cast
-
-import pulumi
+import types
+from collections.abc import Iterator
+from typing import Any
 
 from ..text import printable
 
-URN_KEY = "__urn"
-"""The hidden input naming the resource itself; the CLI does not display inputs starting with '__'."""
-
 _urn: contextvars.ContextVar[str | None] = contextvars.ContextVar("llmgw_resource_urn", default=None)
 
+REQUESTS = ("CreateRequest", "ReadRequest", "UpdateRequest", "DeleteRequest", "DiffRequest", "CheckRequest")
+"""The engine's requests a dynamic provider answers, each naming its resource's URN (pulumi.runtime.proto)."""
 
-def resource_urn(name: str, resource_type: str, opts: pulumi.ResourceOptions | None) -> pulumi.Output[str]:
-    """The URN the engine will give a resource of this name and type under ``opts.parent``.
 
-    The parent's URN is taken without its dependency on the parent: a child
-    whose input depended on its own parent component would be a cycle.
-    """
-    parent = opts.parent if opts else None
-    if parent is None:
-        return pulumi.resource.create_urn(name, resource_type)
-    urn = parent.urn
-    known_urn = cast("Awaitable[str]", urn.future())  # a registered parent's URN is always known
-    return pulumi.resource.create_urn(name, resource_type, parent=pulumi.Output(set(), known_urn, urn.is_known(),
-                                                                                urn.is_secret()))
+def served_urn(frame: types.FrameType | None) -> str | None:
+    """The URN in the engine's request being answered: the nearest caller of ``frame`` (itself included) holding,
+    as its local ``request``, one of the REQUESTS with a URN; None if none does."""
+    from pulumi.runtime.proto import provider_pb2
+
+    kinds = tuple(getattr(provider_pb2, name) for name in REQUESTS)
+    while frame is not None:
+        request = frame.f_locals.get("request")
+        if isinstance(request, kinds) and request.urn:
+            return str(request.urn)
+        frame = frame.f_back
+    return None
 
 
 @contextlib.contextmanager
-def about(props: Any) -> Iterator[None]:
-    """Attribute what is logged in this block to the resource whose inputs or outputs are ``props``."""
-    urn = props.get(URN_KEY) if isinstance(props, dict) else None
-    token = _urn.set(urn if isinstance(urn, str) and urn else None)
+def about() -> Iterator[None]:
+    """Attribute what is logged in this block to the resource of the engine's request being answered."""
+    token = _urn.set(served_urn(sys._getframe(1)))
     try:
         yield
     finally:

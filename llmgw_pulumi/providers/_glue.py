@@ -158,8 +158,7 @@ def operator_errors(fn: F) -> F:
     """Wrap a provider's create/update/read/delete: what it logs is shown under its resource, and the
     package's errors carry a one-frame traceback.
 
-    The last argument of each of those calls is the resource's properties
-    (``props``, or ``news`` for update), which name the resource's URN. The
+    The resource is the one the engine's request names (``_diagnostics.about``). The
     engine shows a provider's whole traceback; for an error that already says
     what happened and what to do, the frames inside the package are noise.
     """
@@ -168,18 +167,12 @@ def operator_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         _diagnostics.install()
         try:
-            with _diagnostics.about(args[-1] if args else None):
+            with _diagnostics.about():
                 return fn(*args, **kwargs)
         except LlmgwError as exc:
             raise exc.with_traceback(None) from None
 
     return wrapper  # type: ignore[return-value]
-
-
-def with_urn(resource: type, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None) -> dict[str, Any]:
-    """``props`` plus the hidden ``__urn`` input: the URN the engine will give this resource."""
-    resource_type = f"pulumi-python:{resource._resource_type_name}"  # type: ignore[attr-defined]
-    return {**props, _diagnostics.URN_KEY: _diagnostics.resource_urn(name, resource_type, opts)}
 
 
 def read_result(id_: str, props: Mapping[str, Any], output_keys: Iterable[str], outs: Mapping[str, Any],
@@ -346,9 +339,9 @@ def declared_outputs(resource: type) -> tuple[str, ...]:
 
 
 class NodeResource(Resource):
-    """One of the package's resources: its inputs are its Args dataclass (``schema.to_inputs``) and the hidden
-    ``__urn``; each attribute it declares as ``name: pulumi.Output[...]`` is one of its provider's output keys or
-    one of the inputs it shows (``SHOWN_INPUTS``), so the declaration is the one list of them."""
+    """One of the package's resources: its inputs are its Args dataclass (``schema.to_inputs``); each attribute
+    it declares as ``name: pulumi.Output[...]`` is one of its provider's output keys or one of the inputs it
+    shows (``SHOWN_INPUTS``), so the declaration is the one list of them."""
 
     PROVIDER: ClassVar[type[ResourceProvider]]
     SHOWN_INPUTS: ClassVar[tuple[str, ...]] = ()
@@ -369,4 +362,4 @@ class NodeResource(Resource):
         props = {**{k: None for k in declared_outputs(cls)}, **(to_inputs(args) or {}), **hidden}
         if cls.SECRET_OUTPUTS:
             opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=list(cls.SECRET_OUTPUTS)))
-        return cls.PROVIDER(), name, with_urn(cls, name, props, opts), opts
+        return cls.PROVIDER(), name, props, opts

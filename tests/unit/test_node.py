@@ -6,6 +6,8 @@ it: type, name, parent, provider reference, dependencies and replaceWith.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -246,3 +248,29 @@ def test_each_agent_is_given_its_share_of_the_rollout_never_the_canary_list(moni
                          "gpu-02": {"max_parallel": 2, "canary": False, "directory": "/home/op/.local/state/r"}}
 
     return pulumi.Output.all(*(n.agent.urn for n in nodes)).apply(check)
+
+
+@pulumi.runtime.test
+def test_a_node_records_the_line_that_made_it_and_its_resources_no_call_stack(monitor):
+    import pulumi.runtime.resource as sdk_resource
+
+    recorder = sdk_resource._get_stack_trace
+    mine = pulumi.ProviderResource("pulumi-python", "mine")  # a resource of the test's own: its stack is recorded
+    made_at = sys._getframe().f_lineno + 1
+    node = Node("gpu-01", node_args("gpu-01"))
+    assert sdk_resource._get_stack_trace is recorder  # the SDK is as it was once the node is made
+
+    def check(_: Any) -> None:
+        (own,) = [r for r in monitor.of_type(PROVIDER_TYPE) if r.name == "mine"]
+        assert len(own.stackTrace.frames) >= 2, own.stackTrace  # the control: this test and pytest's frames
+        (registered,) = monitor.of_type("llmgw:index:Node")
+        assert [(Path(f.pc.uri).name, f.pc.line) for f in registered.stackTrace.frames] == [(Path(__file__).name, made_at)]
+        assert (registered.sourcePosition.uri, registered.sourcePosition.line) == (
+            registered.stackTrace.frames[0].pc.uri, made_at)
+        children = [r for r in monitor.requests if r.name == "gpu-01" or r.type == PROVIDER_TYPE and r.name != "mine"]
+        assert sorted(r.type for r in children) == sorted([*NODE_TYPES, "llmgw:index:Node", PROVIDER_TYPE])
+        for r in children:
+            if r.type != "llmgw:index:Node":
+                assert (len(r.stackTrace.frames), r.HasField("sourcePosition")) == (0, False), r.type
+
+    return settle(node.engine_check.urn, mine.urn).apply(check)

@@ -1,0 +1,122 @@
+"""What a provider logs reaches the engine under the URN of the resource the engine asked about.
+
+The SDK's own dynamic-provider server (`python -m pulumi.dynamic`, the process the engine starts for
+`pulumi-python` resources) runs here as it does under the CLI, on loopback; a small engine double takes its Log
+calls. The provider below logs from inside the package's provider wrapper (``_glue.operator_errors``), as the four
+providers do, and the URN it is logged under must be the one in the engine's request: no input names it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import threading
+import types
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from pulumi.dynamic import CreateResult, ResourceProvider
+from pulumi.dynamic.dynamic import serialize_provider
+from pulumi.runtime import rpc
+from pulumi.runtime.proto import engine_pb2, engine_pb2_grpc, provider_pb2, provider_pb2_grpc
+
+from llmgw_pulumi.providers import _diagnostics, _glue
+
+REPO = Path(__file__).resolve().parents[2]
+log = logging.getLogger("llmgw_pulumi.tests.diagnostics")
+URN = "urn:pulumi:prod::llmgw::llmgw:index:Node$pulumi-python:dynamic/llmgw:AgentInstall::gpu-07"
+
+
+class LoggingProvider(ResourceProvider):
+    """Logs one line, as AgentInstall does when it starts fetching a release, and says which URN it was under."""
+
+    @_glue.operator_errors
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        log.info("gpu-07 fetches llmgw v1.4.2")
+        return CreateResult("gpu-07", {"urn_seen": _diagnostics._urn.get() or ""})
+
+
+class Engine(engine_pb2_grpc.EngineServicer):
+    def __init__(self) -> None:
+        self.logs: list[Any] = []
+        self.lock = threading.Lock()
+
+    def Log(self, request: Any, context: Any) -> Any:
+        with self.lock:
+            self.logs.append(request)
+        from google.protobuf import empty_pb2
+        return empty_pb2.Empty()
+
+
+@pytest.fixture
+def engine() -> Iterator[tuple[Engine, str]]:
+    double = Engine()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    engine_pb2_grpc.add_EngineServicer_to_server(double, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield double, f"127.0.0.1:{port}"
+    finally:
+        server.stop(0)
+
+
+@pytest.fixture
+def dynamic_provider(engine: tuple[Engine, str]) -> Iterator[Any]:
+    """The SDK's dynamic-provider server, started as the engine starts it: its address argument, its port on stdout."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "pulumi.dynamic", engine[1]], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=REPO)
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        yield provider_pb2_grpc.ResourceProviderStub(channel)
+        channel.close()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def create_request(urn: str) -> Any:
+    props = asyncio.run(rpc.serialize_properties({"__provider": serialize_provider(LoggingProvider())}, {}))
+    return provider_pb2.CreateRequest(urn=urn, properties=props)
+
+
+def test_what_a_provider_logs_is_sent_under_the_urn_of_the_engines_request(engine, dynamic_provider):
+    double, _ = engine
+    response = dynamic_provider.Create(create_request(URN), timeout=60)
+    assert response.id == "gpu-07"
+    assert response.properties["urn_seen"] == URN  # the provider's own view, under the real SDK server
+    sent = [(r.urn, r.message, r.severity) for r in double.logs]
+    assert sent == [(URN, "gpu-07 fetches llmgw v1.4.2", engine_pb2.INFO)], sent
+
+
+def test_each_request_is_logged_under_its_own_urn(engine, dynamic_provider):
+    double, _ = engine
+    other = URN.replace("gpu-07", "gpu-08")
+    for urn in (URN, other):
+        dynamic_provider.Create(create_request(urn), timeout=60)
+    assert [r.urn for r in double.logs] == [URN, other]
+
+
+def test_outside_a_request_no_urn_is_found_and_a_record_goes_to_stderr(capsys):
+    assert _diagnostics.served_urn(sys._getframe()) is None
+    request = provider_pb2.DeleteRequest(urn=URN)  # noqa: F841  (a request in this frame is what a handler holds)
+    assert _diagnostics.served_urn(sys._getframe()) == URN
+    empty = provider_pb2.ReadRequest()  # noqa: F841
+    del request
+    request = empty  # a request naming no resource is not taken for one
+    assert _diagnostics.served_urn(sys._getframe()) is None
+    not_a_request = types.SimpleNamespace(urn=URN)
+    request = not_a_request  # noqa: F841  (only the engine's request types count)
+    assert _diagnostics.served_urn(sys._getframe()) is None
+    LoggingProvider().create({})  # no request anywhere up the stack: printed, unattributed
+    assert "info: gpu-07 fetches llmgw v1.4.2" in capsys.readouterr().err
