@@ -64,4 +64,9 @@ PLOTTED = ("pulumi preview", "pulumi up, no-op", "pulumi up, from scratch", "pul
 
 
 UP, NOOP, PREVIEW, REFRESH = PLOTTED[2], PLOTTED[1], PLOTTED[0], PLOTTED[3]
+SKIP_CHECKPOINTS_ENV = "PULUMI_SKIP_CHECKPOINTS"
+"""The engine's setting that writes the state once, at the end of a run, instead of after every step."""
+CHECKPOINTS_SKIPPED = ", checkpoints skipped"
+"""Appended to the kind of a run made with SKIP_CHECKPOINTS_ENV (Harness.skip_checkpoints): no analysis of the
+default engine's runs takes it for one of them."""
 SEQ, PAR = "baseline script, sequential", "baseline script, parallel"

@@ -22,11 +22,13 @@ from bench.config import (
     AGENT_TIMEOUT,
     BOOT_TIMEOUT,
     CACHE,
+    CHECKPOINTS_SKIPPED,
     LAB_NAME,
     LAB_SUBNET,
     RELEASE,
     RELEASE_PORT,
     REPO,
+    SKIP_CHECKPOINTS_ENV,
     SSH_USER,
     SSH_WAIT,
     UPGRADE_RELEASE,
@@ -75,6 +77,10 @@ class Harness:
     """Round-trip delay of the runs now measured; set with route_through_proxies."""
     shards: int | None = None
     """Provider processes the runs now measured force (LLMGW_PROVIDER_SHARDS); None: the package's default."""
+    checkpoint_sizes: list[int] = field(default_factory=list)
+    """Sizes at which `pulumi up` runs with the engine's checkpoints and without them, side by side (run_checkpoints)."""
+    skip_checkpoints: bool = False
+    """The runs now measured have the engine write the state once, at the end (SKIP_CHECKPOINTS_ENV)."""
     toxiproxy: Any = None
     tools_dir: Path = Path()
     """Where scripts/bench-tools.sh put toxiproxy-server."""
@@ -121,7 +127,8 @@ class Harness:
         """The most hosts one part boots at once: its size, and the scale runs' idle hosts for the daily changes."""
         scale = max([*self.scale_sizes, *(self.stack_sizes if self.stack_counts else [])], default=0)
         extra = daily.changed_count(scale) if self.daily and scale else 0
-        return max([*self.sizes, *self.latency_sizes, *self.shard_sizes, *self.signer_sizes, *self.language_sizes, scale + extra, 1])
+        return max([*self.sizes, *self.latency_sizes, *self.shard_sizes, *self.checkpoint_sizes, *self.signer_sizes,
+                    *self.language_sizes, scale + extra, 1])
 
     @property
     def pki_dir(self) -> Path:
@@ -303,11 +310,13 @@ class Harness:
         if cpu.ksmd >= 0.05:  # light hosts: the kernel's merging thread, in the machine's CPU but not in ours + hosts
             detail["note"] = (detail.get("note", "") + f" ksmd {cpu.ksmd:.1f} CPU-s").strip()
         ssh = self.ssh_opens(hosts) - opens0
+        kind = scenario.rsplit(" #", 1)[0] + (CHECKPOINTS_SKIPPED if self.skip_checkpoints else "")
         label = scenario + (f", {self.shards} providers" if self.shards else "")
+        label += CHECKPOINTS_SKIPPED if self.skip_checkpoints else ""
         label += f" (+{self.delay_ms} ms RTT)" if self.delay_ms else ""
         result = Result(size, label, ok, wall, ssh, cpu, idle, idle_own, agents_up=agents_up,
                         remote_ops=detail.pop("remote_ops", None), note=detail.pop("note", ""), detail=detail,
-                        delay_ms=self.delay_ms, shards=self.shards, kind=scenario.rsplit(" #", 1)[0],
+                        delay_ms=self.delay_ms, shards=self.shards, kind=kind,
                         backend=self.backend.shown)
         if detail.pop("engine_run", False):
             result.backend_bytes = self.backend.written(watched, backend_at)
@@ -332,6 +341,8 @@ class Harness:
         env["PYTHONPATH"] = str(self.snapshot)
         env["PULUMI_BACKEND_URL"] = self.backend.url
         env.update(self.engine_env)
+        if self.skip_checkpoints:
+            env[SKIP_CHECKPOINTS_ENV] = "true"
         env.update(extra_env or {})
         return LabStack(WORK / "projects" / name, self.backend.stack_name(name, self.log_dir.name), env, project=project)
 

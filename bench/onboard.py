@@ -93,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=sizes_arg, help="provider-process counts compared (default 4,8,16)")
     parser.add_argument("--shard-sizes", type=sizes_arg,
                         help="sizes the provider-process counts are compared at (default 30,100; --quick none)")
+    parser.add_argument("--checkpoint-sizes", type=sizes_arg, default=[],
+                        help="sizes at which `pulumi up` from scratch and a no-op `up` run as the engine runs them, "
+                             "then on fresh hosts with PULUMI_SKIP_CHECKPOINTS=true (the state written once, at the "
+                             "end), side by side (default none)")
     parser.add_argument("--signer-sizes", type=sizes_arg,
                         help="sizes at which `pulumi up` with pkiDir and with the HSM signer are compared "
                              "(default 30; --quick none)")
@@ -175,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(sizes=sizes, repeats=repeats, log_dir=log_dir, wait_quiet=args.wait_quiet,
                   latency_sizes=latency_sizes, scale_sizes=scale_sizes, shard_counts=shard_counts,
                   shard_sizes=shard_sizes, signer_sizes=signer_sizes, language_sizes=language_sizes,
-                  reduced_ca=args.reduced_ca, tools_dir=tools_dir,
+                  checkpoint_sizes=args.checkpoint_sizes, reduced_ca=args.reduced_ca, tools_dir=tools_dir,
                   engine_env=dict(item.split("=", 1) for item in args.engine_env), daily=args.daily,
                   stack_counts=args.stacks, stack_sizes=stack_sizes, light_hosts=args.light_hosts,
                   memory_sizes=args.memory_sizes, grpc_log=args.grpc_log)
@@ -197,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         """Everything measured so far, as results.json holds it (written after every part, read by --render)."""
         return {"plan": {"sizes": sizes, "latency_sizes": latency_sizes, "scale_sizes": scale_sizes,
                          "shard_counts": shard_counts, "shard_sizes": shard_sizes, "signer_sizes": signer_sizes,
+                         "checkpoint_sizes": args.checkpoint_sizes,
                          "reduced_ca": args.reduced_ca, "light_hosts": args.light_hosts,
                          "memory_sizes": args.memory_sizes, "memory_rows": bench.memory_rows,
                          "daily": args.daily, "stack_counts": args.stacks, "stack_sizes": stack_sizes,
@@ -240,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             for size in shard_sizes:
                 if not any(f"at {size} nodes skipped" in s for s in skipped):
                     part(bench.run_shards, size)
+            for size in args.checkpoint_sizes:
+                part(bench.run_checkpoints, size)
             if args.rack_of:
                 part(partial(bench.run_rack, count=args.rack_of[1]), args.rack_of[0])
             for size in signer_sizes:

@@ -17,6 +17,7 @@ from bench.measure import Counters, Result, StateSize
 from bench.report import backend_table, cpu_breakdown, ratio_table, ratios, state_breakdown, table, where_time_goes
 from bench.summary import summary
 from bench.targets import (
+    checkpoint_comparison,
     draw_plots,
     growth_figures,
     growth_table,
@@ -101,6 +102,15 @@ than linearly.
 `pulumi up` from scratch with LLMGW_PROVIDER_SHARDS set (llmgw_pulumi/shards.py).
 
 {shard_rows}
+
+## Checkpoints
+
+At {list_text(bench.checkpoint_sizes)} nodes (--checkpoint-sizes): `pulumi up` from scratch and a no-op `up` as the
+engine runs them, writing the whole state to the backend after every step, then on freshly booted hosts with
+`PULUMI_SKIP_CHECKPOINTS=true`, which writes it once, when the run ends (see docs/operations.md, "How many nodes one
+stack should hold", for what a run that dies then loses). See `Bench.run_checkpoints`.
+
+{checkpoint_comparison(bench.results)}
 
 ## Signing through an HSM
 
@@ -310,7 +320,8 @@ def rerender(paths: Path | Sequence[Path], out: Path) -> int:
     bench = Harness(sizes=plan["sizes"], repeats=plan["repeats"], log_dir=path.parent, results=results,
                   latency_sizes=plan["latency_sizes"], scale_sizes=plan["scale_sizes"],
                   shard_counts=plan["shard_counts"], shard_sizes=plan["shard_sizes"],
-                  signer_sizes=plan.get("signer_sizes", []), reduced_ca=plan["reduced_ca"],
+                  signer_sizes=plan.get("signer_sizes", []), checkpoint_sizes=plan.get("checkpoint_sizes", []),
+                  reduced_ca=plan["reduced_ca"],
                   imports=plan["imports"], engine_env=plan.get("engine_env", {}), daily=plan.get("daily", False),
                   stack_counts=plan.get("stack_counts", []), stack_sizes=plan.get("stack_sizes", []),
                   light_hosts=plan.get("light_hosts", False),

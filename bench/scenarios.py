@@ -278,6 +278,20 @@ class Bench(Harness):
             finally:
                 self.shards = None
 
+    def run_checkpoints(self, size: int) -> None:
+        """`pulumi up` from scratch and a no-op `up`, first as the engine runs them (the state written after every
+        step), then on fresh hosts with the engine writing it once, at the end (SKIP_CHECKPOINTS_ENV)."""
+        for skip in (False, True):
+            print(f"\n== N = {size}, " + ("checkpoints skipped" if skip else "checkpoints written"), flush=True)
+            hosts = self.fresh_hosts(size, reduced_ca=self.reduced_ca)
+            first = len(self.results)
+            self.skip_checkpoints, self.stack_tag = skip, "-nockpt" if skip else "-ckpt"
+            try:
+                self.pulumi_runs(size, hosts, then=("noop",))
+            finally:
+                self.skip_checkpoints, self.stack_tag = False, ""
+            self.mark_reduced_ca(first)
+
     def run_signers(self, size: int) -> None:
         """`pulumi up` from scratch with the pkiDir default, then on fresh hosts with the HSM signer; then the
         signing step alone (bench/signer.py) for both, `size` certificates one after another.

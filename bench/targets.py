@@ -7,6 +7,7 @@ from pathlib import Path
 
 from bench import growth
 from bench.config import (
+    CHECKPOINTS_SKIPPED,
     DELAY_MS,
     FLOOR,
     LANGUAGE_UP,
@@ -146,6 +147,34 @@ def shard_comparison(results: Sequence[Result]) -> tuple[str, list[str]]:
             notes.append(f"providers at {size} nodes: " + ", ".join(f"{r.shards}: {r.wall:.1f} s" for r in ok)
                          + f"; best {best.shards}")
     return "\n".join(rows), notes
+
+
+def checkpoint_comparison(results: Sequence[Result]) -> str:
+    """Per size of --checkpoint-sizes: each run of the default engine beside the same run with its checkpoints
+    skipped (the run of that kind just before the skipped one), and the skipped one over the default."""
+    rows = ["| N | run | checkpoints | wall s | engine CPU-s | provider CPU-s | program CPU-s | operator CPU-s/node "
+            "| written to the backend MB | SSH/node |", "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for i, skipped in enumerate(results):
+        if not skipped.kind.endswith(CHECKPOINTS_SKIPPED):
+            continue
+        kind = skipped.kind.removesuffix(CHECKPOINTS_SKIPPED)
+        written = next((r for r in reversed(results[:i]) if r.kind == kind and r.size == skipped.size), None)
+        if written is None or not (written.ok and skipped.ok):
+            continue
+        for label, r in (("written", written), ("skipped", skipped)):
+            rows.append(f"| {r.size} | {kind} | {label} | {r.wall:.2f} | {r.cpu.engine:.1f} | {r.cpu.provider:.1f} "
+                        f"| {r.cpu.program:.1f} | {operator_cpu(r) / r.size:.3f} | {mb(r.backend_bytes)} "
+                        f"| {r.ssh / r.size:.2f} |")
+        rows.append(f"| {skipped.size} | {kind} | skipped / written | {fmt(ratio(skipped.wall, written.wall))} "
+                    f"| {fmt(ratio(skipped.cpu.engine, written.cpu.engine))} | {fmt(ratio(skipped.cpu.provider, written.cpu.provider))} "
+                    f"| {fmt(ratio(skipped.cpu.program, written.cpu.program))} "
+                    f"| {fmt(ratio(operator_cpu(skipped), operator_cpu(written)))} "
+                    f"| {fmt(ratio(skipped.backend_bytes, written.backend_bytes))} | |")
+    return "\n".join(rows) if len(rows) > 2 else "(not measured: --checkpoint-sizes not given)"
+
+
+def mb(value: int | None) -> str:
+    return "" if value is None else f"{value / 1e6:,.2f}"
 
 
 def draw_plots(figures: Sequence[growth.Figure], out_dir: Path, prefix: str = "benchmark-") -> list[Path]:

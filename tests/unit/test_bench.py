@@ -421,3 +421,25 @@ def test_a_failed_runs_multi_line_note_stays_in_its_table_row() -> None:
         rows = [line for line in text.splitlines() if line.startswith("| 1000 ")]
         assert len(rows) == 1 and "error: reset / by peer Resources: 1 errored" in rows[0]
         assert all(line.startswith("|") for line in text.strip().splitlines())  # no line outside the table
+
+
+def test_the_checkpoint_comparison_sets_each_skipped_run_beside_the_same_run_just_before_it():
+    from bench.config import CHECKPOINTS_SKIPPED, NOOP, UP
+    from bench.measure import Counters, Result
+    from bench.targets import checkpoint_comparison
+
+    def run(kind: str, wall: float, engine: float, written: int, size: int = 200) -> Result:
+        return Result(size, kind, True, wall, size, Counters(wall, 0, 0, 0, engine, 20.0, 10.0), 0, 0, kind=kind,
+                      backend_bytes=written)
+
+    assert checkpoint_comparison([run(UP, 300.0, 150.0, 8_000_000_000)]) == "(not measured: --checkpoint-sizes not given)"
+    results = [run(UP, 999.0, 999.0, 1, size=100), run(UP, 300.0, 150.0, 8_000_000_000), run(NOOP, 20.0, 9.0, 16_000_000),
+               run(UP + CHECKPOINTS_SKIPPED, 200.0, 15.0, 4_000_000), run(NOOP + CHECKPOINTS_SKIPPED, 18.0, 9.0, 4_000_000)]
+    rows = checkpoint_comparison(results).splitlines()[2:]
+    assert rows[:3] == [
+        "| 200 | pulumi up, from scratch | written | 300.00 | 150.0 | 20.0 | 10.0 | 0.900 | 8,000.00 | 1.00 |",
+        "| 200 | pulumi up, from scratch | skipped | 200.00 | 15.0 | 20.0 | 10.0 | 0.225 | 4.00 | 1.00 |",
+        "| 200 | pulumi up, from scratch | skipped / written | 0.67 | 0.10 | 1.00 | 1.00 | 0.25 | 0.00 | |",
+    ]
+    assert rows[5] == "| 200 | pulumi up, no-op | skipped / written | 0.90 | 1.00 | 1.00 | 1.00 | 1.00 | 0.25 | |"
+    assert len(rows) == 6  # the 100-node run has no skipped one beside it
