@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             for size in latency_sizes:
                 part(bench.run_latency, size)
             stacks_only = [n for n in stack_sizes if n not in scale_sizes] if args.stacks else []
-            for size in scale_sizes + stacks_only + shard_sizes:
+            for size in dict.fromkeys(scale_sizes + stacks_only + shard_sizes):  # each size once: a shard size may be a scale size
                 running = sum(1 for h in bench.lab.hosts.values() if h.running)
                 per_host = bench.host_mib or (ASSUMED_LIGHT_HOST_MIB if args.light_hosts else ASSUMED_HOST_MIB)
                 capacity = host_capacity(per_host, running, bench.host_tasks)

@@ -62,6 +62,13 @@ NodeIdentity and its AgentInstall when the engine queues steps: 22.6 s at 30 nod
 60 s for half the nodes at 100 (the benchmark counted 1.28 connections per node with a 60 s limit).
 A provider process ends with its deployment, and its connections with it: the limit only bounds how
 long a long deployment keeps a finished node's connection open."""
+POLL_SECONDS = 1.0
+"""How long a connection's paramiko thread waits for the node to send something before it looks whether the
+connection was closed, and waits again. paramiko's own 0.1 s costs about 200 microseconds of CPU per open
+connection per second (30 at 1 s; `python -m bench.idle_transports`), and the pool keeps each node's connection
+open until it has been idle IDLE_SECONDS: in a 500-node `up` of 1,667 s that is hundreds of thousands of
+connection-seconds in the provider processes. What the node sends wakes the thread at once whatever this is; a
+closed connection's thread ends within it."""
 RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0)
 """Back-off between connection attempts while a node refuses; the last value repeats."""
 
@@ -106,6 +113,7 @@ def _open(end: Endpoint, key_type: str | None, via: paramiko.Transport | None, n
         sock = via.open_channel("direct-tcpip", (end.host, end.port), ("127.0.0.1", 0), timeout=CONNECT_TIMEOUT)
     try:
         transport = paramiko.Transport(sock)
+        sock.settimeout(POLL_SECONDS)  # paramiko set 0.1 s: see POLL_SECONDS
         transport.banner_timeout = CONNECT_TIMEOUT
         transport.handshake_timeout = CONNECT_TIMEOUT
         if key_type:

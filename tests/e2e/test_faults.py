@@ -44,6 +44,7 @@ pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 BINARY = "/usr/local/bin/llmgw"
 CONFIG = "/etc/llmgw/agent.yaml"
 UNIT = "/etc/systemd/system/llmgw-agent.service"
+AGENT_CERT = "/etc/llmgw/agent.pem"
 SLOW_DELAY = 3.0
 """Seconds the slow release server holds each response: an install then spends ~2x this downloading."""
 BROKEN_START = "v2.0.0"
@@ -520,11 +521,18 @@ def lock_files(state_dir: Path) -> list[str]:
     return sorted(str(p.relative_to(state_dir)) for p in state_dir.rglob("*") if p.is_file() and "/locks/" in str(p))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
-def test_pulumi_up_interrupted_mid_deployment(sig, cluster, hosts, new_stack, slow_release, tmp_path):
+@pytest.mark.parametrize(("sig", "checkpoints"), [(signal.SIGINT, True), (signal.SIGKILL, True), (signal.SIGKILL, False)],
+                         ids=["SIGINT", "SIGKILL", "SIGKILL-checkpoints-skipped"])
+def test_pulumi_up_interrupted_mid_deployment(sig, checkpoints, cluster, hosts, new_stack, slow_release, tmp_path):
+    """Interrupted while the agent is being installed, after the node's certificate is in place: the next runs
+    converge, and keep that certificate. Without checkpoints (PULUMI_SKIP_CHECKPOINTS, the engine writing the state
+    once, when a run ends), a killed run leaves no state of what it did: the next `up` creates every resource
+    again, and the node's certificate, issued by this CA for its own key, is taken over as it is, not re-issued."""
     t0 = time.monotonic()
     (h,) = hosts(1)
     stack = new_stack(stack_config(cluster, [h], agent={"version": RELEASE, "releaseUrl": slow_release}))
+    if not checkpoints:
+        stack.env["PULUMI_SKIP_CHECKPOINTS"] = "true"
 
     def interrupt() -> int:
         pid = pulumi_up_pid(cluster.engine_bin)
@@ -547,6 +555,10 @@ def test_pulumi_up_interrupted_mid_deployment(sig, cluster, hosts, new_stack, sl
         assert len(set(installed.values())) == 1, f"half an install: {installed}"
         assert leftovers(h, cluster) == []
         alive = [_cmdline(pid) for pid in processes_of(tmp_path / "pulumi-home")]
+        issued = h.read_file(AGENT_CERT)
+        assert issued is not None, "interrupted before the certificate was installed: the test proves nothing"
+        if not checkpoints:
+            assert state_summary(stack)["urns"] == [], "a run without checkpoints wrote state before it ended"
 
         # Recover as an operator would: a stale lock is cancelled; creates the engine never heard
         # the end of are dropped from state by `pulumi refresh --clear-pending-creates` (a plain
@@ -573,11 +585,13 @@ def test_pulumi_up_interrupted_mid_deployment(sig, cluster, hosts, new_stack, sl
 
     assert_agent_as(h, cluster, build_llmgw(RELEASE))
     assert_state_clean(stack)
+    assert h.read_file(AGENT_CERT) == issued, "the node's certificate was issued again"
     assert leftovers(h, cluster) == []
     rc, units = ssh(h, cluster, "systemctl list-unit-files --no-legend 'llmgw*'")
     assert len(units.splitlines()) == 1 and units.startswith("llmgw-agent.service"), units
     assert lock_files(tmp_path / "state") == []
-    report(f"pulumi-up-{sig.name}", saw=line, locks_left=locks, pending_after=[p.get("type") for p in pending],
+    report(f"pulumi-up-{sig.name}" + ("" if checkpoints else "-checkpoints-skipped"), saw=line, locks_left=locks,
+           pending_after=[p.get("type") for p in pending],
            installed_after_interrupt=installed, processes_left_by_the_cli=alive, recovery=steps,
            seconds=round(time.monotonic() - t0, 1), **timing)
 

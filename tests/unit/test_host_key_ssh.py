@@ -215,3 +215,19 @@ def test_a_pooled_connection_is_not_handed_to_a_resource_expecting_another_machi
             pytest.fail("a session was handed out")
     finally:
         pool.close_all()
+
+
+def test_an_open_connection_waits_poll_seconds_between_looks_not_paramikos_tenth(server: Server) -> None:
+    conn = connection(server)
+    t, _ = transport.establish(conn, conn, "gpu-01", None, time.monotonic() + 5)
+    try:
+        assert transport.POLL_SECONDS == 1.0
+        assert t.sock.gettimeout() == transport.POLL_SECONDS
+        assert paramiko.Transport._active_check_timeout == 0.1  # the control: what paramiko itself would have set
+        # Still answering at once: the node's reply wakes the thread, not the next look.
+        started = time.monotonic()
+        channel = t.open_session(timeout=5)
+        channel.close()
+        assert time.monotonic() - started < transport.POLL_SECONDS / 2
+    finally:
+        t.close()
