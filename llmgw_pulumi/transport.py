@@ -64,8 +64,8 @@ A provider process ends with its deployment, and its connections with it: the li
 long a long deployment keeps a finished node's connection open."""
 POLL_SECONDS = 1.0
 """How long a connection's paramiko thread waits for the node to send something before it looks whether the
-connection was closed, and waits again. paramiko's own 0.1 s costs about 200 microseconds of CPU per open
-connection per second (30 at 1 s; `python -m bench.idle_transports`), and the pool keeps each node's connection
+connection was closed, and waits again. paramiko's own 0.1 s costs 230 to 300 microseconds of CPU per open
+connection per second, 1 s 40 to 64 (`python -m bench.idle_transports`, two runs), and the pool keeps each node's connection
 open until it has been idle IDLE_SECONDS: in a 500-node `up` of 1,667 s that is hundreds of thousands of
 connection-seconds in the provider processes. What the node sends wakes the thread at once whatever this is; a
 closed connection's thread ends within it."""
