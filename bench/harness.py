@@ -310,9 +310,9 @@ class Harness:
         if cpu.ksmd >= 0.05:  # light hosts: the kernel's merging thread, in the machine's CPU but not in ours + hosts
             detail["note"] = (detail.get("note", "") + f" ksmd {cpu.ksmd:.1f} CPU-s").strip()
         ssh = self.ssh_opens(hosts) - opens0
-        kind = scenario.rsplit(" #", 1)[0] + (CHECKPOINTS_SKIPPED if self.skip_checkpoints else "")
-        label = scenario + (f", {self.shards} providers" if self.shards else "")
-        label += CHECKPOINTS_SKIPPED if self.skip_checkpoints else ""
+        skipped = CHECKPOINTS_SKIPPED if self.skip_checkpoints else ""
+        kind = scenario.rsplit(" #", 1)[0] + skipped
+        label = scenario + (f", {self.shards} providers" if self.shards else "") + skipped
         label += f" (+{self.delay_ms} ms RTT)" if self.delay_ms else ""
         result = Result(size, label, ok, wall, ssh, cpu, idle, idle_own, agents_up=agents_up,
                         remote_ops=detail.pop("remote_ops", None), note=detail.pop("note", ""), detail=detail,

@@ -30,6 +30,11 @@ def table_note(r: Result) -> str:
     return " ".join((("FAILED " if not r.ok else "") + r.note).split()).replace("|", "/")
 
 
+def megabytes(value: int | None) -> str:
+    """Bytes as MB with two decimals ('' where not measured)."""
+    return "" if value is None else f"{value / 1e6:,.2f}"
+
+
 def backend_table(results: Sequence[Result]) -> str:
     """Issue 21's figures per engine run: wall, the operator's CPU by part, the state, and the bytes written to the
     backend during the run (checkpoint traffic), also as a multiple of the state it left."""
@@ -41,7 +46,7 @@ def backend_table(results: Sequence[Result]) -> str:
     for r in shown:
         c = r.cpu
         state = "" if r.state_bytes is None else f"{r.state_bytes / 1e3:,.0f}"
-        written = "" if r.backend_bytes is None else f"{r.backend_bytes / 1e6:,.2f}"
+        written = megabytes(r.backend_bytes)
         times = f"{r.backend_bytes / r.state_bytes:.1f}" if r.backend_bytes is not None and r.state_bytes else ""
         note = table_note(r)
         where = f"{r.backend.split(':', 1)[0]} | " if several else ""

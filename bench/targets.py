@@ -26,6 +26,7 @@ from bench.config import (
 )
 from bench.daily import DAILY
 from bench.measure import Result
+from bench.report import megabytes
 from bench.summary import Target, fmt, ratio
 
 
@@ -163,7 +164,7 @@ def checkpoint_comparison(results: Sequence[Result]) -> str:
             continue
         for label, r in (("written", written), ("skipped", skipped)):
             rows.append(f"| {r.size} | {kind} | {label} | {r.wall:.2f} | {r.cpu.engine:.1f} | {r.cpu.provider:.1f} "
-                        f"| {r.cpu.program:.1f} | {operator_cpu(r) / r.size:.3f} | {mb(r.backend_bytes)} "
+                        f"| {r.cpu.program:.1f} | {operator_cpu(r) / r.size:.3f} | {megabytes(r.backend_bytes)} "
                         f"| {r.ssh / r.size:.2f} |")
         rows.append(f"| {skipped.size} | {kind} | skipped / written | {fmt(ratio(skipped.wall, written.wall))} "
                     f"| {fmt(ratio(skipped.cpu.engine, written.cpu.engine))} | {fmt(ratio(skipped.cpu.provider, written.cpu.provider))} "
@@ -171,10 +172,6 @@ def checkpoint_comparison(results: Sequence[Result]) -> str:
                     f"| {fmt(ratio(operator_cpu(skipped), operator_cpu(written)))} "
                     f"| {fmt(ratio(skipped.backend_bytes, written.backend_bytes))} | |")
     return "\n".join(rows) if len(rows) > 2 else "(not measured: --checkpoint-sizes not given)"
-
-
-def mb(value: int | None) -> str:
-    return "" if value is None else f"{value / 1e6:,.2f}"
 
 
 def draw_plots(figures: Sequence[growth.Figure], out_dir: Path, prefix: str = "benchmark-") -> list[Path]:
