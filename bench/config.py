@@ -64,6 +64,10 @@ PLOTTED = ("pulumi preview", "pulumi up, no-op", "pulumi up, from scratch", "pul
 
 
 UP, NOOP, PREVIEW, REFRESH = PLOTTED[2], PLOTTED[1], PLOTTED[0], PLOTTED[3]
+RESUMED = "pulumi up, again after a failed one"
+"""A scale run's `up` run again after its `up` from scratch failed (bench.scenarios.Bench.pulumi_runs)."""
+RESUMES = 2
+"""How many times a failed `up` is run again, as a CI job's retries would (the scale runs and the stacks at once)."""
 SKIP_CHECKPOINTS_ENV = "PULUMI_SKIP_CHECKPOINTS"
 """The engine's setting that writes the state once, at the end of a run, instead of after every step."""
 CHECKPOINTS_SKIPPED = ", checkpoints skipped"

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from bench.config import NOOP, PREVIEW, UP, UPGRADE_RELEASE
+from bench.config import NOOP, PREVIEW, RESUMES, UP, UPGRADE_RELEASE
 from bench.measure import Result, parallel
 
 if TYPE_CHECKING:
@@ -51,8 +51,6 @@ REMOVE = "daily: nodes removed"
 AT_ONCE_UP = "pulumi up, from scratch, stacks at once"
 AT_ONCE_NOOP = "pulumi up, no-op, stacks at once"
 AT_ONCE_RESUME = "pulumi up, again after a failed one, stacks at once"
-AT_ONCE_RESUMES = 2
-"""How many times a failed `up` of the stacks at once is run again, as a CI job's retries would."""
 DAILY = (UPGRADE, UPGRADE_AGAIN, ROLLOUT_ADDED, UPGRADE_CANARY, ADD, REMOVE)
 #: What the engine's summary must show for each change: the operation, at least once.
 EXPECTED_OP = {UPGRADE: "update", UPGRADE_AGAIN: "update", UPGRADE_CANARY: "update", ADD: "create", REMOVE: "delete"}
@@ -194,10 +192,10 @@ def at_once(bench: Harness, size: int, count: int) -> None:
         return r
 
     # A failed `up` tells the operator to run it again (onboarding resumes where each node is), as a CI job's
-    # retries would (at most AT_ONCE_RESUMES): every stack again, the finished ones a no-op. Its agents connected
+    # retries would (at most RESUMES): every stack again, the finished ones a no-op. Its agents connected
     # in one of the runs, so a resumed run does not wait for them; the no-op after it checks that nothing is left.
     ok = run(AT_ONCE_UP, "up", True).ok
-    for attempt in range(AT_ONCE_RESUMES):
+    for attempt in range(RESUMES):
         if ok:
             break
         ok = run(AT_ONCE_RESUME, "resume" + (f"{attempt + 1}" if attempt else ""), False).ok

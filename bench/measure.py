@@ -124,6 +124,8 @@ class StateSize:
     biggest_keys_no_pem: list[tuple[str, int]]
     secret_ciphertext: int
     """Bytes of encrypted secret values (the SSH key, the node key) in all."""
+    by_owner_no_pem: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Who decides the bytes (``owner_of``): the engine, the SDK's dynamic providers, this package."""
 
 
 @dataclass
@@ -316,6 +318,19 @@ def parallel(fns: Sequence[Callable[[], T]], workers: int | None = None) -> list
         return [f.result() for f in [pool.submit(fn) for fn in fns]]
 
 
+SDK_KEYS = frozenset({"__provider"})
+"""Inputs and outputs the Python SDK adds to every dynamic resource: its provider, pickled (both sections)."""
+
+
+def owner_of(field: str, key: str | None = None) -> str:
+    """Who decides a resource's ``field`` in state (``key``: the input or output, for those two): "package" for
+    the inputs and outputs this package gives, "sdk" for what the Python SDK adds to them, "engine" for the rest
+    (URN, type, parent, provider reference, dependencies, propertyDependencies, timestamps, call stack)."""
+    if field not in ("inputs", "outputs"):
+        return "engine"
+    return "sdk" if key in SDK_KEYS else "package"
+
+
 def state_size(deployment: dict[str, Any], nodes: int) -> StateSize:
     """Bytes of the exported deployment JSON per node, with and without PEM bodies, and where they are."""
     text = json.dumps(deployment)
@@ -324,21 +339,32 @@ def state_size(deployment: dict[str, Any], nodes: int) -> StateSize:
     by_type: dict[str, int] = {}
     by_field: dict[str, int] = {}
     keys: dict[str, int] = {}
+    owners: dict[str, int] = {}
     secrets = 0
     for res in deployment.get("resources", []):
         t = short_type(res.get("type", "?"))
         by_type[t] = by_type.get(t, 0) + size(res)
+        entry = lambda name, value: len(json.dumps(name)) + 2 + size(value) + 2  # noqa: E731  # "name": value,
+        decided = {"engine": 0, "sdk": 0}
         for name, value in res.items():
             by_field[name] = by_field.get(name, 0) + size(value)
+            if owner_of(name) == "engine":
+                decided["engine"] += entry(name, value)
         for section in ("inputs", "outputs"):
             for k, v in (res.get(section) or {}).items():
                 key = f"{t}.{section}.{k}"
                 keys[key] = keys.get(key, 0) + size(v)
+                if owner_of(section, k) == "sdk":
+                    decided["sdk"] += entry(k, v)
+        decided["package"] = size(res) - decided["engine"] - decided["sdk"]  # its inputs and outputs, braces too
+        for who, b in decided.items():
+            owners[who] = owners.get(who, 0) + b
         secrets += sum(len(m) for m in re.findall(r'"ciphertext": "[^"]*"', json.dumps(res)))
     biggest = sorted(keys.items(), key=lambda kv: -kv[1])[:10]
     return StateSize(len(text), len(no_pem), len(text) / nodes, len(no_pem) / nodes,
                      dict(sorted(by_type.items(), key=lambda kv: -kv[1])),
-                     dict(sorted(by_field.items(), key=lambda kv: -kv[1])), biggest, secrets)
+                     dict(sorted(by_field.items(), key=lambda kv: -kv[1])), biggest, secrets,
+                     dict(sorted(owners.items(), key=lambda kv: -kv[1])))
 
 
 def mem_available_mib() -> float:

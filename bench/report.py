@@ -223,6 +223,7 @@ def state_breakdown(results: Sequence[Result]) -> str:
         lines.append(f"- N={n}: {s.total:,} B in all, {s.total_no_pem:,} without PEM bodies; per node without PEM:\n"
                      f"  - by resource type: {fmt(s.by_type_no_pem.items())}\n"
                      f"  - by field of a resource: {fmt(s.by_field_no_pem.items())}\n"
+                     f"  - by who decides them (engine, SDK, this package): {fmt(s.by_owner_no_pem.items())}\n"
                      f"  - encrypted secrets (ciphertext): {s.secret_ciphertext / n:,.0f}\n"
                      f"  - biggest input/output values: {fmt(s.biggest_keys_no_pem)}")
     return "\n".join(lines)

@@ -26,6 +26,8 @@ from bench.config import (
     LANGUAGES,
     RELEASE,
     REPO,
+    RESUMED,
+    RESUMES,
     SCRIPT_PHASES,
     SEED_SCRIPT,
     SIGNED_UP,
@@ -102,6 +104,13 @@ class Bench(Harness):
         stack.set_config(self.stack_config([(h.hostname, h.addr) for h in hosts]))
         up = self.measure(size, "pulumi up, from scratch", hosts,
                           lambda: self.engine_run(stack, "up", f"{tag}-up"), agents=True)
+        # A failed `up` tells the operator to run it again (onboarding resumes where each node is), as a CI job's
+        # retries would: at most RESUMES times, each its own row. Agents that connected in the failed run do not
+        # connect again, so a resumed run does not wait for them; the no-op after it checks that nothing is left.
+        for attempt in range(RESUMES if "noop" in then else 0):
+            if up.ok:
+                break
+            up = self.measure(size, RESUMED, hosts, lambda a=attempt: self.engine_run(stack, "up", f"{tag}-resume{a}"))
         if not up.ok:
             return None
         # As `pulumi stack export` prints it: secrets stay encrypted, as in the stored state.

@@ -443,3 +443,68 @@ def test_the_checkpoint_comparison_sets_each_skipped_run_beside_the_same_run_jus
     ]
     assert rows[5] == "| 200 | pulumi up, no-op | skipped / written | 0.90 | 1.00 | 1.00 | 1.00 | 1.00 | 0.25 | |"
     assert len(rows) == 6  # the 100-node run has no skipped one beside it
+
+
+def test_state_size_says_which_bytes_the_engine_the_sdk_and_this_package_decide():
+    from bench.measure import state_size
+
+    pem = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----"
+    resource = {"urn": "urn:pulumi:s::p::t::n", "type": "pulumi-python:dynamic/llmgw:X",
+                "inputs": {"__provider": "PICKLE", "node_id": "n"},
+                "outputs": {"__provider": "PICKLE", "cert_pem": pem}}
+    s = state_size({"resources": [resource]}, 1)
+    # Each entry as the JSON text holds it, with the ", " after it.
+    assert s.by_owner_no_pem["engine"] == len('"urn": "urn:pulumi:s::p::t::n", ') + len(
+        '"type": "pulumi-python:dynamic/llmgw:X", ')
+    assert s.by_owner_no_pem["sdk"] == 2 * len('"__provider": "PICKLE", ')
+    # The rest is the package's (the PEM body left out), and the three add up to the resource.
+    assert sum(s.by_owner_no_pem.values()) == s.total_no_pem - len('{"resources": []}')
+    assert s.by_owner_no_pem["package"] > 0
+
+
+class _ScriptedBench:
+    """Just what Bench.pulumi_runs calls, each engine run's outcome taken from a script (the benchmark's wiring)."""
+
+    def __init__(self, outcomes: list[bool]) -> None:
+        self.outcomes, self.scenarios = list(outcomes), []
+        self.shards, self.stack_tag, self.delay_ms = 0, "", 0
+
+    def new_stack(self, name, extra_env=None):
+        from types import SimpleNamespace
+        return SimpleNamespace(set_config=lambda config: None, export_raw=lambda: '{"deployment": {"resources": []}}')
+
+    def stack_config(self, nodes):
+        return {}
+
+    def engine_run(self, stack, verb, log_name):
+        return self.outcomes.pop(0), {}
+
+    def measure(self, size, scenario, hosts, action, agents=False):
+        from types import SimpleNamespace
+        ok, _ = action()
+        self.scenarios.append(scenario)
+        return SimpleNamespace(ok=ok, state=None, state_bytes=None)
+
+    def weigh_hosts(self, hosts, state):
+        pass
+
+    def repeated(self, size, scenario, hosts, run):
+        self.scenarios.append(scenario)
+        return None
+
+    def record_state(self, result, stacks):
+        pass
+
+
+@pytest.mark.parametrize(("outcomes", "runs", "onboarded"), [
+    ([True, True], ["pulumi up, from scratch", "pulumi up, no-op"], True),
+    ([False, True, True], ["pulumi up, from scratch", "pulumi up, again after a failed one", "pulumi up, no-op"], True),
+    ([False, False, False], ["pulumi up, from scratch"] + ["pulumi up, again after a failed one"] * 2, False),
+])
+def test_a_failed_scale_up_is_run_again_at_most_twice_each_its_own_row(outcomes, runs, onboarded):
+    from bench.scenarios import Bench
+
+    bench = _ScriptedBench(outcomes)
+    stack = Bench.pulumi_runs(bench, 3, [], then=("noop",))  # type: ignore[arg-type]
+    assert bench.scenarios == runs
+    assert (stack is not None) is onboarded
