@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from bench.config import NOOP, PREVIEW, RESUMES, UP, UPGRADE_RELEASE
+from bench.config import NOOP, PREVIEW, RESUMED, RESUMES, UP, UPGRADE_RELEASE
 from bench.measure import Result, parallel
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ ADD = "daily: nodes added"
 REMOVE = "daily: nodes removed"
 AT_ONCE_UP = "pulumi up, from scratch, stacks at once"
 AT_ONCE_NOOP = "pulumi up, no-op, stacks at once"
-AT_ONCE_RESUME = "pulumi up, again after a failed one, stacks at once"
+AT_ONCE_RESUME = f"{RESUMED}, stacks at once"
 DAILY = (UPGRADE, UPGRADE_AGAIN, ROLLOUT_ADDED, UPGRADE_CANARY, ADD, REMOVE)
 #: What the engine's summary must show for each change: the operation, at least once.
 EXPECTED_OP = {UPGRADE: "update", UPGRADE_AGAIN: "update", UPGRADE_CANARY: "update", ADD: "create", REMOVE: "delete"}

@@ -340,11 +340,11 @@ def state_size(deployment: dict[str, Any], nodes: int) -> StateSize:
     by_field: dict[str, int] = {}
     keys: dict[str, int] = {}
     owners: dict[str, int] = {}
+    entry = lambda name, value: len(json.dumps(name)) + 2 + size(value) + 2  # noqa: E731  # "name": value,
     secrets = 0
     for res in deployment.get("resources", []):
         t = short_type(res.get("type", "?"))
         by_type[t] = by_type.get(t, 0) + size(res)
-        entry = lambda name, value: len(json.dumps(name)) + 2 + size(value) + 2  # noqa: E731  # "name": value,
         decided = {"engine": 0, "sdk": 0}
         for name, value in res.items():
             by_field[name] = by_field.get(name, 0) + size(value)

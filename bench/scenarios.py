@@ -92,7 +92,7 @@ class Bench(Harness):
 
 
     def pulumi_runs(self, size: int, hosts: Sequence[Any], then: Sequence[str] = ("noop", "preview", "refresh", "empty"),
-                    ) -> LabStack | None:
+                    resumes: int = 0) -> LabStack | None:
         """`pulumi up` from scratch, then on the onboarded fleet the runs named in `then`, in that order.
 
         Returns the onboarded stack (None when its `up` failed), for more runs on it (bench/daily.py).
@@ -105,9 +105,9 @@ class Bench(Harness):
         up = self.measure(size, "pulumi up, from scratch", hosts,
                           lambda: self.engine_run(stack, "up", f"{tag}-up"), agents=True)
         # A failed `up` tells the operator to run it again (onboarding resumes where each node is), as a CI job's
-        # retries would: at most RESUMES times, each its own row. Agents that connected in the failed run do not
+        # retries would: at most `resumes` times, each its own row. Agents that connected in the failed run do not
         # connect again, so a resumed run does not wait for them; the no-op after it checks that nothing is left.
-        for attempt in range(RESUMES if "noop" in then else 0):
+        for attempt in range(resumes):
             if up.ok:
                 break
             up = self.measure(size, RESUMED, hosts, lambda a=attempt: self.engine_run(stack, "up", f"{tag}-resume{a}"))
@@ -241,7 +241,7 @@ class Bench(Harness):
         first = len(self.results)
         # The targets' runs first (no-op, preview, the daily changes), the refresh last: a run stopped early at a
         # large size (a timeout, Ctrl-C) keeps what the targets need.
-        stack = self.pulumi_runs(size, hosts[:size], then=("noop", "preview"))
+        stack = self.pulumi_runs(size, hosts[:size], then=("noop", "preview"), resumes=RESUMES)
         if stack is not None and extra:
             print(f"\n== N = {size}, daily changes", flush=True)
             daily.changes(self, size, stack, hosts[:size], hosts[size:])

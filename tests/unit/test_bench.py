@@ -502,9 +502,18 @@ class _ScriptedBench:
     ([False, False, False], ["pulumi up, from scratch"] + ["pulumi up, again after a failed one"] * 2, False),
 ])
 def test_a_failed_scale_up_is_run_again_at_most_twice_each_its_own_row(outcomes, runs, onboarded):
+    from bench.config import RESUMES
     from bench.scenarios import Bench
 
     bench = _ScriptedBench(outcomes)
-    stack = Bench.pulumi_runs(bench, 3, [], then=("noop",))  # type: ignore[arg-type]
+    stack = Bench.pulumi_runs(bench, 3, [], then=("noop",), resumes=RESUMES)  # type: ignore[arg-type]
     assert bench.scenarios == runs
     assert (stack is not None) is onboarded
+
+
+def test_other_parts_do_not_run_a_failed_up_again():
+    from bench.scenarios import Bench
+
+    bench = _ScriptedBench([False, True])
+    assert Bench.pulumi_runs(bench, 3, [], then=("noop",)) is None  # type: ignore[arg-type]
+    assert bench.scenarios == ["pulumi up, from scratch"]
