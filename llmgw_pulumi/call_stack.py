@@ -12,9 +12,13 @@ at each step of a `pulumi up` (docs/benchmark-method.md). Those frames say littl
   own program, or llmgw_pulumi.program's registration), and the rest the event loop's and the language host's.
 
 So the four record none, and the ``Node`` its first only (``recorded_frames``): its ``sourcePosition``, where a
-program's reader looks. Nothing else of a registration changes (URNs, inputs, dependencies), no step is added:
-a state holding the longer stacks gets the short ones with the same steps of the next `pulumi up`, and a preview
-shows no difference (the engine does not diff them).
+program's reader looks. The package's own program (llmgw_pulumi.program) makes every ``Node`` on the same line,
+so there the ``Node`` records none either: 1,000 copies of one line said nothing (133 bytes a node). A block
+nested in another records at most as many frames as the outer one allows.
+
+Nothing else of a registration changes (URNs, inputs, dependencies), no step is added: a state holding the longer
+stacks gets the short ones with the same steps of the next `pulumi up`, and a preview shows no difference (the
+engine does not diff them).
 
 The SDK has no setting for this. It takes the frames in ``pulumi.runtime.resource._get_stack_trace``, called
 synchronously from the resource's constructor; ``recorded_frames`` wraps that function while the constructor
@@ -52,7 +56,8 @@ def recorded_frames(count: int) -> Iterator[None]:
         del trace.frames[count:]
         return trace
 
-    # Construction is synchronous, on the program's one thread; a nested block restores the outer one's.
+    # Construction is synchronous, on the program's one thread. A nested block cuts what the outer one's function
+    # returns (so the fewer frames of the two are recorded), and restores the outer one's when it ends.
     setattr(_sdk_resource, RECORDER, shortened)
     try:
         yield

@@ -168,13 +168,35 @@ def config_owner_prefix(node_id: str) -> str:
     return f"# {node_id}, written by "
 
 
+def agent_yaml_header(node_id: str) -> str:
+    """agent.yaml's two comment lines: whose file it is, and that only overrides are written."""
+    return config_first_line(node_id) + "\n# the agent finds everything else out for itself. `pulumi up` rewrites this file.\n"
+
+
+def agent_yaml_settings(node_id: str, settings: AgentSettings, hostname: str) -> str:
+    """agent.yaml without its two comment lines: the settings, as AgentInstall's input holds them and a preview
+    shows them (the comment lines are the same for every change, and a node's state need not repeat them)."""
+    return yaml.safe_dump(agent_config(node_id, settings, hostname), sort_keys=False, default_flow_style=False,
+                          allow_unicode=False)
+
+
+def agent_yaml_file(node_id: str, text: str) -> str:
+    """agent.yaml's whole text from AgentInstall's input ``text`` (``agent_yaml_settings``): the two comment lines
+    and the settings. A text that already begins with the comment lines (an input a package before this one
+    recorded) is whole as it is."""
+    header = agent_yaml_header(node_id)
+    return text if text.startswith(header) else header + text
+
+
+def agent_yaml_input(node_id: str, text: str) -> str:
+    """What AgentInstall's input holds of an agent.yaml text (a node's file, shown after a refresh found it
+    changed): the text without this package's comment lines; another writer's file whole."""
+    return text.removeprefix(agent_yaml_header(node_id))
+
+
 def render_agent_yaml(node_id: str, settings: AgentSettings, hostname: str) -> str:
-    header = (
-        config_first_line(node_id) + "\n"
-        "# the agent finds everything else out for itself. `pulumi up` rewrites this file.\n"
-    )
-    body = yaml.safe_dump(agent_config(node_id, settings, hostname), sort_keys=False, default_flow_style=False, allow_unicode=False)
-    return header + body
+    """agent.yaml as this package writes it."""
+    return agent_yaml_file(node_id, agent_yaml_settings(node_id, settings, hostname))
 
 
 def render_unit() -> str:

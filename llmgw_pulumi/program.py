@@ -20,6 +20,7 @@ from pulumi.runtime import config as runtime_config
 
 from . import fleet, node_list, release, rollout, signer, stack_config, validate
 from .agent_settings import BinarySource
+from .call_stack import recorded_frames
 from .errors import ConfigError, LlmgwError
 from .node import Node, NodeArgs, engine_problems
 from .specs import Rollout
@@ -303,8 +304,11 @@ def register(registration: Registration) -> dict[str, Node]:
     nodes: dict[str, Node] = {}
     # Canaries are registered first, so that the engine reaches their updates before the others'.
     canaries = registration.rollout.canaries if registration.rollout else ()
-    for n in sorted(spec.nodes, key=lambda n: n.node_id not in canaries):
-        nodes[n.node_id] = Node(n.node_id, node_args(registration, n))  # in its shard's provider process (llmgw_pulumi.shards)
+    # No node records a frame of the call stack: each would be the line below, the same for every node of the
+    # fleet (133 bytes of state a node); a program of the operator's own records the line that made its Node.
+    with recorded_frames(0):
+        for n in sorted(spec.nodes, key=lambda n: n.node_id not in canaries):
+            nodes[n.node_id] = Node(n.node_id, node_args(registration, n))  # in its shard's provider process (llmgw_pulumi.shards)
     for n in spec.nodes:
         pulumi.export(n.node_id, node_output(nodes[n.node_id]))
     rows = [fleet_row(n.node_id, nodes[n.node_id]) for n in spec.nodes]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, TypeVar
@@ -44,6 +45,35 @@ log = logging.getLogger(__name__)
 PROVIDER_KEY = "__provider"
 READ_WAIT = 15.0
 """Seconds `pulumi refresh` waits for a node: a refresh meets onboarded machines, not booting ones."""
+
+
+class ModuleProvider(ResourceProvider):
+    """A provider whose resources all use one instance, its module's ``PROVIDER``, and which is pickled as that
+    name.
+
+    The SDK stores the provider it is given, pickled, in each resource's inputs and again in its outputs
+    (``__provider``, base64). A class instance is pickled as its module, its class name and a constructor
+    call: 112 characters for ``llmgw_pulumi.providers.certificate.ClientCertificateProvider``; the module's
+    instance, as its module and ``PROVIDER``: 84. At eight copies a node that is 224 bytes of state a node,
+    and an instance pickled either way loads (a state written before keeps its payload until the resource's
+    next update). The payload holds nothing secret (``serialize_as_secret_always``) and nothing of the machine:
+    the providers are stateless, every method works from its arguments alone."""
+
+    serialize_as_secret_always = False
+    INSTANCE = "PROVIDER"
+    """The name of the module's one instance."""
+
+    def __reduce__(self) -> str:
+        # A string: pickle stores a reference to the module's global of that name, which must be this object.
+        return self.INSTANCE
+
+    @classmethod
+    def instance(cls) -> ResourceProvider:
+        """The module's one instance, the one every resource is registered with."""
+        found = vars(sys.modules[cls.__module__]).get(cls.INSTANCE)
+        if type(found) is not cls:
+            raise TypeError(f"{cls.__module__}.{cls.INSTANCE} must be the one {cls.__name__}")
+        return found
 
 
 def for_read(conn: Any) -> Any:
@@ -343,7 +373,7 @@ class NodeResource(Resource):
     it declares as ``name: pulumi.Output[...]`` is one of its provider's output keys or one of the inputs it
     shows (``SHOWN_INPUTS``), so the declaration is the one list of them."""
 
-    PROVIDER: ClassVar[type[ResourceProvider]]
+    PROVIDER: ClassVar[type[ModuleProvider]]
     SHOWN_INPUTS: ClassVar[tuple[str, ...]] = ()
     """Declared attributes that are inputs (given, or derived by check), not outputs of the provider."""
     SECRET_OUTPUTS: ClassVar[tuple[str, ...]] = ()
@@ -362,4 +392,4 @@ class NodeResource(Resource):
         props = {**{k: None for k in declared_outputs(cls)}, **(to_inputs(args) or {}), **hidden}
         if cls.SECRET_OUTPUTS:
             opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=list(cls.SECRET_OUTPUTS)))
-        return cls.PROVIDER(), name, props, opts
+        return cls.PROVIDER.instance(), name, props, opts

@@ -1,8 +1,8 @@
 """AgentInstall: the llmgw binary, /etc/llmgw/agent.yaml and the llmgw-agent unit, running.
 
-SPEC steps 5, 6 and 8. The rendered agent.yaml is an input (derived in check,
-without touching the network), so `pulumi preview --diff` shows the config
-text that will change; the unit, the same for every node, is the input
+SPEC steps 5, 6 and 8. The rendered agent.yaml, but for its two comment
+lines, is an input (derived in check, without touching the network), so
+`pulumi preview --diff` shows the config text that will change; the unit, the same for every node, is the input
 ``unit`` as its ``sha256:`` digest. The outputs keep both as digests
 (``observed.text_digest``): a text rendered from the inputs is rendered again
 where it is needed (``texts_of``). Changing settings rewrites the config atomically
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 from pulumi.output import Unknown
 
 from .. import desired, facts, observed, plan, release, remote, rollout
@@ -50,13 +50,15 @@ BINARY_FILE = desired.file_with(desired.Content.BINARY, desired.AGENT)
 
 
 def derive(inputs: dict[str, Any]) -> None:
-    """Render agent.yaml from the (validated) inputs, for the preview to show, and name the unit by its digest."""
+    """Render agent.yaml's settings from the (validated) inputs, for the preview to show (without the file's two
+    comment lines, ``desired.agent_yaml_settings``), and name the unit by its digest."""
     inputs["unit"] = observed.text_digest(desired.render_unit())
     relevant = [inputs.get(k) for k in ("hostname", *SETTINGS_KEYS)]
     if any(is_unknown(v) for v in relevant) or not isinstance(inputs.get("hostname"), str):
         inputs["agent_yaml"] = Unknown()  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
         return
-    inputs["agent_yaml"] = desired.render_agent_yaml(inputs["node_id"], AgentSettings.from_props(inputs), inputs["hostname"])
+    inputs["agent_yaml"] = desired.agent_yaml_settings(inputs["node_id"], AgentSettings.from_props(inputs),
+                                                       inputs["hostname"])
 
 
 def _rendered(key: str, props: Mapping[str, Any]) -> str | None:
@@ -66,6 +68,14 @@ def _rendered(key: str, props: Mapping[str, Any]) -> str | None:
     if not isinstance(props.get("node_id"), str) or not isinstance(props.get("hostname"), str):
         return None
     return desired.render_agent_yaml(props["node_id"], AgentSettings.from_props(props), props["hostname"])
+
+
+def whole(key: str, value: str, props: Mapping[str, Any]) -> str:
+    """The text of the file an input's ``value`` stands for: agent.yaml's input leaves out the file's two comment
+    lines (``desired.agent_yaml_file`` adds them)."""
+    if key == "agent_yaml" and isinstance(props.get("node_id"), str):
+        return desired.agent_yaml_file(props["node_id"], value)
+    return value
 
 
 def texts_of(props: Mapping[str, Any]) -> dict[str, str]:
@@ -78,7 +88,7 @@ def texts_of(props: Mapping[str, Any]) -> dict[str, str]:
         if not isinstance(value, str):
             continue
         want = observed.digest_hex(value)
-        text = value if want is None else _rendered(key, props)
+        text = whole(key, value, props) if want is None else _rendered(key, props)
         if text is not None and (want is None or desired.sha256_text(text) == want):
             out[key] = text
     return out
@@ -89,23 +99,17 @@ def digested(props: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(props)
     for key in RENDERED_KEYS:
         if isinstance(out.get(key), str) and observed.digest_hex(out[key]) is None:
-            out[key] = observed.text_digest(out[key])
+            out[key] = observed.text_digest(whole(key, out[key], props))
     return out
-
-
-def text_sha256(value: Any) -> str | None:
-    """The sha256 (hex) of a text input or output: of the text, or the one its digest names."""
-    if not isinstance(value, str):
-        return None
-    return observed.digest_hex(value) or desired.sha256_text(value)
 
 
 def wanted(props: Mapping[str, Any], installed_sha256: Any = None) -> Wanted:
     """What the node should hold as far as the inputs know it: agent.yaml and the unit while their text (or its
     digest) is known, the binary installed last (``installed_sha256``; a preview cannot know a new release's
     digest), and the unit running and enabled."""
+    kept = digested(props)
     files = {f.path: observed.wanted_file(f, sha) for key, f in TEXT_FILES_BY_INPUT.items()
-             if (sha := text_sha256(props.get(key))) is not None}
+             if (sha := observed.digest_hex(kept.get(key))) is not None}
     if isinstance(installed_sha256, str) and installed_sha256:
         files[BINARY_FILE.path] = observed.wanted_file(BINARY_FILE, installed_sha256)
     return Wanted(files, observed.UNIT_WANTED)
@@ -242,9 +246,7 @@ def _migrated(props: Mapping[str, Any]) -> dict[str, Any]:
     return observed.migrate(props, desired.AGENT)
 
 
-class AgentInstallProvider(ResourceProvider):
-    # Pickled by reference (module + class name): the payload holds nothing secret.
-    serialize_as_secret_always = False
+class AgentInstallProvider(_glue.ModuleProvider):
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         return _glue.check(news, AgentSpec.collect, derive=derive, olds=olds,
@@ -312,6 +314,8 @@ class AgentInstallProvider(ResourceProvider):
             on_node["unit"] = observed.text_digest(on_node["unit"])
         if found and on_node["agent_yaml"] is None:
             on_node["agent_yaml"] = texts.get("agent_yaml")  # the inputs the preview compares hold the text
+        if on_node["agent_yaml"] is not None:
+            on_node["agent_yaml"] = desired.agent_yaml_input(spec.node_id, on_node["agent_yaml"])
         return _glue.read_result(id_, props, OUTPUT_KEYS, {**props, OBSERVED_KEY: seen.record()},
                                  {**on_node, "drift": observed.by_path(found) or None})
 
@@ -320,6 +324,10 @@ class AgentInstallProvider(ResourceProvider):
         spec = AgentSpec.from_props(_migrated(props))
         _glue.remove_from_node(spec.connection, spec.node_id, _glue.known_keys(props), remote.remove_agent(spec.node_id),
                                "the agent")
+
+
+PROVIDER = AgentInstallProvider()
+"""The one instance every resource is registered with (``_glue.ModuleProvider``)."""
 
 
 @dataclass

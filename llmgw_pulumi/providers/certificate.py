@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 
 from .. import desired, errors, facts, remote
 from ..schema import defaults
@@ -164,10 +164,8 @@ def pem_fingerprint(ca_pem: str) -> str | None:
     return hashlib.sha256(der).hexdigest()
 
 
-class ClientCertificateProvider(ResourceProvider):
+class ClientCertificateProvider(_glue.ModuleProvider):
     """Stateless: every method works from its arguments alone."""
-    # Pickled by reference (module + class name): the payload holds nothing secret.
-    serialize_as_secret_always = False
 
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
@@ -242,6 +240,10 @@ class ClientCertificateProvider(ResourceProvider):
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
         # Revoking the old certificate is a separate decision (SPEC step 2).
         return None
+
+
+PROVIDER = ClientCertificateProvider()
+"""The one instance every resource is registered with (``_glue.ModuleProvider``)."""
 
 
 def _held_identity(s: Any, spec: CertificateSpec) -> tuple[str | None, dict[str, str]]:

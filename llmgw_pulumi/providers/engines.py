@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 
 from .. import facts, remote
 from ..errors import EngineWillNotRunError, UnreachableError
@@ -61,9 +61,7 @@ def _probe(spec: EngineCheckSpec, known: tuple[str | None, Any]) -> dict[str, An
             "inventory": inventory.as_output()}
 
 
-class EngineCheckProvider(ResourceProvider):
-    # Pickled by reference (module + class name): the payload holds nothing secret.
-    serialize_as_secret_always = False
+class EngineCheckProvider(_glue.ModuleProvider):
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         return _glue.check(news, EngineCheckSpec.collect, defaults=defaults(EngineCheckSpec, ("fail_on_problems",)),
@@ -99,6 +97,10 @@ class EngineCheckProvider(ResourceProvider):
     @_glue.operator_errors
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
         return None  # a check leaves nothing behind
+
+
+PROVIDER = EngineCheckProvider()
+"""The one instance every resource is registered with (``_glue.ModuleProvider``)."""
 
 
 @dataclass

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
+from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 
 from .. import desired, errors, facts, observed, plan, remote
 from ..observed import ANY, OBSERVED_KEY, STATE_VERSION, VERSION_KEY, Observed, Want, Wanted
@@ -118,6 +118,16 @@ def _apply(spec: IdentitySpec, props: Mapping[str, Any], recorded: Mapping[str, 
         }
 
 
+def _outputs(props: Mapping[str, Any], **computed: Any) -> dict[str, Any]:
+    """The inputs and what the operation found (``_glue.outputs``), but the host key ClientCertificate recorded
+    (``known_host_key``) once the key this resource saw is recorded: every later connection expects that one
+    (``recorded_keys``), so the first is not repeated (about 100 bytes of state a node)."""
+    out = _glue.outputs(props, **computed)
+    if out.get("host_key"):
+        out.pop("known_host_key", None)
+    return out
+
+
 def changes(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
     """Changed inputs, and drift: the node's files, as last seen, differ from what they should hold. A record of
     an earlier version of the package is read through its migration (``observed.migrate``): it is no change."""
@@ -130,9 +140,7 @@ def changes(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
     return found
 
 
-class NodeIdentityProvider(ResourceProvider):
-    # Pickled by reference (module + class name): the payload holds nothing secret.
-    serialize_as_secret_always = False
+class NodeIdentityProvider(_glue.ModuleProvider):
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         def collect(props: Mapping[str, Any], problems: Problems) -> None:
@@ -158,17 +166,17 @@ class NodeIdentityProvider(ResourceProvider):
     def create(self, props: dict[str, Any]) -> CreateResult:
         spec = IdentitySpec.from_props(props)
         computed = _apply(spec, props, props, None)
-        return CreateResult(spec.node_id, _glue.outputs(props, **computed))
+        return CreateResult(spec.node_id, _outputs(props, **computed))
 
     @_glue.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         operator_side = _glue.operator_side_only(changes(olds, news))
         olds = _migrated(olds)
         if operator_side:
-            return UpdateResult(_glue.carried(olds, news, OUTPUT_KEYS))
+            return UpdateResult(_outputs(news, **{k: olds.get(k) for k in OUTPUT_KEYS}))
         spec = IdentitySpec.from_props(news)
         computed = _apply(spec, news, olds, Observed.parse(olds.get(OBSERVED_KEY)))
-        return UpdateResult(_glue.outputs(news, **computed))
+        return UpdateResult(_outputs(news, **computed))
 
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
@@ -180,7 +188,7 @@ class NodeIdentityProvider(ResourceProvider):
         node = surveyed.node
         jump_host_keys = {**(props.get("jump_host_keys") or {}), **surveyed.jump_host_keys}
         seen = observed.from_facts(node, FILES)
-        outs = _glue.outputs({**props, OBSERVED_KEY: seen.record(), "hostname": node.hostname, "arch": node.arch},
+        outs = _outputs({**props, OBSERVED_KEY: seen.record(), "hostname": node.hostname, "arch": node.arch},
                              jump_host_keys=jump_host_keys)
         drift = observed.by_path(observed.differences(wanted(props) or Wanted({}), seen))
         return _glue.read_result(id_, props, OUTPUT_KEYS, outs, {"drift": drift or None})
@@ -197,6 +205,10 @@ class NodeIdentityProvider(ResourceProvider):
         owned = {path: sha for path, sha in shas.items() if sha}
         _glue.remove_from_node(spec.connection, spec.node_id, recorded_keys(props),
                                remote.remove_identity(owned), "the identity")
+
+
+PROVIDER = NodeIdentityProvider()
+"""The one instance every resource is registered with (``_glue.ModuleProvider``)."""
 
 
 def _migrated(props: Mapping[str, Any]) -> dict[str, Any]:

@@ -302,12 +302,16 @@ def test_no_private_key_or_passphrase_in_state_or_output(cluster, hosts, new_sta
         assert line not in stack.all_output(), "a private key is in the CLI output"
     assert PASSPHRASE not in exported and PASSPHRASE not in at_rest and PASSPHRASE not in stack.all_output()
     providers = {r["inputs"].get("__provider") for r in stack.export()["resources"] if "__provider" in r.get("inputs", {})}
-    classes = ("ClientCertificateProvider", "NodeIdentityProvider", "AgentInstallProvider", "EngineCheckProvider")
-    # One provider per resource class, each of them by reference: its module and class name, no code, no path.
-    assert sorted(c for p in providers for c in classes if c.encode() in base64.b64decode(p)) == sorted(classes), providers
+    modules = ("certificate", "identity", "agent", "engines")
+    # One provider per resource class, each of them by reference: its module's one instance (``PROVIDER``), no code,
+    # no path.
+    assert sorted(m for p in providers for m in modules
+                  if f"llmgw_pulumi.providers.{m}\x94".encode("latin-1") in base64.b64decode(p)) == sorted(modules), providers
     for p in providers:
         decoded = base64.b64decode(p)
-        assert len(p) < 120 and b"llmgw_pulumi.providers" in decoded and b"/" not in decoded, "provider by reference"
+        # Protocol 4, one frame: the module's name and PROVIDER, looked up (STACK_GLOBAL), and nothing else.
+        assert re.fullmatch(rb"\x80\x04\x95.{8}\x8c.llmgw_pulumi\.providers\.[a-z]+\x94\x8c\x08PROVIDER\x94\x93\x94\.",
+                            decoded, re.DOTALL), decoded
     print(f"\nstate: {state_bytes} bytes for 1 node")
     assert stack.destroy().ok
     at_rest = "\n".join(p.read_text(errors="replace") for p in stack.state_files())

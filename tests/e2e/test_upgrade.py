@@ -45,13 +45,15 @@ from tests.e2e.test_lifecycle import install_test_engine
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
-BASES = ("ca1dd75", "e80e071", "fc02334", "b870cc4")
+BASES = ("ca1dd75", "e80e071", "fc02334", "b870cc4", "953c63e")
 """The commits whose package writes state this checkout's package must take over without touching a node:
 ca1dd75 (the first the test ran from), e80e071 (the last before the state model of observed.py: state version 0),
 fc02334 (the last of state version 1: records by path with hex digests, AgentInstall keeping the texts of
 agent.yaml and the unit) and b870cc4 (the last of state version 2: each AgentInstall's ``rollout`` holding the
-stack's whole canary list; onboarded with ``llmgw:rollout``, see ROLLOUT_FROM)."""
-ROLLOUT_FROM = {"b870cc4": {"maxParallel": 2}}
+stack's whole canary list; onboarded with ``llmgw:rollout``, see ROLLOUT_FROM) and 953c63e (the last whose
+AgentInstall input held agent.yaml's two comment lines, whose NodeIdentity outputs repeated the host key it was told
+beside the one it saw, and whose state held each provider pickled by its class)."""
+ROLLOUT_FROM = {"b870cc4": {"maxParallel": 2}, "953c63e": {"maxParallel": 2}}
 """Bases whose stack is onboarded with this ``llmgw:rollout`` (its canary: the first node), kept for the upgrade."""
 
 NODE_FILES = ("/usr/local/bin/llmgw", "/etc/systemd/system/llmgw-agent.service",

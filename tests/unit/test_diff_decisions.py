@@ -22,6 +22,10 @@ CONN = {"host": "127.0.0.1", "user": "deploy", "port": 1.0, "wait": 0.0,
         "private_key": fake_pem("OPENSSH PRIVATE KEY", "SSHKEYBODY")}
 AGENT = {"node_id": "gpu-01", "connection": CONN, "known_host_key": HOST_KEY, "hostname": "gpu-01",
          "servers": ["cp1:7443"], "version": "v1.2.3", "release_url": "https://r.example/llmgw"}
+AGENT_YAML_HEADER = ("# {}, written by llmgw-pulumi. Only overrides are written here:\n"
+                     "# the agent finds everything else out for itself. `pulumi up` rewrites this file.\n")
+"""agent.yaml's first two lines, for a node id: AgentInstall's input leaves them out, the file and its digest
+hold them."""
 ENGINES = {"node_id": "gpu-01", "connection": CONN, "known_host_key": HOST_KEY, "engines": {"vllm": {"bin": "/opt/vllm"}}}
 
 
@@ -36,9 +40,10 @@ def installed(inputs: dict[str, Any]) -> dict[str, Any]:
     record of the shape before state_version 1, read through its migration)."""
     import hashlib
 
-    seen = {"binary_sha256": "b" * 64, "config_sha256": hashlib.sha256(inputs["agent_yaml"].encode()).hexdigest(),
+    config = AGENT_YAML_HEADER.format(inputs["node_id"]) + inputs["agent_yaml"]  # as a package of that shape kept it
+    seen = {"binary_sha256": "b" * 64, "config_sha256": hashlib.sha256(config.encode()).hexdigest(),
             "unit_sha256": hashlib.sha256(desired.render_unit().encode()).hexdigest(), "active": "active", "enabled": "enabled"}
-    return {**inputs, "installed_sha256": "b" * 64, "arch": "amd64", "node_state": seen}
+    return {**inputs, "agent_yaml": config, "installed_sha256": "b" * 64, "arch": "amd64", "node_state": seen}
 
 
 @pytest.mark.parametrize("field, value", [("host", "10.0.0.99"), ("port", 2222.0)])
@@ -115,9 +120,10 @@ def test_a_config_or_unit_changed_on_the_node_is_drift_the_next_up_repairs() -> 
 
     p = AgentInstallProvider()
     inputs = checked(p, AGENT)
-    seen = {"binary_sha256": "b" * 64, "config_sha256": hashlib.sha256(inputs["agent_yaml"].encode()).hexdigest(),
+    config = AGENT_YAML_HEADER.format("gpu-01") + inputs["agent_yaml"]
+    seen = {"binary_sha256": "b" * 64, "config_sha256": hashlib.sha256(config.encode()).hexdigest(),
             "unit_sha256": hashlib.sha256(desired.render_unit().encode()).hexdigest(), "active": "active", "enabled": "enabled"}
-    olds = {**inputs, "installed_sha256": "b" * 64, "node_state": seen}
+    olds = {**inputs, "agent_yaml": config, "installed_sha256": "b" * 64, "node_state": seen}
     assert p.diff("gpu-01", olds, inputs).changes is False
     for key in ("config_sha256", "unit_sha256", "binary_sha256"):
         drifted = {**olds, "node_state": {**seen, key: "0" * 64}}

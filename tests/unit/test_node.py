@@ -15,6 +15,7 @@ import pytest
 from pulumi.runtime.mocks import MockMonitor
 
 from llmgw_pulumi import AgentSettings, BinarySource, ConnectionArgs, Node, NodeArgs
+from llmgw_pulumi.call_stack import recorded_frames
 from llmgw_pulumi.errors import ConfigError
 from llmgw_pulumi.shards import PROVIDER_SHARDS, SHARDS_ENV, provider_for, shard_count, shard_name, shard_of
 
@@ -274,3 +275,16 @@ def test_a_node_records_the_line_that_made_it_and_its_resources_no_call_stack(mo
                 assert (len(r.stackTrace.frames), r.HasField("sourcePosition")) == (0, False), r.type
 
     return settle(node.engine_check.urn, mine.urn).apply(check)
+
+
+@pulumi.runtime.test
+def test_a_node_made_where_no_frame_is_recorded_records_none(monitor):
+    # llmgw_pulumi.program makes every Node so: each would record the same line of the package's program.
+    with recorded_frames(0):
+        node = Node("gpu-01", node_args("gpu-01"))
+
+    def check(_: Any) -> None:
+        (registered,) = monitor.of_type("llmgw:index:Node")
+        assert (len(registered.stackTrace.frames), registered.HasField("sourcePosition")) == (0, False), registered
+
+    return settle(node.engine_check.urn).apply(check)

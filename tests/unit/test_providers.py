@@ -10,16 +10,17 @@ import hashlib
 
 import dill
 import pytest
+from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.output import Unknown
 
 from llmgw_pulumi import desired, observed
 from llmgw_pulumi.observed import STATE_VERSION, Observed, Seen
 from llmgw_pulumi.providers import agent
-from llmgw_pulumi.providers.agent import AgentInstallProvider
+from llmgw_pulumi.providers.agent import AgentInstall, AgentInstallProvider
 from llmgw_pulumi.providers.agent import wanted as agent_wanted
-from llmgw_pulumi.providers.certificate import ClientCertificateProvider, reissue_reasons
-from llmgw_pulumi.providers.engines import EngineCheckProvider
-from llmgw_pulumi.providers.identity import NodeIdentityProvider, wanted
+from llmgw_pulumi.providers.certificate import ClientCertificate, ClientCertificateProvider, reissue_reasons
+from llmgw_pulumi.providers.engines import EngineCheck, EngineCheckProvider
+from llmgw_pulumi.providers.identity import NodeIdentity, NodeIdentityProvider, wanted
 from tests.unit import fake_pem
 
 KEY = fake_pem("OPENSSH PRIVATE KEY", "SSHKEYBODY")
@@ -224,10 +225,19 @@ def test_identity_check_accepts_unknowns():
 
 # ---------------------------------------------------------------- AgentInstall
 
+AGENT_YAML_HEADER = ("# gpu-01, written by llmgw-pulumi. Only overrides are written here:\n"
+                     "# the agent finds everything else out for itself. `pulumi up` rewrites this file.\n")
+AGENT_YAML_SETTINGS = ("server: cp1:7443\n"
+                       "tls:\n  ca: /etc/llmgw/ca.pem\n  cert: /etc/llmgw/agent.pem\n  key: /etc/llmgw/agent-key.pem\n")
+"""agent.yaml of AGENT, as the node holds it: the comment lines, then the settings."""
+
+
 def test_agent_check_renders_config_and_unit_for_the_preview():
     inputs = checked(AgentInstallProvider(), AGENT)
-    assert inputs["agent_yaml"].startswith("# gpu-01, written by llmgw-pulumi")
-    assert 'server: cp1:7443' in inputs["agent_yaml"]
+    # The settings only: the two comment lines are the same at every change, and state does not repeat them.
+    assert inputs["agent_yaml"] == AGENT_YAML_SETTINGS
+    assert desired.render_agent_yaml("gpu-01", agent.AgentSettings.from_props(inputs), "gpu-01") == \
+        AGENT_YAML_HEADER + AGENT_YAML_SETTINGS
     assert inputs["unit"] == observed.text_digest(desired.render_unit())  # the same for every node: its digest
     assert "KillMode=process" in desired.render_unit()
 
@@ -235,11 +245,20 @@ def test_agent_check_renders_config_and_unit_for_the_preview():
 def test_agent_outputs_keep_the_texts_as_digests_and_read_renders_them_again():
     inputs = checked(AgentInstallProvider(), AGENT)
     kept = agent.digested(inputs)
-    yaml_digest = base64.urlsafe_b64encode(hashlib.sha256(inputs["agent_yaml"].encode()).digest()).decode().rstrip("=")
-    assert kept["agent_yaml"] == f"sha256:{yaml_digest}" and kept["unit"] == inputs["unit"]
-    assert agent.texts_of(kept) == {"agent_yaml": inputs["agent_yaml"], "unit": desired.render_unit()}
+    # The digest is the whole file's, comment lines included: the one a package before this kept for it.
+    file_digest = base64.urlsafe_b64encode(hashlib.sha256((AGENT_YAML_HEADER + AGENT_YAML_SETTINGS).encode()).digest())
+    assert kept["agent_yaml"] == f"sha256:{file_digest.decode().rstrip('=')}" and kept["unit"] == inputs["unit"]
+    assert agent.texts_of(kept) == {"agent_yaml": AGENT_YAML_HEADER + AGENT_YAML_SETTINGS, "unit": desired.render_unit()}
+    assert agent.texts_of(inputs)["agent_yaml"] == AGENT_YAML_HEADER + AGENT_YAML_SETTINGS
+    assert agent_wanted(inputs).files[desired.CONFIG_PATH].sha256 == \
+        hashlib.sha256((AGENT_YAML_HEADER + AGENT_YAML_SETTINGS).encode()).hexdigest()
     assert agent.changed_inputs(kept, inputs) == [] and agent.changed_inputs(kept, {**inputs, "agent_yaml": "x: 1\n"}) == [
         "agent_yaml"]
+    # An input a package before this one recorded holds the whole file: it stands for the same file.
+    assert agent.changed_inputs(kept, {**inputs, "agent_yaml": AGENT_YAML_HEADER + AGENT_YAML_SETTINGS}) == []
+    assert desired.agent_yaml_input("gpu-01", AGENT_YAML_HEADER + AGENT_YAML_SETTINGS) == AGENT_YAML_SETTINGS
+    assert desired.agent_yaml_input("gpu-02", AGENT_YAML_HEADER + AGENT_YAML_SETTINGS) == \
+        AGENT_YAML_HEADER + AGENT_YAML_SETTINGS  # another node's file is shown whole
     # A text an earlier package rendered otherwise is known by its digest alone: compared by it, never re-rendered.
     other = {**kept, "agent_yaml": "sha256:" + "A" * 43}
     assert "agent_yaml" not in agent.texts_of(other)
@@ -285,10 +304,42 @@ def test_engine_check_rejects_relative_paths():
 
 # ---------------------------------------------------------------- serialization
 
+PICKLED_BY_CLASS = {
+    ClientCertificateProvider: "gASVRwAAAAAAAACMImxsbWd3X3B1bHVtaS5wcm92aWRlcnMuY2VydGlmaWNhdGWUjBlDbGllbnRDZXJ0aWZpY2F0ZV"
+                               "Byb3ZpZGVylJOUKYGULg==",
+    NodeIdentityProvider: "gASVPwAAAAAAAACMH2xsbWd3X3B1bHVtaS5wcm92aWRlcnMuaWRlbnRpdHmUjBROb2RlSWRlbnRpdHlQcm92aWRlcpSTlCmBlC4=",
+    AgentInstallProvider: "gASVPAAAAAAAAACMHGxsbWd3X3B1bHVtaS5wcm92aWRlcnMuYWdlbnSUjBRBZ2VudEluc3RhbGxQcm92aWRlcpSTlCmBlC4=",
+    EngineCheckProvider: "gASVPQAAAAAAAACMHmxsbWd3X3B1bHVtaS5wcm92aWRlcnMuZW5naW5lc5SME0VuZ2luZUNoZWNrUHJvdmlkZXKUk5QpgZQu",
+}
+"""``__provider`` as states written before ``_glue.ModuleProvider`` hold it (copied from a 2026-12-02 export):
+module, class name and a constructor call."""
+RESOURCES = {ClientCertificateProvider: ClientCertificate, NodeIdentityProvider: NodeIdentity,
+             AgentInstallProvider: AgentInstall, EngineCheckProvider: EngineCheck}
+
+
 @pytest.mark.parametrize("cls", [ClientCertificateProvider, NodeIdentityProvider, AgentInstallProvider, EngineCheckProvider])
-def test_providers_pickle_by_reference_and_hold_no_state(cls):
-    payload = dill.dumps(cls(), recurse=True)
-    assert len(payload) < 120, "by reference: module and class name only"
-    assert b"/work" not in payload and cls.__name__.encode() in payload
-    assert vars(cls()) == {}
+def test_providers_pickle_as_their_modules_one_instance_and_hold_no_state(cls):
+    provider = RESOURCES[cls].PROVIDER.instance()
+    assert type(provider) is cls
+    stored = serialize_provider(provider)  # what the SDK puts in state, as it puts it there
+    payload = base64.b64decode(stored)
+    assert cls.__module__.encode() in payload and b"PROVIDER" in payload and cls.__name__.encode() not in payload
+    assert b"/work" not in payload
+    assert len(stored) <= 84, stored  # 112, 104, 100 and 100 by class
+    assert len(stored) <= len(PICKLED_BY_CLASS[cls]) - 16
+    assert dill.loads(payload) is provider
+    # A state written before loads too: an instance of the same class.
+    assert type(dill.loads(base64.b64decode(PICKLED_BY_CLASS[cls]))) is cls
+    assert vars(provider) == {}
     assert cls.serialize_as_secret_always is False
+
+
+def test_a_provider_other_than_its_modules_one_instance_is_refused():
+    with pytest.raises(Exception, match="not the same object"):
+        dill.dumps(EngineCheckProvider(), recurse=True)
+
+    class Stray(EngineCheckProvider):
+        pass
+
+    with pytest.raises(TypeError, match="must be the one Stray"):
+        Stray.instance()

@@ -44,6 +44,9 @@ UNIT_TEXT = desired.render_unit()
 HOST_KEY = ed25519.Ed25519PrivateKey.from_private_bytes(b"\x01" * 32).public_key().public_bytes(
     serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
 """The fake node's host key: a real one, so that a test can pin it as an operator would (``hostKey``)."""
+AGENT_YAML_HEADER = ("# gpu-01, written by llmgw-pulumi. Only overrides are written here:\n"
+                     "# the agent finds everything else out for itself. `pulumi up` rewrites this file.\n")
+"""agent.yaml's two comment lines: the file begins with them, AgentInstall's input leaves them out."""
 PINNED = {**CONN, "host_key": HOST_KEY}
 """The connection with the node's host key pinned: what keyOrigin operator needs before its key is sent."""
 
@@ -283,6 +286,19 @@ def test_identity_checks_the_recorded_host_key_and_keeps_a_node_that_does_not_an
     assert (kept.id, kept.outs) == ("gpu-01", outs)  # an outage never rewrites the record
 
 
+def test_identity_outputs_keep_the_host_key_it_saw_not_the_one_it_was_told(node: FakeNode, pki_dir: Path) -> None:
+    p = NodeIdentityProvider()
+    _, inputs, outs = onboard(pki_dir)
+    assert inputs["known_host_key"] == HOST_KEY  # ClientCertificate's, when it had the node make its key
+    assert outs["host_key"] == HOST_KEY and "known_host_key" not in outs
+    read = p.read("gpu-01", outs).outs
+    assert read["host_key"] == HOST_KEY and "known_host_key" not in read
+    # A record with no key of its own seen (none of this package's writes one) keeps the one it was told: the
+    # only key a later connection could expect.
+    told = {k: v for k, v in outs.items() if k != "host_key"} | {"known_host_key": HOST_KEY}
+    assert p.read("gpu-01", told).outs["known_host_key"] == HOST_KEY
+
+
 def test_an_operator_side_change_updates_state_without_reaching_the_node(node: FakeNode, pki_dir: Path) -> None:
     p = NodeIdentityProvider()
     inputs, outs = onboard_identity(pki_dir)
@@ -291,6 +307,7 @@ def test_an_operator_side_change_updates_state_without_reaching_the_node(node: F
     assert p.diff("gpu-01", outs, news).changes is True
     new = p.update("gpu-01", outs, news).outs
     assert new["connection"]["user"] == "ops" and new["host_key"] == outs["host_key"] and new["observed"] == outs["observed"]
+    assert "known_host_key" not in new
 
 
 # --------------------------------------------------------------------------- AgentInstall
@@ -312,11 +329,11 @@ def dev_build(tmp_path: Path) -> Path:
 
 def assert_agent_installed(node: FakeNode, inputs: dict[str, Any], binary: bytes, outs: dict[str, Any]) -> None:
     assert node.read(BINARY) == binary and node.mode(BINARY) == 0o755 and node.owner(BINARY) == "root:root"
-    assert node.read(CONFIG) == inputs["agent_yaml"].encode() and node.mode(CONFIG) == 0o644
+    assert node.read(CONFIG) == (AGENT_YAML_HEADER + inputs["agent_yaml"]).encode() and node.mode(CONFIG) == 0o644
     assert node.read(UNIT) == UNIT_TEXT.encode() and node.mode(UNIT) == 0o644
     assert node.unit() == ("active", "enabled")
     assert outs["installed_sha256"] == sha(binary) and outs["arch"] == "amd64"
-    assert files(outs) == {BINARY: f"{sha(binary)} 755 root:root", CONFIG: f"{sha(inputs['agent_yaml'])} 644 root:root",
+    assert files(outs) == {BINARY: f"{sha(binary)} 755 root:root", CONFIG: f"{sha(AGENT_YAML_HEADER + inputs['agent_yaml'])} 644 root:root",
                            UNIT: f"{sha(UNIT_TEXT)} 644 root:root"} and outs["observed"]["unit"] == "active enabled"
     assert outs["state_version"] == STATE_VERSION
     assert node.leftovers() == []
@@ -327,7 +344,7 @@ def test_agent_create_copies_a_dev_build_and_starts_it(agent_node: FakeNode, dev
     inputs = agent_inputs(dev_build)
     outs = AgentInstallProvider().create(inputs).outs
     assert_agent_installed(node, inputs, dev_build.read_bytes(), outs)
-    assert inputs["agent_yaml"].startswith("# gpu-01, written by llmgw-pulumi")
+    assert node.read(CONFIG).startswith(b"# gpu-01, written by llmgw-pulumi") and not inputs["agent_yaml"].startswith("#")
     assert node.calls("curl") == []
     assert f"systemctl enable {UNIT_NAME}" in node.calls("systemctl")
     assert AgentInstallProvider().diff("gpu-01", outs, inputs).changes is False
@@ -395,7 +412,8 @@ def test_agent_that_does_not_stay_up_after_an_upgrade_is_rolled_back(agent_node:
     with pytest.raises(errors.AgentStartError, match="llmgw: fatal: simulated fault") as raised:
         p.update("gpu-01", outs, news)
     assert "the agent did not stay running; the end of its journal:" in str(raised.value)
-    assert node.read(BINARY) == good and node.read(CONFIG) == inputs["agent_yaml"].encode(), "not restored"
+    assert node.read(BINARY) == good and node.read(CONFIG) == (AGENT_YAML_HEADER + inputs["agent_yaml"]).encode(), \
+        "not restored"
     assert node.read(UNIT) == UNIT_TEXT.encode()
     assert node.unit() == ("active", "enabled"), "the restored agent was not restarted"
     assert node.leftovers() == []
@@ -417,7 +435,7 @@ def test_agent_read_shows_drift_and_update_repairs_it(agent_node: FakeNode, dev_
     outs = p.create(inputs).outs
     assert p.read("gpu-01", outs).outs["observed"] == outs["observed"], "no drift right after create"
     if change == "config":
-        node.path(CONFIG).write_text(inputs["agent_yaml"] + "mgmt_addr: 1.2.3.4\n")
+        node.path(CONFIG).write_text(AGENT_YAML_HEADER + inputs["agent_yaml"] + "mgmt_addr: 1.2.3.4\n")
     elif change == "binary":
         node.path(BINARY).write_bytes(dev_build.read_bytes() + b"# replaced\n")
     elif change == "binary mode":
@@ -773,5 +791,5 @@ def test_the_agent_of_a_script_onboarded_node_is_kept_running(node: FakeNode, de
     # What differs is changed, and only that: another server rewrites agent.yaml, not the unit.
     news = agent_inputs(dev_build, servers=["cp2.example.net:7443"])
     p.update("gpu-01", outs, news)
-    assert node.read(desired.CONFIG_PATH) == news["agent_yaml"].encode()
+    assert node.read(desired.CONFIG_PATH) == (AGENT_YAML_HEADER + news["agent_yaml"]).encode()
     assert os.stat(node.path(desired.UNIT_PATH)).st_ino == before[desired.UNIT_PATH].st_ino
