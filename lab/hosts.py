@@ -184,6 +184,7 @@ class Lab:
         linux.raise_backlog_limit(self.max_hosts)
         network.check_subnet_free(self, self.subnet, self.prefix_len)
         linux.run(["ip", "link", "add", self.bridge, "type", "bridge"])
+        network.no_router_solicitations(self.bridge)  # before it is up
         linux.run(["ip", "addr", "add", f"{self.gateway}/{self.prefix_len}", "dev", self.bridge])
         linux.run(["ip", "link", "set", self.bridge, "up"])
         base_layer.ensure_key(self.ssh_key_path, f"lab-{self.name}")

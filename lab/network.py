@@ -57,8 +57,26 @@ def ensure_private_segment(lab: Lab) -> None:
         remember(lab, "routes", " ".join(unreachable_route(lab)))
         linux.run(["ip", "route", "add", *unreachable_route(lab)])
         linux.run(["ip", "netns", "add", lab.private_netns])
+        no_router_solicitations("default", lab.private_netns)
         for cmd in (["link", "add", "name", "br0", "type", "bridge"], ["link", "set", "dev", "br0", "up"]):
             linux.run(["ip", "-n", lab.private_netns, *cmd])
+
+
+def no_router_solicitations(conf: str, netns: str | None = None) -> None:
+    """``net.ipv6.conf.<conf>.router_solicitations`` 0, in ``netns`` (None: this one); nothing without IPv6.
+
+    A lab network has no IPv6 router, and a host's kernel, left to its default, asks for one for as long as it
+    runs: an ICMPv6 router solicitation to ff02::2, again and again with a growing interval, which the kernel's timer
+    wheel rounds (HZ 250: to 16.384 s for intervals of minutes) to the same ticks on every host. The bridge floods
+    each solicitation to every port, one copy per host through this CPU's input queue (`netdev_max_backlog`), which
+    loopback traffic shares: at 1,000 hosts, 11 to 12 hosts' solicitations on each tick were 12,000 copies at once,
+    and /proc/net/softnet_stat counted bursts of 35,000 to 70,000 packets dropped every 16.4 s, loopback connections'
+    packets among them (the benchmark's `connection reset by peer` of the engine's `LanguageRuntime/Run` fell on a
+    16.39-second grid). So no lab host, and not the bridge, solicits a router."""
+    if not Path("/proc/sys/net/ipv6").is_dir():
+        return
+    prefix = linux.nsenter(netns) if netns else []
+    linux.run([*prefix, "sysctl", "-q", "-w", f"net.ipv6.conf.{conf}.router_solicitations=0"])
 
 
 def add_netns(lab: Lab, netns: str, key: str, addr_index: int, segment: Segment) -> None:
@@ -70,6 +88,7 @@ def add_netns(lab: Lab, netns: str, key: str, addr_index: int, segment: Segment)
         ensure_private_segment(lab)
         legs.append((["-n", lab.private_netns], lab._veth(key, "private"), "br0", f"{lab.private_subnet}.{addr_index}/24"))
     linux.run(["ip", "netns", "add", netns])
+    no_router_solicitations("default", netns)  # before its links exist: they take the netns's defaults
     for n, (side, veth, bridge, address) in enumerate(legs):
         linux.run(["ip", *side, "link", "add", "name", veth, "type", "veth", "peer", "name", f"eth{n}", "netns", netns])
         linux.run(["ip", *side, "link", "set", "dev", veth, "master", bridge, "up"])

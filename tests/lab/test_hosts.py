@@ -26,6 +26,7 @@ from typing import Self
 import paramiko
 import pytest
 
+from lab import linux
 from lab.hosts import CGROUP_ROOTS, Host, Lab, LabError, NetemUnavailable, _resolve_inside
 
 NAME, SUBNET = "x", "10.252.0"
@@ -197,6 +198,17 @@ class TestHosts:
             state = ssh.run("timeout 20 systemctl is-system-running --wait")[1].strip()
             assert state in ("running", "degraded"), ssh.run("systemctl --failed --no-legend")[1]
             assert ssh.run("systemd-detect-virt")[1].strip() == "systemd-nspawn"
+
+    def test_neither_a_host_nor_the_bridge_solicits_an_ipv6_router(self, lab: Lab, hosts: list[Host]) -> None:
+        # lab/network.py, no_router_solicitations: each solicitation is flooded to every host of the bridge.
+        conf = Path("/proc/sys/net/ipv6/conf")
+        if not conf.is_dir():
+            pytest.skip("this machine has no IPv6: nothing solicits a router")
+        assert (conf / "default/router_solicitations").read_text().strip() != "0"  # the machine's own default does
+        seen = [linux.run([*linux.nsenter(h.netns), "cat", str(conf / "eth0/router_solicitations")]).stdout.strip()
+                for h in hosts]
+        assert seen == ["0"] * len(hosts)
+        assert (conf / lab.bridge / "router_solicitations").read_text().strip() == "0"
 
     def test_nosudo_has_no_sudo_rights(self, lab: Lab, hosts: list[Host]) -> None:
         rc, _, err = run_as(lab, hosts[0], "sudo -n true", user="nosudo")
