@@ -70,7 +70,7 @@ def no_router_solicitations(conf: str, netns: str | None = None) -> None:
     wheel rounds (HZ 250: to 16.384 s for intervals of minutes) to the same ticks on every host. The bridge floods
     each solicitation to every port, one copy per host through this CPU's input queue (`netdev_max_backlog`), which
     loopback traffic shares: at 1,000 hosts, 11 to 12 hosts' solicitations on each tick were 12,000 copies at once,
-    and /proc/net/softnet_stat counted bursts of 35,000 to 70,000 packets dropped every 16.4 s, loopback connections'
+    and /proc/net/softnet_stat counted bursts of 33,000 to 70,000 packets dropped every 16.4 s, loopback connections'
     packets among them (the benchmark's `connection reset by peer` of the engine's `LanguageRuntime/Run` fell on a
     16.39-second grid). So no lab host, and not the bridge, solicits a router."""
     if not Path("/proc/sys/net/ipv6").is_dir():

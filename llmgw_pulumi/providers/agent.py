@@ -2,8 +2,8 @@
 
 SPEC steps 5, 6 and 8. The rendered agent.yaml, but for its two comment
 lines, is an input (derived in check, without touching the network), so
-`pulumi preview --diff` shows the config text that will change; the unit, the same for every node, is the input
-``unit`` as its ``sha256:`` digest. The outputs keep both as digests
+`pulumi preview --diff` shows the config text that will change; the unit,
+the same for every node, is the input ``unit`` as its ``sha256:`` digest. The outputs keep both as digests
 (``observed.text_digest``): a text rendered from the inputs is rendered again
 where it is needed (``texts_of``). Changing settings rewrites the config atomically
 and restarts the agent; changing the version installs the new binary (a

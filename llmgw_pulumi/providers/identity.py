@@ -118,14 +118,13 @@ def _apply(spec: IdentitySpec, props: Mapping[str, Any], recorded: Mapping[str, 
         }
 
 
-def _outputs(props: Mapping[str, Any], **computed: Any) -> dict[str, Any]:
-    """The inputs and what the operation found (``_glue.outputs``), but the host key ClientCertificate recorded
-    (``known_host_key``) once the key this resource saw is recorded: every later connection expects that one
+def _recorded(outs: dict[str, Any]) -> dict[str, Any]:
+    """Outputs as this resource records them: without the host key ClientCertificate recorded (``known_host_key``)
+    once the key this resource saw is recorded (``host_key``): every later connection expects that one
     (``recorded_keys``), so the first is not repeated (about 100 bytes of state a node)."""
-    out = _glue.outputs(props, **computed)
-    if out.get("host_key"):
-        out.pop("known_host_key", None)
-    return out
+    if outs.get("host_key"):
+        outs.pop("known_host_key", None)
+    return outs
 
 
 def changes(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
@@ -166,17 +165,17 @@ class NodeIdentityProvider(_glue.ModuleProvider):
     def create(self, props: dict[str, Any]) -> CreateResult:
         spec = IdentitySpec.from_props(props)
         computed = _apply(spec, props, props, None)
-        return CreateResult(spec.node_id, _outputs(props, **computed))
+        return CreateResult(spec.node_id, _recorded(_glue.outputs(props, **computed)))
 
     @_glue.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         operator_side = _glue.operator_side_only(changes(olds, news))
         olds = _migrated(olds)
         if operator_side:
-            return UpdateResult(_outputs(news, **{k: olds.get(k) for k in OUTPUT_KEYS}))
+            return UpdateResult(_recorded(_glue.carried(olds, news, OUTPUT_KEYS)))
         spec = IdentitySpec.from_props(news)
         computed = _apply(spec, news, olds, Observed.parse(olds.get(OBSERVED_KEY)))
-        return UpdateResult(_outputs(news, **computed))
+        return UpdateResult(_recorded(_glue.outputs(news, **computed)))
 
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
@@ -188,8 +187,8 @@ class NodeIdentityProvider(_glue.ModuleProvider):
         node = surveyed.node
         jump_host_keys = {**(props.get("jump_host_keys") or {}), **surveyed.jump_host_keys}
         seen = observed.from_facts(node, FILES)
-        outs = _outputs({**props, OBSERVED_KEY: seen.record(), "hostname": node.hostname, "arch": node.arch},
-                             jump_host_keys=jump_host_keys)
+        outs = _recorded(_glue.outputs({**props, OBSERVED_KEY: seen.record(), "hostname": node.hostname,
+                                        "arch": node.arch}, jump_host_keys=jump_host_keys))
         drift = observed.by_path(observed.differences(wanted(props) or Wanted({}), seen))
         return _glue.read_result(id_, props, OUTPUT_KEYS, outs, {"drift": drift or None})
 

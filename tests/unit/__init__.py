@@ -4,3 +4,9 @@
 def fake_pem(kind: str, body: str) -> str:
     """A PEM-shaped string with no key in it (so no key-shaped text is committed)."""
     return f"-----BEGIN {kind}-----\n{body}\n-----END {kind}-----\n"
+
+
+AGENT_YAML_COMMENTS = ("# {}, written by llmgw-pulumi. Only overrides are written here:\n"
+                     "# the agent finds everything else out for itself. `pulumi up` rewrites this file.\n")
+"""agent.yaml's two comment lines, for a node id (``.format(node_id)``), as the file on a node begins: written
+here, not taken from the package. AgentInstall's input leaves them out; the file and its digest hold them."""

@@ -14,7 +14,7 @@ from pulumi.output import Unknown
 from llmgw_pulumi import desired, rollout
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
-from tests.unit import fake_pem
+from tests.unit import AGENT_YAML_COMMENTS, fake_pem
 
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA"
 # The node and the bastion listen nowhere (port 1 of loopback refuses): reaching either fails at once.
@@ -22,10 +22,6 @@ CONN = {"host": "127.0.0.1", "user": "deploy", "port": 1.0, "wait": 0.0,
         "private_key": fake_pem("OPENSSH PRIVATE KEY", "SSHKEYBODY")}
 AGENT = {"node_id": "gpu-01", "connection": CONN, "known_host_key": HOST_KEY, "hostname": "gpu-01",
          "servers": ["cp1:7443"], "version": "v1.2.3", "release_url": "https://r.example/llmgw"}
-AGENT_YAML_HEADER = ("# {}, written by llmgw-pulumi. Only overrides are written here:\n"
-                     "# the agent finds everything else out for itself. `pulumi up` rewrites this file.\n")
-"""agent.yaml's first two lines, for a node id: AgentInstall's input leaves them out, the file and its digest
-hold them."""
 ENGINES = {"node_id": "gpu-01", "connection": CONN, "known_host_key": HOST_KEY, "engines": {"vllm": {"bin": "/opt/vllm"}}}
 
 
@@ -40,7 +36,7 @@ def installed(inputs: dict[str, Any]) -> dict[str, Any]:
     record of the shape before state_version 1, read through its migration)."""
     import hashlib
 
-    config = AGENT_YAML_HEADER.format(inputs["node_id"]) + inputs["agent_yaml"]  # as a package of that shape kept it
+    config = AGENT_YAML_COMMENTS.format(inputs["node_id"]) + inputs["agent_yaml"]  # as a package of that shape kept it
     seen = {"binary_sha256": "b" * 64, "config_sha256": hashlib.sha256(config.encode()).hexdigest(),
             "unit_sha256": hashlib.sha256(desired.render_unit().encode()).hexdigest(), "active": "active", "enabled": "enabled"}
     return {**inputs, "agent_yaml": config, "installed_sha256": "b" * 64, "arch": "amd64", "node_state": seen}
@@ -120,7 +116,7 @@ def test_a_config_or_unit_changed_on_the_node_is_drift_the_next_up_repairs() -> 
 
     p = AgentInstallProvider()
     inputs = checked(p, AGENT)
-    config = AGENT_YAML_HEADER.format("gpu-01") + inputs["agent_yaml"]
+    config = AGENT_YAML_COMMENTS.format("gpu-01") + inputs["agent_yaml"]
     seen = {"binary_sha256": "b" * 64, "config_sha256": hashlib.sha256(config.encode()).hexdigest(),
             "unit_sha256": hashlib.sha256(desired.render_unit().encode()).hexdigest(), "active": "active", "enabled": "enabled"}
     olds = {**inputs, "agent_yaml": config, "installed_sha256": "b" * 64, "node_state": seen}

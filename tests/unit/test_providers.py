@@ -21,7 +21,7 @@ from llmgw_pulumi.providers.agent import wanted as agent_wanted
 from llmgw_pulumi.providers.certificate import ClientCertificate, ClientCertificateProvider, reissue_reasons
 from llmgw_pulumi.providers.engines import EngineCheck, EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentity, NodeIdentityProvider, wanted
-from tests.unit import fake_pem
+from tests.unit import AGENT_YAML_COMMENTS, fake_pem
 
 KEY = fake_pem("OPENSSH PRIVATE KEY", "SSHKEYBODY")
 CONN = {"host": "10.0.0.11", "user": "deploy", "port": 22.0, "wait": 120.0, "private_key": KEY}
@@ -225,8 +225,7 @@ def test_identity_check_accepts_unknowns():
 
 # ---------------------------------------------------------------- AgentInstall
 
-AGENT_YAML_HEADER = ("# gpu-01, written by llmgw-pulumi. Only overrides are written here:\n"
-                     "# the agent finds everything else out for itself. `pulumi up` rewrites this file.\n")
+AGENT_YAML_HEADER = AGENT_YAML_COMMENTS.format("gpu-01")
 AGENT_YAML_SETTINGS = ("server: cp1:7443\n"
                        "tls:\n  ca: /etc/llmgw/ca.pem\n  cert: /etc/llmgw/agent.pem\n  key: /etc/llmgw/agent-key.pem\n")
 """agent.yaml of AGENT, as the node holds it: the comment lines, then the settings."""

@@ -31,7 +31,7 @@ from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from tests.fakenode import RELEASE_URL, FakeNode, FakeNodes
-from tests.unit import fake_pem
+from tests.unit import AGENT_YAML_COMMENTS, fake_pem
 
 ADDR = "10.0.0.11"
 CONN = {"host": ADDR, "user": "deploy", "port": 22.0, "wait": 5.0, "private_key": fake_pem("OPENSSH PRIVATE KEY", "K")}
@@ -44,9 +44,7 @@ UNIT_TEXT = desired.render_unit()
 HOST_KEY = ed25519.Ed25519PrivateKey.from_private_bytes(b"\x01" * 32).public_key().public_bytes(
     serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
 """The fake node's host key: a real one, so that a test can pin it as an operator would (``hostKey``)."""
-AGENT_YAML_HEADER = ("# gpu-01, written by llmgw-pulumi. Only overrides are written here:\n"
-                     "# the agent finds everything else out for itself. `pulumi up` rewrites this file.\n")
-"""agent.yaml's two comment lines: the file begins with them, AgentInstall's input leaves them out."""
+AGENT_YAML_HEADER = AGENT_YAML_COMMENTS.format("gpu-01")
 PINNED = {**CONN, "host_key": HOST_KEY}
 """The connection with the node's host key pinned: what keyOrigin operator needs before its key is sent."""
 
