@@ -176,3 +176,27 @@ def test_a_new_pooled_connection_expects_the_key_recorded(server: Server) -> Non
             assert s.host_key == public_text(server.host_key)
     finally:
         pool.close_all()
+
+
+# --------------------------------------------------------------------------- end of input
+
+
+@pytest.mark.parametrize(("command", "rc"), [("true", 0), ("exit 3", 3), ("exec sh -c 'exit 4'", 4),
+                                             ("printf out; printf err >&2; exit 5", 5)])
+def test_a_command_reads_its_input_to_the_end_before_it_exits_keeping_its_exit_status(command: str, rc: int) -> None:
+    """What sshd runs (in the login shell: /bin/sh here) cannot end before our end of input reached it, even when
+    the command reads none of it or replaces its shell with `exec` (tests/e2e/test_openssh_channels.py shows why
+    on OpenSSH); its output and exit status are the command's."""
+    import subprocess
+
+    from llmgw_pulumi.ssh_session import reads_its_input_to_the_end
+
+    proc = subprocess.Popen(["/bin/sh", "-c", reads_its_input_to_the_end(command)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdin is not None
+    proc.stdin.write(b"payload the command did not read\n")
+    proc.stdin.flush()
+    time.sleep(0.3)
+    assert proc.poll() is None  # still reading its input
+    out, err = proc.communicate(timeout=10)  # closes its input: the end of input
+    assert (proc.returncode, out, err) == (rc, b"out" if rc == 5 else b"", b"err" if rc == 5 else b"")
