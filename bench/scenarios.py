@@ -280,12 +280,14 @@ class Bench(Harness):
         """`pulumi up` from scratch with each provider-process count."""
         for k in self.shard_counts:
             print(f"\n== N = {size}, {k} provider processes", flush=True)
-            hosts = self.fresh_hosts(size)
+            hosts = self.fresh_hosts(size, reduced_ca=self.reduced_ca)
+            first = len(self.results)
             self.shards = k
             try:
                 self.pulumi_runs(size, hosts, then=())
             finally:
                 self.shards = None
+            self.mark_reduced_ca(first)
 
     def run_checkpoints(self, size: int) -> None:
         """`pulumi up` from scratch and a no-op `up`, first as the engine runs them (the state written after every

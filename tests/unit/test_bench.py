@@ -517,3 +517,24 @@ def test_other_parts_do_not_run_a_failed_up_again():
     bench = _ScriptedBench([False, True])
     assert Bench.pulumi_runs(bench, 3, [], then=("noop",)) is None  # type: ignore[arg-type]
     assert bench.scenarios == ["pulumi up, from scratch"]
+
+
+def test_the_page_says_which_runs_hosts_trusted_3_cas_as_the_results_record_it(tmp_path):
+    from bench.harness import Harness
+    from bench.onboard import UP, Counters, Result
+    from bench.page import reduced_ca_line
+
+    def run(reduced_ca: bool) -> Result:
+        return Result(1000, UP, True, 1.0, 1000, Counters(1.0, 0, 0, 0), 0, 0, kind=UP, reduced_ca=reduced_ca)
+
+    def line(flag: bool, *reduced: bool) -> str:
+        return reduced_ca_line(Harness(sizes=[], repeats=1, log_dir=tmp_path, reduced_ca=flag,
+                                       results=[run(r) for r in reduced]))
+
+    # The flag given, but every run on full-bundle hosts (the provider-process part before it honoured the flag).
+    assert line(True, False, False) == ("Every host keeps Debian's full CA bundle (--reduced-ca was given, "
+                                        "but no part of this run uses it).")
+    assert line(False, False) == "Every host keeps Debian's full CA bundle (no --reduced-ca)."
+    assert line(True, True, False, False).endswith("the other 2 run(s) use the full bundle.")
+    assert line(True, True, True).endswith("no run used the full bundle.")
+    assert line(True, True).startswith("The hosts of the runs marked `hosts trust 3 system CAs (--reduced-ca)`")
