@@ -302,10 +302,15 @@ def merged_records(paths: Sequence[Path]) -> dict[str, Any]:
     if len(backends) > 1:
         plan["backend_note"] = ("runs against " + " and ".join(backends) + " (column *backend*)"
                                 + (f"; {plan['backend_note']}" if plan["backend_note"] else ""))
+    # What every run's engine had is said once; what only some had goes on their rows.
+    envs = [rec["plan"].get("engine_env", {}) for rec in records]
+    plan["engine_env"] = {k: v for k, v in envs[0].items() if all(env.get(k) == v for env in envs)}
     results = []
-    for rec in records:
+    for rec, env in zip(records, envs, strict=True):
+        own = " ".join(f"{k}={v}" for k, v in env.items() if k not in plan["engine_env"])
         for raw in rec["results"]:
-            results.append({**raw, "backend": raw.get("backend") or rec["plan"].get("backend", "")})
+            note = (raw.get("note", "") + (f" engine runs had {own}" if own else "")).strip()
+            results.append({**raw, "note": note, "backend": raw.get("backend") or rec["plan"].get("backend", "")})
     return {**first, "plan": plan, "results": results, "seconds": sum(r["seconds"] for r in records),
             "command": " ; ".join(r["command"] for r in records), "skipped": [s for r in records for s in r["skipped"]],
             "estimate": sum(r["estimate"] for r in records)}

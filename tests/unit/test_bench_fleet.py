@@ -123,6 +123,21 @@ def test_several_runs_make_one_page_each_result_keeping_its_backend(tmp_path):
     assert merged_records([a]) == json.loads(a.read_text())
 
 
+def test_several_runs_make_one_page_saying_on_its_rows_what_only_some_runs_engines_had(tmp_path):
+    from bench.page import merged_records
+
+    def record(env: dict[str, str], note: str) -> dict:
+        return {"plan": {"engine_env": env}, "machine": {}, "fingerprint": "f", "started": "s", "seconds": 1.0,
+                "command": "bench", "skipped": [], "estimate": 1.0, "results": [{"size": 1000, "note": note}]}
+
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    paths[0].write_text(json.dumps(record({"PULUMI_SKIP_CHECKPOINTS": "true", "SHARED": "1"}, "ksmd 1 CPU-s")))
+    paths[1].write_text(json.dumps(record({"SHARED": "1"}, "")))
+    merged = merged_records(paths)
+    assert merged["plan"]["engine_env"] == {"SHARED": "1"}  # the page says "every engine run had" only this
+    assert [r["note"] for r in merged["results"]] == ["ksmd 1 CPU-s engine runs had PULUMI_SKIP_CHECKPOINTS=true", ""]
+
+
 def test_the_backend_table_names_each_rows_backend_only_when_there_are_several():
     from bench.report import backend_table
 
