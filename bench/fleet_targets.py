@@ -39,15 +39,22 @@ CPU_PER_NODE = 0.25
 """Operator CPU-s per node of an `up` from scratch."""
 
 
-def _run(results: Sequence[Result], size: int, kind: str, stacks: int = 1) -> Result | None:
-    """The successful plain-bridge run of `kind` at `size` with `stacks` stacks (default provider count)."""
+def _run(results: Sequence[Result], size: int, kind: str, stacks: int = 1, backend: str | None = None
+         ) -> Result | None:
+    """The successful plain-bridge run of `kind` at `size` with `stacks` stacks (default provider count), against
+    `backend` if given."""
     return next((r for r in results if r.ok and r.size == size and r.kind == kind and r.stacks == stacks
-                 and r.delay_ms == 0 and r.shards is None), None)
+                 and r.delay_ms == 0 and r.shards is None and backend in (None, r.backend)), None)
 
 
-def split_counts(results: Sequence[Result], size: int) -> list[int]:
-    """The stack counts above 1 measured at `size`, smallest first."""
-    return sorted({r.stacks for r in results if r.size == size and r.stacks > 1})
+def splits_measured(results: Sequence[Result], size: int) -> list[tuple[int, str]]:
+    """The stack counts above 1 measured at `size`, each with the backend it ran against, smallest count first."""
+    return sorted({(r.stacks, r.backend) for r in results if r.size == size and r.stacks > 1})
+
+
+def backend_kind(backend: str) -> str:
+    """A backend as a split's line names it: its scheme (file, postgres)."""
+    return backend.split(":", 1)[0] or "backend not recorded"
 
 
 def daily_growth(results: Sequence[Result], kind: str) -> tuple[float | None, str]:
@@ -62,22 +69,26 @@ def issue21_targets(results: Sequence[Result], n: int = FLEET_N) -> list[Target]
     """Issue 21's targets at `n` nodes: one stack, then each split measured (K stacks; a daily change on one)."""
     secs = lambda r: "not measured" if r is None else f"{r.wall:.1f} s"  # noqa: E731
     wall = lambda r: None if r is None else r.wall  # noqa: E731
-    splits = split_counts(results, n)
+    splits = splits_measured(results, n)
+    # A page of runs against several backends says on each split's line which one it ran against.
+    several = len({b for _, b in splits}) > 1
+    where = lambda b: f" ({backend_kind(b)})" if several else ""  # noqa: E731
     out: list[Target] = []
 
     def timed(kind: str, short: str, limit: float) -> None:
         """The one-stack run's wall time against `limit`, then the same change on one stack of each split."""
         r = _run(results, n, kind)
         out.append(Target(f"{n} nodes, 1 stack: {short}, s", wall(r), limit, measured=secs(r)))
-        for k in splits:
-            rk = _run(results, n, f"{kind}, one stack of {k}", k)
-            out.append(Target(f"{n} in {k} stacks, one stack: {short}, s", wall(rk), limit, measured=secs(rk)))
+        for k, b in splits:
+            rk = _run(results, n, f"{kind}, one stack of {k}", k, b)
+            out.append(Target(f"{n} in {k} stacks{where(b)}, one stack: {short}, s", wall(rk), limit,
+                              measured=secs(rk)))
 
     timed(NOOP, "no-op up", QUICK_S)
     timed(PREVIEW, "preview", QUICK_S)
-    for k in splits:
-        r = _run(results, n, AT_ONCE_NOOP, k)
-        out.append(Target(f"{n} nodes, {k} stacks at once: no-op up, s", wall(r), QUICK_S,
+    for k, b in splits:
+        r = _run(results, n, AT_ONCE_NOOP, k, b)
+        out.append(Target(f"{n} nodes, {k} stacks at once{where(b)}: no-op up, s", wall(r), QUICK_S,
                           measured=secs(r) + " (all K side by side)"))
     agents = upgraded_count(n)
     # The rows of earlier runs (llmgw:rollout new, then kept) where no run measured the current daily upgrade.
@@ -102,9 +113,9 @@ def issue21_targets(results: Sequence[Result], n: int = FLEET_N) -> list[Target]
     out.append(Target(f"{n} nodes, 1 stack: operator CPU-s per node (up)", None if up is None else operator_cpu(up) / n,
                       CPU_PER_NODE, measured="" if up is None else (
                           f"engine {up.cpu.engine:.0f} + provider {up.cpu.provider:.0f} + program {up.cpu.program:.0f}")))
-    for k in splits:
-        rk = _run(results, n, AT_ONCE_UP, k)
-        out.append(Target(f"{n} nodes, {k} stacks at once: operator CPU-s per node (up)",
+    for k, b in splits:
+        rk = _run(results, n, AT_ONCE_UP, k, b)
+        out.append(Target(f"{n} nodes, {k} stacks at once{where(b)}: operator CPU-s per node (up)",
                           None if rk is None else operator_cpu(rk) / n, CPU_PER_NODE,
                           measured="" if rk is None else f"engine {rk.cpu.engine:.0f} + provider "
                           f"{rk.cpu.provider:.0f} + program {rk.cpu.program:.0f}"))

@@ -71,7 +71,7 @@ plain bridge and +{2 * DELAY_MS} ms at 1, 10, 30 nodes, scale at 100 and 200, pr
 processes 4, 8, 16 at 30 and 100, pkiDir beside the HSM signer at 30; about {full_run_minutes():.0f} min on 2 CPUs),
 or `--quick` (about 3 min). Issue 21's figures: `--scale-sizes 200,500,1000 --daily --stacks 1,4,8`
 (`--stack-sizes` picks where the stacks run, `--backend lab-postgres:10` puts the state in PostgreSQL behind 10 ms;
-this page's two runs and `--render` of both are in [benchmark-method.md](benchmark-method.md), "Issue 21's parts").
+the commands of this page's runs, and `--render` of several, are in [benchmark-method.md](benchmark-method.md), "Issue 21's parts").
 It builds toxiproxy-server and installs matplotlib on first use (scripts/bench-tools.sh,
 cached under /var/cache/llmgw-pulumi); `--render <logs>/results.json` rewrites this page
 and its plots from an earlier run. The plots are the `benchmark-*.png` files beside it.
@@ -213,7 +213,7 @@ def issue21_summary(results: Sequence[Result]) -> str:
         if splits:
             targets += splits
             title = f"Issue 21 targets: {n:,} nodes in 1 stack (set at {FLEET_N:,}), {FLEET_N:,} split"
-    return summary(targets, title=title, name_width=62)  # "1000 in 8 stacks, one stack: ..." whole
+    return summary(targets, title=title, name_width=66)  # "1000 in 8 stacks (postgres), one stack: ..." whole
 
 
 def issue21_section(results: Sequence[Result]) -> str:
@@ -311,7 +311,14 @@ def merged_records(paths: Sequence[Path]) -> dict[str, Any]:
         for raw in rec["results"]:
             note = (raw.get("note", "") + (f" engine runs had {own}" if own else "")).strip()
             results.append({**raw, "note": note, "backend": raw.get("backend") or rec["plan"].get("backend", "")})
-    return {**first, "plan": plan, "results": results, "seconds": sum(r["seconds"] for r in records),
+    # Runs of different commits each say which package they measured.
+    started: dict[str, list[str]] = {}
+    for rec in records:
+        started.setdefault(rec["fingerprint"], []).append(rec["started"])
+    fingerprint = first["fingerprint"] if len(started) == 1 else "; ".join(
+        f"{fp} (the run{'s' if len(times) > 1 else ''} of {', '.join(times)})" for fp, times in started.items())
+    return {**first, "plan": plan, "results": results, "fingerprint": fingerprint,
+            "seconds": sum(r["seconds"] for r in records),
             "command": " ; ".join(r["command"] for r in records), "skipped": [s for r in records for s in r["skipped"]],
             "estimate": sum(r["estimate"] for r in records)}
 

@@ -12,9 +12,9 @@ from bench.measure import Counters, Result
 
 
 def run(size: int, kind: str, wall: float, engine: float = 0.0, provider: float = 0.0, program: float = 0.0,
-        stacks: int = 1, ok: bool = True, changes: dict[str, int] | None = None) -> Result:
+        stacks: int = 1, ok: bool = True, changes: dict[str, int] | None = None, backend: str = "") -> Result:
     return Result(size, kind, ok, wall, 0, Counters(wall, 0, 0, 0, engine, provider, program), 0, 0, kind=kind,
-                  stacks=stacks, detail={"changes": changes or {}})
+                  stacks=stacks, detail={"changes": changes or {}}, backend=backend)
 
 
 def test_a_daily_change_on_one_stack_of_several_must_show_the_same_operation():
@@ -66,6 +66,31 @@ def test_the_targets_at_1000_nodes_come_from_the_one_stack_runs_and_each_split_o
     assert t["1000 nodes, 1 stack: operator CPU-s per node (up)"].met is True  # at the limit is met
     assert t["1000 nodes, 8 stacks at once: operator CPU-s per node (up)"].value == pytest.approx(0.18)
     assert "1000 nodes, 4 stacks at once: no-op up, s" not in t  # only the splits measured get lines
+
+
+def test_a_page_of_runs_against_several_backends_names_the_backend_of_each_splits_line():
+    from bench.config import NOOP
+
+    file, pg = "file:///state", "postgres://u@127.0.0.1:5432/db"
+    results = [
+        run(1000, AT_ONCE_UP, 900.0, engine=100.0, stacks=8, backend=file),
+        run(1000, AT_ONCE_UP, 3000.0, engine=500.0, stacks=8, backend=pg),
+        run(1000, AT_ONCE_NOOP, 90.0, stacks=8, backend=file), run(1000, AT_ONCE_NOOP, 190.0, stacks=8, backend=pg),
+        run(1000, f"{NOOP}, one stack of 8", 12.0, stacks=8, backend=pg),
+        run(1000, f"{NOOP}, one stack of 8", 14.0, stacks=8, backend=file),
+        run(1000, f"{NOOP}, one stack of 4", 29.0, stacks=4, backend=file),
+    ]
+    t = by_name(results)
+    assert t["1000 nodes, 8 stacks at once (file): no-op up, s"].value == 90.0
+    assert t["1000 nodes, 8 stacks at once (postgres): no-op up, s"].value == 190.0
+    assert t["1000 in 8 stacks (file), one stack: no-op up, s"].value == 14.0
+    assert t["1000 in 8 stacks (postgres), one stack: no-op up, s"].value == 12.0
+    assert t["1000 in 4 stacks (file), one stack: no-op up, s"].value == 29.0
+    assert "1000 in 4 stacks (postgres), one stack: no-op up, s" not in t  # no run of 4 stacks against it
+    assert t["1000 nodes, 8 stacks at once (file): operator CPU-s per node (up)"].value == pytest.approx(0.1)
+    assert t["1000 nodes, 8 stacks at once (postgres): operator CPU-s per node (up)"].value == pytest.approx(0.5)
+    one_backend = by_name([r for r in results if r.backend == file])  # the usual page: no backend on its lines
+    assert one_backend["1000 in 8 stacks, one stack: no-op up, s"].value == 14.0
 
 
 def test_the_daily_changes_engine_cpu_is_fitted_over_the_one_stack_sizes():
@@ -249,3 +274,19 @@ def test_the_current_upgrade_is_shown_where_a_run_made_it_even_beside_an_earlier
     assert not any("rollout new" in name for name in t)
     earlier = by_name([run(1000, UPGRADE, 90.0), run(1000, UPGRADE_AGAIN, 50.0)])
     assert earlier["1000 nodes, 1 stack: 10 agents upgraded, rollout new, s"].value == 90.0
+
+
+def test_several_runs_of_different_commits_make_one_page_naming_each_runs_package(tmp_path):
+    from bench.page import merged_records
+
+    def record(fingerprint: str, started: str) -> dict:
+        return {"plan": {}, "machine": {}, "fingerprint": fingerprint, "started": started, "seconds": 1.0,
+                "command": "bench", "skipped": [], "estimate": 1.0, "results": []}
+
+    paths = [tmp_path / f"{i}.json" for i in range(3)]
+    for path, rec in zip(paths, [record("aaa (package sha256 1)", "day 1"), record("bbb (package sha256 2)", "day 2"),
+                                 record("aaa (package sha256 1)", "day 3")], strict=True):
+        path.write_text(json.dumps(rec))
+    assert merged_records(paths)["fingerprint"] == (
+        "aaa (package sha256 1) (the runs of day 1, day 3); bbb (package sha256 2) (the run of day 2)")
+    assert merged_records([paths[0], paths[2]])["fingerprint"] == "aaa (package sha256 1)"  # one package: as it was
