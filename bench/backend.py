@@ -30,6 +30,13 @@ from bench.fswatch import WriteWatch
 #: benchmark, optionally behind a toxiproxy proxy adding RTT_MS to each round trip.
 LAB_POSTGRES = "lab-postgres"
 
+
+def backend_kind(url: str) -> str:
+    """A backend as the report names it: its URL's scheme (file, postgres); a result recorded before results kept
+    their backend says so."""
+    return url.split(":", 1)[0] or "backend not recorded"
+
+
 def wal_bytes(lsn_before: str, lsn_after: str) -> int:
     """Bytes of WAL between two LSNs as PostgreSQL prints them ('16/B374D848': high and low 32 bits, hex)."""
     def value(lsn: str) -> int:
@@ -59,7 +66,7 @@ class Backend:
 
     @property
     def kind(self) -> str:
-        return "file" if self.is_file else self.url.split(":", 1)[0]
+        return backend_kind(self.url)
 
     @property
     def shown(self) -> str:

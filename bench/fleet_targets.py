@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bench import growth
+from bench.backend import backend_kind
 from bench.config import NOOP, PREVIEW, UP
 from bench.daily import (
     ADD,
@@ -52,11 +53,6 @@ def splits_measured(results: Sequence[Result], size: int) -> list[tuple[int, str
     return sorted({(r.stacks, r.backend) for r in results if r.size == size and r.stacks > 1})
 
 
-def backend_kind(backend: str) -> str:
-    """A backend as a split's line names it: its scheme (file, postgres)."""
-    return backend.split(":", 1)[0] or "backend not recorded"
-
-
 def daily_growth(results: Sequence[Result], kind: str) -> tuple[float | None, str]:
     """The growth exponent of a daily change's engine CPU over the one-stack sizes measured, and its points."""
     points = sorted((r.size, r.cpu.engine) for r in results
@@ -67,7 +63,6 @@ def daily_growth(results: Sequence[Result], kind: str) -> tuple[float | None, st
 
 def issue21_targets(results: Sequence[Result], n: int = FLEET_N) -> list[Target]:
     """Issue 21's targets at `n` nodes: one stack, then each split measured (K stacks; a daily change on one)."""
-    secs = lambda r: "not measured" if r is None else f"{r.wall:.1f} s"  # noqa: E731
     wall = lambda r: None if r is None else r.wall  # noqa: E731
     splits = splits_measured(results, n)
     # A page of runs against several backends says on each split's line which one it ran against.
@@ -78,28 +73,36 @@ def issue21_targets(results: Sequence[Result], n: int = FLEET_N) -> list[Target]
     def timed(kind: str, short: str, limit: float) -> None:
         """The one-stack run's wall time against `limit`, then the same change on one stack of each split."""
         r = _run(results, n, kind)
-        out.append(Target(f"{n} nodes, 1 stack: {short}, s", wall(r), limit, measured=secs(r)))
+        out.append(Target(f"{n} nodes, 1 stack: {short}, s", wall(r), limit))
         for k, b in splits:
             rk = _run(results, n, f"{kind}, one stack of {k}", k, b)
-            out.append(Target(f"{n} in {k} stacks{where(b)}, one stack: {short}, s", wall(rk), limit,
-                              measured=secs(rk)))
+            out.append(Target(f"{n} in {k} stacks{where(b)}, one stack: {short}, s", wall(rk), limit))
+
+    # A split measured one rack alone (--rack-of) has no lines for all its stacks at once; a run at once that
+    # failed says so on its line instead of "not measured".
+    at_once = [(k, b) for k, b in splits if any(r.size == n and r.stacks == k and r.backend == b
+                                                 and r.kind in (AT_ONCE_UP, AT_ONCE_NOOP) for r in results)]
+
+    def failed(kind: str, k: int, b: str) -> str:
+        return "its run failed" if any(not r.ok and r.size == n and r.kind == kind and r.stacks == k
+                                       and r.backend == b for r in results) else ""
 
     timed(NOOP, "no-op up", QUICK_S)
     timed(PREVIEW, "preview", QUICK_S)
-    for k, b in splits:
+    for k, b in at_once:
         r = _run(results, n, AT_ONCE_NOOP, k, b)
         out.append(Target(f"{n} nodes, {k} stacks at once{where(b)}: no-op up, s", wall(r), QUICK_S,
-                          measured=secs(r) + " (all K side by side)"))
+                          measured="" if r else failed(AT_ONCE_NOOP, k, b)))
     agents = upgraded_count(n)
     # The rows of earlier runs (llmgw:rollout new, then kept) where no run measured the current daily upgrade.
     def made(change: str) -> bool:
         return any(r.ok and r.size == n and is_change(r.kind, change) for r in results)
 
     if made(UPGRADE_CANARY) or not made(UPGRADE):
-        timed(UPGRADE_CANARY, f"{agents} agents upgraded, new canary", CHANGE_S)
+        timed(UPGRADE_CANARY, f"{agents} upgraded, new canary", CHANGE_S)
     else:
-        timed(UPGRADE, f"{agents} agents upgraded, rollout new", CHANGE_S)
-        timed(UPGRADE_AGAIN, f"{agents} agents upgraded, rollout kept", CHANGE_S)
+        timed(UPGRADE, f"{agents} upgraded, rollout new", CHANGE_S)
+        timed(UPGRADE_AGAIN, f"{agents} upgraded, rollout kept", CHANGE_S)
     timed(ADD, "10 nodes added", CHANGE_S)
 
     labels = {UPGRADE: "upgrade 1%", UPGRADE_AGAIN: "upgrade 1% more", ROLLOUT_ADDED: "rollout added",
@@ -107,18 +110,19 @@ def issue21_targets(results: Sequence[Result], n: int = FLEET_N) -> list[Target]
     earlier = (UPGRADE, UPGRADE_AGAIN)  # shown only where a run made them
     for kind in [k for k in DAILY if k not in earlier or any(r.kind == k for r in results)]:
         k, shown = daily_growth(results, kind)
-        out.append(Target(f"daily change '{labels[kind]}': engine CPU growth exponent", k, 1.0, measured=shown))
+        out.append(Target(f"daily change '{labels[kind]}': engine CPU growth exponent", k, 1.0, measured=shown,
+                          digits=3))
 
     up = _run(results, n, UP)
-    out.append(Target(f"{n} nodes, 1 stack: operator CPU-s per node (up)", None if up is None else operator_cpu(up) / n,
+    out.append(Target(f"{n} nodes, 1 stack: operator CPU-s/node (up)", None if up is None else operator_cpu(up) / n,
                       CPU_PER_NODE, measured="" if up is None else (
                           f"engine {up.cpu.engine:.0f} + provider {up.cpu.provider:.0f} + program {up.cpu.program:.0f}")))
-    for k, b in splits:
+    for k, b in at_once:
         rk = _run(results, n, AT_ONCE_UP, k, b)
-        out.append(Target(f"{n} nodes, {k} stacks at once{where(b)}: operator CPU-s per node (up)",
+        out.append(Target(f"{n} nodes, {k} stacks at once{where(b)}: operator CPU-s/node (up)",
                           None if rk is None else operator_cpu(rk) / n, CPU_PER_NODE,
-                          measured="" if rk is None else f"engine {rk.cpu.engine:.0f} + provider "
-                          f"{rk.cpu.provider:.0f} + program {rk.cpu.program:.0f}"))
+                          measured=failed(AT_ONCE_UP, k, b) if rk is None else f"engine {rk.cpu.engine:.0f} + "
+                          f"provider {rk.cpu.provider:.0f} + program {rk.cpu.program:.0f}"))
 
     with_state = [r for r in results if r.ok and r.kind == UP and r.state is not None and r.stacks == 1]
     largest = max(with_state, key=lambda r: r.size, default=None)

@@ -213,7 +213,7 @@ def issue21_summary(results: Sequence[Result]) -> str:
         if splits:
             targets += splits
             title = f"Issue 21 targets: {n:,} nodes in 1 stack (set at {FLEET_N:,}), {FLEET_N:,} split"
-    return summary(targets, title=title, name_width=66)  # "1000 in 8 stacks (postgres), one stack: ..." whole
+    return summary(targets, title=title, name_width=67)  # "1000 in 16 stacks (postgres), one stack: ..." whole
 
 
 def issue21_section(results: Sequence[Result]) -> str:

@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from bench.backend import backend_kind
 from bench.config import FLOOR, REMOTE_TYPES
 from bench.measure import Counters, Result
 
@@ -49,7 +50,7 @@ def backend_table(results: Sequence[Result]) -> str:
         written = megabytes(r.backend_bytes)
         times = f"{r.backend_bytes / r.state_bytes:.1f}" if r.backend_bytes is not None and r.state_bytes else ""
         note = table_note(r)
-        where = f"{r.backend.split(':', 1)[0]} | " if several else ""
+        where = f"{backend_kind(r.backend)} | " if several else ""
         rows.append(f"| {r.size} | {r.scenario} | {r.stacks} | {where}{r.wall:.2f} | {c.engine:.1f} | {c.provider:.1f} "
                     f"| {c.program:.1f} | {(c.engine + c.provider + c.program) / r.size:.3f} | {state} | {written} "
                     f"| {times} | {note} |")

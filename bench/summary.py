@@ -21,6 +21,8 @@ class Target:
     at_least: bool = False
     measured: str = ""
     """What the value was computed from, e.g. '32.3 s / floor 20.7 s'."""
+    digits: int = 2
+    """Decimals shown: enough that a value shown equal to its limit is one that met it."""
 
     @property
     def met(self) -> bool | None:
@@ -45,15 +47,25 @@ def fmt(value: float | None, digits: int = 2) -> str:
 def summary(targets: Sequence[Target], notes: Sequence[str] = (), title: str = "Issue 12 targets",
             name_width: int = 48) -> str:
     """One screen: a line per target (value, limit, met/missed, from what), a count, then up to a few notes.
-    A name longer than ``name_width`` is cut (a wider name leaves less of the "from what" on the line)."""
+    A name longer than ``name_width`` is cut; a "from what" that does not fit beside it goes on the next line,
+    indented, whole as far as the screen allows."""
     name_w = min(max((len(t.name) for t in targets), default=10), name_width)
     lines = [f"== {title} " + "=" * max(0, WIDTH - len(title) - 4)]
     for t in targets:
         name = t.name if len(t.name) <= name_w else t.name[: name_w - 1] + "~"
-        line = f"{name:<{name_w}}  {fmt(t.value):>7} {t.wanted:>8}  {t.verdict:<12} {t.measured}"
-        lines.append(line if len(line) <= WIDTH else line[: WIDTH - 1] + "~")
+        head = f"{name:<{name_w}}  {fmt(t.value, t.digits):>7} {t.wanted:>8}  {t.verdict}"
+        line = f"{head:<{name_w + 32}} {t.measured}".rstrip()
+        if len(line) <= WIDTH:
+            lines.append(line)
+        else:
+            lines += [head, cut(f"    {t.measured}")]
     met = sum(1 for t in targets if t.met)
     missed = sum(1 for t in targets if t.met is False)
     lines.append(f"-- {met} met, {missed} missed, {len(targets) - met - missed} not measured")
-    lines += [n if len(n) <= WIDTH else n[: WIDTH - 1] + "~" for n in notes]
+    lines += [cut(n) for n in notes]
     return "\n".join(lines)
+
+
+def cut(line: str) -> str:
+    """A line cut to the screen's width, a cut one ending in '~'."""
+    return line if len(line) <= WIDTH else line[: WIDTH - 1] + "~"

@@ -64,7 +64,7 @@ def issue12_targets(results: Sequence[Result]) -> list[Target]:
         r30, r100 = get(n, kind), get(big, kind)
         out.append(Target(f"{big} nodes: {short}, s", wall(r100), 10, measured=secs(r100)))
         k = growth.exponent([(n, r30.wall), (big, r100.wall)]) if r30 and r100 else None
-        out.append(Target(f"{n}->{big} nodes: {short} growth exponent", k, 1.0, measured=secs(r30, r100)))
+        out.append(Target(f"{n}->{big} nodes: {short} growth exponent", k, 1.0, measured=secs(r30, r100), digits=3))
     for size in (n, big):
         r = get(size, UP)
         out.append(Target(f"{size} nodes: SSH connections per node per up", None if r is None else r.ssh / size, 1.0,

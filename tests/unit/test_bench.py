@@ -157,13 +157,20 @@ def test_the_summary_has_one_line_per_target_and_fits_a_screen():
                Target("a very long target name " * 5, 0.5, 1.0, measured="x" * 200)]
     text = summary(targets, notes=["note one"])
     lines = text.splitlines()
-    assert len(lines) == 1 + len(targets) + 1 + 1
+    assert len(lines) == 1 + len(targets) + 1 + 1 + 1  # the last target's "from what" has a line of its own
     assert all(len(line) <= WIDTH for line in lines)
     assert "MISSED" in lines[1] and "32.3 s / 20.7 s" in lines[1] and "<= 1.25" in lines[1]
     assert "met" in lines[2] and ">= 2.5" in lines[2]
     assert "not measured" in lines[3] and "n/a" in lines[3]
+    assert lines[4].endswith("met") and "x" not in lines[4]
+    assert lines[5] == "    " + "x" * (WIDTH - 5) + "~"
     assert lines[-2] == "-- 2 met, 1 missed, 1 not measured"
     assert lines[-1] == "note one"
+    # An exponent just above its limit is shown with the digits that make it so.
+    assert "  1.004     <= 1  MISSED" in summary([Target("growth exponent", 1.0043, 1.0, digits=3)])
+    # A "from what" that fits beside its target stays on its line.
+    wide = summary([Target("n" * 40, 0.5, 1.0, measured="engine 47 + provider 216")], name_width=67)
+    assert wide.splitlines()[1].endswith("met          engine 47 + provider 216")
 
 
 # --------------------------------------------------------------------------- routing and hosts
@@ -211,6 +218,7 @@ def test_the_targets_are_ratios_of_the_runs_of_one_bench():
     assert by_name["100 nodes: SSH connections per node per up"].value == pytest.approx(1.0)
     assert by_name["100 nodes: no-op up, s"].value is None  # not measured: neither met nor missed
     assert by_name["100 nodes: no-op up, s"].met is None
+    assert by_name["30->100 nodes: no-op up growth exponent"].digits == 3  # 1.004 shows as such beside MISSED
 
 
 def test_up_over_floor_takes_an_up_on_hosts_with_the_full_ca_bundle():

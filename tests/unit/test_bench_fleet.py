@@ -57,14 +57,14 @@ def test_the_targets_at_1000_nodes_come_from_the_one_stack_runs_and_each_split_o
     assert t["1000 nodes, 8 stacks at once: no-op up, s"].value == 35.0
     assert t["1000 in 8 stacks, one stack: no-op up, s"].value == 9.0
     assert t["1000 in 8 stacks, one stack: preview, s"].met is True
-    assert t["1000 nodes, 1 stack: 10 agents upgraded, rollout new, s"].met is False
-    assert t["1000 in 8 stacks, one stack: 10 agents upgraded, rollout new, s"].value == 25.0
-    assert t["1000 nodes, 1 stack: 10 agents upgraded, rollout kept, s"].value is None  # not measured
+    assert t["1000 nodes, 1 stack: 10 upgraded, rollout new, s"].met is False
+    assert t["1000 in 8 stacks, one stack: 10 upgraded, rollout new, s"].value == 25.0
+    assert t["1000 nodes, 1 stack: 10 upgraded, rollout kept, s"].value is None  # not measured
     assert t["1000 in 8 stacks, one stack: 10 nodes added, s"].value == 31.0
     assert t["1000 nodes, 1 stack: 10 nodes added, s"].value == 70.0
-    assert t["1000 nodes, 1 stack: operator CPU-s per node (up)"].value == pytest.approx(0.25)
-    assert t["1000 nodes, 1 stack: operator CPU-s per node (up)"].met is True  # at the limit is met
-    assert t["1000 nodes, 8 stacks at once: operator CPU-s per node (up)"].value == pytest.approx(0.18)
+    assert t["1000 nodes, 1 stack: operator CPU-s/node (up)"].value == pytest.approx(0.25)
+    assert t["1000 nodes, 1 stack: operator CPU-s/node (up)"].met is True  # at the limit is met
+    assert t["1000 nodes, 8 stacks at once: operator CPU-s/node (up)"].value == pytest.approx(0.18)
     assert "1000 nodes, 4 stacks at once: no-op up, s" not in t  # only the splits measured get lines
 
 
@@ -87,10 +87,27 @@ def test_a_page_of_runs_against_several_backends_names_the_backend_of_each_split
     assert t["1000 in 8 stacks (postgres), one stack: no-op up, s"].value == 12.0
     assert t["1000 in 4 stacks (file), one stack: no-op up, s"].value == 29.0
     assert "1000 in 4 stacks (postgres), one stack: no-op up, s" not in t  # no run of 4 stacks against it
-    assert t["1000 nodes, 8 stacks at once (file): operator CPU-s per node (up)"].value == pytest.approx(0.1)
-    assert t["1000 nodes, 8 stacks at once (postgres): operator CPU-s per node (up)"].value == pytest.approx(0.5)
+    assert t["1000 nodes, 8 stacks at once (file): operator CPU-s/node (up)"].value == pytest.approx(0.1)
+    assert t["1000 nodes, 8 stacks at once (postgres): operator CPU-s/node (up)"].value == pytest.approx(0.5)
     one_backend = by_name([r for r in results if r.backend == file])  # the usual page: no backend on its lines
     assert one_backend["1000 in 8 stacks, one stack: no-op up, s"].value == 14.0
+
+
+def test_a_rack_measured_alone_has_no_at_once_lines_and_a_failed_run_at_once_says_so():
+    from bench.config import NOOP
+
+    results = [
+        run(1000, f"{NOOP}, one stack of 16", 12.0, stacks=16),  # --rack-of 1000 16: one rack, never all at once
+        run(1000, AT_ONCE_UP, 3000.0, engine=500.0, stacks=8, ok=False),
+        run(1000, AT_ONCE_NOOP, 190.0, stacks=8),
+    ]
+    t = by_name(results)
+    assert t["1000 in 16 stacks, one stack: no-op up, s"].value == 12.0
+    assert not [name for name in t if "16 stacks at once" in name]
+    cpu = t["1000 nodes, 8 stacks at once: operator CPU-s/node (up)"]
+    assert (cpu.value, cpu.verdict, cpu.measured) == (None, "not measured", "its run failed")
+    noop = t["1000 nodes, 8 stacks at once: no-op up, s"]
+    assert (noop.value, noop.measured) == (190.0, "")
 
 
 def test_the_daily_changes_engine_cpu_is_fitted_over_the_one_stack_sizes():
@@ -104,6 +121,7 @@ def test_the_daily_changes_engine_cpu_is_fitted_over_the_one_stack_sizes():
     assert upgrade.measured == "200: 2.0, 500: 4.0, 1000: 8.0 CPU-s"
     add = t["daily change 'add 10': engine CPU growth exponent"]
     assert add.value == pytest.approx(2.0) and add.met is False
+    assert upgrade.digits == add.digits == 3  # an exponent of 1.004 shows as such beside its MISSED
     assert t["daily change 'remove 10': engine CPU growth exponent"].value is None  # not measured
 
 
@@ -173,6 +191,10 @@ def test_the_backend_table_names_each_rows_backend_only_when_there_are_several()
     rows = backend_table([r1, r2]).splitlines()
     assert "| backend |" in rows[0]
     assert rows[2].split(" | ")[3] == "file" and rows[3].split(" | ")[3] == "postgres"
+    # A row of a run recorded before results kept their backend is named so, not left blank.
+    r3 = run(1000, "pulumi up, no-op", 60.0)
+    r3.backend, r3.backend_bytes, r3.state_bytes = "", 1000, 1000
+    assert backend_table([r1, r3]).splitlines()[3].split(" | ")[3] == "backend not recorded"
 
 
 def test_stack_sizes_need_stack_counts():
@@ -258,8 +280,8 @@ def test_adding_the_rollout_must_touch_no_node_and_the_daily_upgrade_names_a_new
     assert expected_op(UPGRADE_CANARY) == "update"
 
     t = by_name([run(1000, UPGRADE_CANARY, 40.0), run(1000, f"{UPGRADE_CANARY}, one stack of 8", 12.0, stacks=8)])
-    assert t["1000 nodes, 1 stack: 10 agents upgraded, new canary, s"].value == 40.0
-    assert t["1000 in 8 stacks, one stack: 10 agents upgraded, new canary, s"].met is True
+    assert t["1000 nodes, 1 stack: 10 upgraded, new canary, s"].value == 40.0
+    assert t["1000 in 8 stacks, one stack: 10 upgraded, new canary, s"].met is True
     assert not any("rollout new" in name for name in t)  # the earlier runs' rows only where they were measured
     assert "daily change 'upgrade 1%': engine CPU growth exponent" not in t
     assert "daily change 'rollout added': engine CPU growth exponent" in t
@@ -270,10 +292,10 @@ def test_the_current_upgrade_is_shown_where_a_run_made_it_even_beside_an_earlier
     from bench.daily import UPGRADE_AGAIN, UPGRADE_CANARY
 
     t = by_name([run(1000, UPGRADE, 90.0), run(1000, UPGRADE_AGAIN, 50.0), run(1000, UPGRADE_CANARY, 40.0)])
-    assert t["1000 nodes, 1 stack: 10 agents upgraded, new canary, s"].value == 40.0
+    assert t["1000 nodes, 1 stack: 10 upgraded, new canary, s"].value == 40.0
     assert not any("rollout new" in name for name in t)
     earlier = by_name([run(1000, UPGRADE, 90.0), run(1000, UPGRADE_AGAIN, 50.0)])
-    assert earlier["1000 nodes, 1 stack: 10 agents upgraded, rollout new, s"].value == 90.0
+    assert earlier["1000 nodes, 1 stack: 10 upgraded, rollout new, s"].value == 90.0
 
 
 def test_several_runs_of_different_commits_make_one_page_naming_each_runs_package(tmp_path):
