@@ -282,6 +282,10 @@ def report(bench: Harness, record: dict[str, Any], out: Path) -> int:
     return 0 if all(r.ok for r in bench.results) else 1
 
 
+ENGINE_KINDS = ("pulumi ", "daily: ")
+"""How the runs of the `pulumi` CLI begin (bench.config, bench.daily); the baseline script and the floor run none."""
+
+
 def merged_records(paths: Sequence[Path]) -> dict[str, Any]:
     """Several runs' results.json as one: their results in order, the plan's lists joined, the commands and times
     added up; each result keeps the backend its run used (older files: the run's plan says it)."""
@@ -309,7 +313,8 @@ def merged_records(paths: Sequence[Path]) -> dict[str, Any]:
     for rec, env in zip(records, envs, strict=True):
         own = " ".join(f"{k}={v}" for k, v in env.items() if k not in plan["engine_env"])
         for raw in rec["results"]:
-            note = (raw.get("note", "") + (f" engine runs had {own}" if own else "")).strip()
+            engine = raw.get("kind", raw.get("scenario", "")).startswith(ENGINE_KINDS)  # not the script, not the floor
+            note = (raw.get("note", "") + (f" engine runs had {own}" if own and engine else "")).strip()
             results.append({**raw, "note": note, "backend": raw.get("backend") or rec["plan"].get("backend", "")})
     # Runs of different commits each say which package they measured.
     started: dict[str, list[str]] = {}
