@@ -78,14 +78,16 @@ def issue21_targets(results: Sequence[Result], n: int = FLEET_N) -> list[Target]
             rk = _run(results, n, f"{kind}, one stack of {k}", k, b)
             out.append(Target(f"{n} in {k} stacks{where(b)}, one stack: {short}, s", wall(rk), limit))
 
+    def runs(kinds: tuple[str, ...], k: int, b: str) -> list[Result]:
+        """Every run, failed or not, of one of `kinds` with the fleet as `k` stacks against `b`."""
+        return [r for r in results if r.size == n and r.stacks == k and r.backend == b and r.kind in kinds]
+
     # A split measured one rack alone (--rack-of) has no lines for all its stacks at once; a run at once that
     # failed says so on its line instead of "not measured".
-    at_once = [(k, b) for k, b in splits if any(r.size == n and r.stacks == k and r.backend == b
-                                                 and r.kind in (AT_ONCE_UP, AT_ONCE_NOOP) for r in results)]
+    at_once = [(k, b) for k, b in splits if runs((AT_ONCE_UP, AT_ONCE_NOOP), k, b)]
 
     def failed(kind: str, k: int, b: str) -> str:
-        return "its run failed" if any(not r.ok and r.size == n and r.kind == kind and r.stacks == k
-                                       and r.backend == b for r in results) else ""
+        return "its run failed" if any(not r.ok for r in runs((kind,), k, b)) else ""
 
     timed(NOOP, "no-op up", QUICK_S)
     timed(PREVIEW, "preview", QUICK_S)

@@ -53,12 +53,12 @@ def summary(targets: Sequence[Target], notes: Sequence[str] = (), title: str = "
     lines = [f"== {title} " + "=" * max(0, WIDTH - len(title) - 4)]
     for t in targets:
         name = t.name if len(t.name) <= name_w else t.name[: name_w - 1] + "~"
-        head = f"{name:<{name_w}}  {fmt(t.value, t.digits):>7} {t.wanted:>8}  {t.verdict}"
-        line = f"{head:<{name_w + 32}} {t.measured}".rstrip()
+        head = f"{name:<{name_w}}  {fmt(t.value, t.digits):>7} {t.wanted:>8}  {t.verdict:<12}"
+        line = f"{head} {t.measured}".rstrip()
         if len(line) <= WIDTH:
             lines.append(line)
         else:
-            lines += [head, cut(f"    {t.measured}")]
+            lines += [head.rstrip(), cut(f"    {t.measured}")]
     met = sum(1 for t in targets if t.met)
     missed = sum(1 for t in targets if t.met is False)
     lines.append(f"-- {met} met, {missed} missed, {len(targets) - met - missed} not measured")
