@@ -39,7 +39,7 @@ import pulumi
 from pulumi.errors import InputPropertiesError
 from pulumi.output import Unknown
 
-from . import errors, program, rollout, specs, stack_config
+from . import child_env, errors, program, rollout, specs, stack_config
 from .component_types import OUTPUT_CAPABLE, RENAMED, input_type
 from .component_types import SECRETS as SECRETS  # the names of the component's types, importable from here too
 from .component_types import declared_settings as declared_settings
@@ -145,7 +145,7 @@ def python_problem(name: str, environ: Mapping[str, str] | None = None) -> str |
         return None  # relative to the consumer's project, which this process does not know: the plugin says
     try:
         found = subprocess.run([python, "-c", "import llmgw_pulumi, pulumi.dynamic"], capture_output=True,
-                               timeout=60, check=False).returncode == 0
+                               timeout=60, check=False, env=child_env.for_child()).returncode == 0
     except OSError:
         found = False
     if found:

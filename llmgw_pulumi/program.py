@@ -18,7 +18,7 @@ from typing import Any
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from . import fleet, node_list, release, rollout, signer, stack_config, validate
+from . import child_env, fleet, node_list, release, rollout, signer, stack_config, validate
 from .agent_settings import BinarySource
 from .call_stack import recorded_frames
 from .errors import ConfigError, LlmgwError
@@ -76,7 +76,8 @@ def local_binary(path: str) -> tuple[str, str, str]:
     if not p.is_file() or not os.access(p, os.X_OK):
         raise ConfigError("llmgw", "agent.binary", f"{p} is not an executable file", "build llmgw, or fix agent.binary")
     try:
-        out = subprocess.run([str(p), "--version"], capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run([str(p), "--version"], capture_output=True, text=True, timeout=30, check=True,
+                             env=child_env.for_child()).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise ConfigError("llmgw", "agent.binary", f"`{p} --version` failed: {exc}", "check that the build runs on this machine") from None
     words = out.split()

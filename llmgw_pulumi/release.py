@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from . import child_env
 from .errors import ChecksumMismatchError, ReleaseFetchError, ReleaseSignatureError
 
 NAMESPACE = "llmgw-release"
@@ -170,7 +171,7 @@ def verify_signature(data: bytes, signature: bytes, signing_key: str, what: str)
         try:
             done = subprocess.run([keygen, "-Y", "verify", "-f", str(signers), "-I", NAMESPACE, "-n", NAMESPACE,
                                    "-s", str(sig)], input=data, capture_output=True, timeout=VERIFY_SECONDS,
-                                  check=False)
+                                  check=False, env=child_env.for_child())
         except (OSError, subprocess.SubprocessError) as exc:
             raise ReleaseSignatureError(WHO, f"cannot run ssh-keygen to verify {what}: {exc}",
                                         "check that `ssh-keygen -Y verify` works on this machine") from None

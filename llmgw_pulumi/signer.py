@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import slots
+from . import child_env, slots
 from .errors import SignerError
 from .text import printable
 
@@ -202,7 +202,7 @@ class CommandSigner:
     def sign(self, req: SigningRequest) -> str:
         node, program = req.node_id, self.argv[0]
         self.ready(node)
-        env = {**os.environ, **req.environment(dt.datetime.now(dt.UTC))}
+        env = child_env.for_child(req.environment(dt.datetime.now(dt.UTC)))
         with slot(self.argv, self.max_parallel):
             try:
                 done = subprocess.run(list(self.argv), input=req.csr_pem, capture_output=True, text=True, env=env,

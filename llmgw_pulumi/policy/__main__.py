@@ -25,7 +25,7 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import UnknownValueError
 
-from llmgw_pulumi import fleet_review
+from llmgw_pulumi import child_env, fleet_review
 from llmgw_pulumi import fleet_rules as rules
 
 LEVELS = {"advisory": EnforcementLevel.ADVISORY, "mandatory": EnforcementLevel.MANDATORY,
@@ -79,7 +79,7 @@ def deployed() -> list[rules.Resource]:
     if not os.environ.get("PULUMI_ORGANIZATION"):
         stack = "organization/" + stack.lstrip("/")  # a file backend names no organization
     done = subprocess.run(["pulumi", "stack", "export", "--stack", stack, "--non-interactive"],
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, check=False, env=child_env.for_child(backend=True))
     if done.returncode != 0:
         raise RuntimeError(f"llmgw policy pack: `pulumi stack export --stack {stack}` failed: {done.stderr.strip()}")
     return rules.resources_of(json.loads(done.stdout).get("deployment") or {})

@@ -123,7 +123,12 @@ def test_a_token_that_refuses_the_pin_is_an_error_quoting_the_signer(token: Toke
     assert "wrong-pin" not in text
 
 
-def test_the_signer_gets_the_csr_on_stdin_and_the_request_in_its_environment_not_argv(tmp_path: Path) -> None:
+def test_the_signer_gets_the_csr_on_stdin_and_the_request_in_its_environment_not_argv(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the language host hands the program in confidence: the stack's decrypted config, and its passphrase.
+    monkeypatch.setenv("PULUMI_CONFIG", '{"llmgw:caKey": "-----BEGIN PRIVATE KEY-----"}')
+    monkeypatch.setenv("PULUMI_CONFIG_PASSPHRASE", "the stack's passphrase")
+    monkeypatch.setenv("PKCS11_PIN_FOR_THE_SIGNER", "1234")
     seen = tmp_path / "seen"
     prog = script(tmp_path, f'env > {seen}.env; cat > {seen}.csr; echo "$@" > {seen}.argv; exit 3\n')
     req, _ = node_request()
@@ -134,6 +139,8 @@ def test_the_signer_gets_the_csr_on_stdin_and_the_request_in_its_environment_not
     assert env[signer.ENV_NOT_AFTER_ASN1] == f"{req.not_after:%Y%m%d%H%M%SZ}"
     assert Path(f"{seen}.csr").read_text() == req.csr_pem
     assert Path(f"{seen}.argv").read_text().strip() == "--profile node"
+    assert "PULUMI_CONFIG" not in env and "PULUMI_CONFIG_PASSPHRASE" not in env
+    assert env["PKCS11_PIN_FOR_THE_SIGNER"] == "1234"  # the operator's own settings for the signer still reach it
 
 
 @pytest.mark.parametrize("body,named", [
