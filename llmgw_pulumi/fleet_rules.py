@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import fleet_review
+from . import fleet_review, observed
 
 KEY_ORIGIN_OPERATOR = "operator"
 HOST_KEY, VALIDITY_HOURS, SIGNING_KEY, BINARY_PATH = "host_key", "validity_hours", "signing_key", "binary_path"
@@ -167,7 +167,8 @@ def restarting_agents(deployed: Iterable[Resource], planned: Iterable[Resource])
         if r.kind != fleet_review.AGENT or old is None:
             continue
         new = {k: v for k, v in r.props.items() if k not in old.output_only}
-        if fleet_review.touches_node(fleet_review.changed_inputs(old.props, new)):
+        # An unchanged resource's props are its outputs, which keep agent.yaml and the unit as digests.
+        if fleet_review.touches_node(fleet_review.changed_inputs(observed.digested(old.props), observed.digested(new))):
             restarting.append(r)
     return restarting
 

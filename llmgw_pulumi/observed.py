@@ -279,6 +279,25 @@ RENDERED_KEYS = ("agent_yaml", "unit")
 """AgentInstall's texts rendered from its inputs: its outputs keep them as ``text_digest`` (from version 2)."""
 
 
+def whole_text(key: str, value: str, props: Mapping[str, Any]) -> str:
+    """The text of the file an AgentInstall input's ``value`` stands for: agent.yaml's input leaves out the
+    file's two comment lines (``desired.agent_yaml_file`` adds them)."""
+    if key == "agent_yaml" and isinstance(props.get("node_id"), str):
+        return desired.agent_yaml_file(props["node_id"], value)
+    return value
+
+
+def digested(props: Mapping[str, Any]) -> dict[str, Any]:
+    """An AgentInstall's ``props`` with agent.yaml and the unit as its outputs keep them: their ``text_digest``.
+    Inputs (the texts) and outputs (their digests) compare equal through it: the provider's diff and the fleet
+    rules both judge a change this way."""
+    out = dict(props)
+    for key in RENDERED_KEYS:
+        if isinstance(out.get(key), str) and digest_hex(out[key]) is None:
+            out[key] = text_digest(whole_text(key, out[key], props))
+    return out
+
+
 def _v1_to_v2(outputs: dict[str, Any], resource: str) -> dict[str, Any]:
     """Version 1 kept the observed record by path with hex digests, and AgentInstall the texts of agent.yaml and
     the unit: now by file name with short digests (``short``), and the texts as their ``text_digest``."""

@@ -70,12 +70,8 @@ def _rendered(key: str, props: Mapping[str, Any]) -> str | None:
     return desired.render_agent_yaml(props["node_id"], AgentSettings.from_props(props), props["hostname"])
 
 
-def whole(key: str, value: str, props: Mapping[str, Any]) -> str:
-    """The text of the file an input's ``value`` stands for: agent.yaml's input leaves out the file's two comment
-    lines (``desired.agent_yaml_file`` adds them)."""
-    if key == "agent_yaml" and isinstance(props.get("node_id"), str):
-        return desired.agent_yaml_file(props["node_id"], value)
-    return value
+whole = observed.whole_text
+digested = observed.digested
 
 
 def texts_of(props: Mapping[str, Any]) -> dict[str, str]:
@@ -91,15 +87,6 @@ def texts_of(props: Mapping[str, Any]) -> dict[str, str]:
         text = whole(key, value, props) if want is None else _rendered(key, props)
         if text is not None and (want is None or desired.sha256_text(text) == want):
             out[key] = text
-    return out
-
-
-def digested(props: Mapping[str, Any]) -> dict[str, Any]:
-    """``props`` with agent.yaml and the unit as the outputs keep them: their ``observed.text_digest``."""
-    out = dict(props)
-    for key in RENDERED_KEYS:
-        if isinstance(out.get(key), str) and observed.digest_hex(out[key]) is None:
-            out[key] = observed.text_digest(whole(key, out[key], props))
     return out
 
 

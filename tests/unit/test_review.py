@@ -193,3 +193,21 @@ def test_the_policy_verdict_is_the_cli_s_policies_block_folded_and_escaped():
     passed = POLICY_RUN.replace("\u274c", "\u2705").replace("[mandatory]", "[advisory]")
     assert review.policy_verdict(passed).startswith("**Policies: no mandatory rule is violated** (1 violations)")
     assert "printed no verdict" in review.policy_verdict("error: could not load the policy pack")
+
+
+def test_an_unchanged_agent_whose_outputs_keep_agent_yaml_as_a_digest_does_not_restart():
+    """An unchanged AgentInstall's props are its outputs, which keep agent.yaml and the unit as digests; its
+    recorded inputs keep the texts. Read through the provider's own ``observed.digested``, they are the same."""
+    from llmgw_pulumi import observed
+
+    text = "server: 10.0.0.1:7443\nnode_id: a\n"
+    recorded = fleet_rules.Resource(review.AGENT, "a", {"node_id": "a", "version": "v1", "agent_yaml": text},
+                                    "urn::AgentInstall::a", frozenset({"arch"}))
+    kept = observed.digested(recorded.props)["agent_yaml"]
+    assert kept.startswith("sha256:") and kept != text
+    unchanged = agent("a", agent_yaml=kept, arch="amd64")
+    assert fleet_rules.restarting_agents([recorded], [unchanged]) == []
+    edited = agent("a", agent_yaml=text + "log_level: debug\n")
+    assert fleet_rules.restarting_agents([recorded], [edited]) == [edited]
+    assert fleet_rules.restarting_agents([recorded], [agent("a", agent_yaml="sha256:" + "A" * 43)])
+
