@@ -50,6 +50,23 @@ REMOVAL_ALLOWED = Rule("removal-allowed", "No node is removed unless its id is i
 RULES = (HOST_KEYS_PINNED, NO_OPERATOR_KEYS, CERTIFICATE_VALIDITY, RELEASE_VERIFIED, ROLLOUT_REQUIRED, REMOVAL_ALLOWED)
 
 
+def plain(value: Any, unknown: type[Exception]) -> Any:
+    """A plain copy of the props the policy SDK gives a rule: its mappings and lists are proxies (not dicts and
+    lists, so they never compare equal to the recorded ones), and reading a value the preview cannot know yet
+    raises ``unknown``; such a value becomes ``fleet_review.UNKNOWN``."""
+    def read(get: Any) -> Any:
+        try:
+            return plain(get(), unknown)
+        except unknown:
+            return fleet_review.UNKNOWN
+
+    if isinstance(value, Mapping):
+        return {key: read(lambda key=key: value[key]) for key in value}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [read(lambda i=i: value[i]) for i in range(len(value))]
+    return value
+
+
 def param(rule: Rule, config: Mapping[str, Any], name: str) -> Any:
     """A rule's parameter from its policy config, or its default."""
     return config.get(name, rule.params[name][1])

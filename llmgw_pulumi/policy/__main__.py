@@ -34,25 +34,8 @@ STACK_CONFIG = rules.stack_config_from_env(os.environ.get("PULUMI_CONFIG"))
 
 
 def known(value: Any) -> Any:
-    """A plain copy of a resource's props, each value the preview cannot know yet as ``fleet_review.UNKNOWN`` (the SDK's
-    props raise when such a value is read)."""
-    if isinstance(value, Mapping):
-        out = {}
-        for key in value:
-            try:
-                out[key] = known(value[key])
-            except UnknownValueError:
-                out[key] = fleet_review.UNKNOWN
-        return out
-    if isinstance(value, (list, tuple)):
-        items = []
-        for i in range(len(value)):
-            try:
-                items.append(known(value[i]))
-            except UnknownValueError:
-                items.append(fleet_review.UNKNOWN)
-        return items
-    return value
+    """A plain copy of a resource's props (``fleet_rules.plain``)."""
+    return rules.plain(value, UnknownValueError)
 
 
 def schema(rule: rules.Rule) -> PolicyConfigSchema | None:

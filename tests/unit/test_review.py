@@ -211,3 +211,12 @@ def test_an_unchanged_agent_whose_outputs_keep_agent_yaml_as_a_digest_does_not_r
     assert fleet_rules.restarting_agents([recorded], [edited]) == [edited]
     assert fleet_rules.restarting_agents([recorded], [agent("a", agent_yaml="sha256:" + "A" * 43)])
 
+
+def test_the_policy_sdk_s_props_become_plain_values_that_compare_with_the_recorded_ones():
+    from pulumi_policy.proxy import UnknownValueError, unknown_checking_proxy
+
+    unknown = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"  # how the engine marks a value a preview cannot know
+    props = unknown_checking_proxy({"servers": ["cp1:7443"], "nested": {"hcas": ["mlx5_0", unknown]}, "hostname": unknown})
+    assert props["servers"] != ["cp1:7443"]  # the SDK's list is a proxy: the reason for plain()
+    assert fleet_rules.plain(props, UnknownValueError) == {
+        "servers": ["cp1:7443"], "nested": {"hcas": ["mlx5_0", review.UNKNOWN]}, "hostname": review.UNKNOWN}
