@@ -43,7 +43,7 @@ def test_the_gitlab_example_is_well_formed_and_its_scripts_are_shellcheck_clean(
     pipeline = yaml.safe_load((CI_EXAMPLE / ".gitlab-ci.yml").read_text())
     stages = pipeline["stages"]
     jobs = {k: v for k, v in pipeline.items() if isinstance(v, dict) and "script" in v}
-    assert set(jobs) == {"preview", "up"}, jobs
+    assert set(jobs) == {"preview", "up", "refresh"}, jobs
     assert all(job["stage"] in stages for job in jobs.values())
     for name, job in jobs.items():
         script = "\n".join(["set -eu", *pipeline["default"]["before_script"], *job["script"]])
