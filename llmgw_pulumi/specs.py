@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import validate
+from . import signer_interface, validate
 from .agent_settings import DEFAULT_IB_ROOT as DEFAULT_IB_ROOT
 from .agent_settings import ENGINE_KEYS as ENGINE_KEYS
 from .agent_settings import AgentSettings as AgentSettings
@@ -172,10 +172,8 @@ def _certificate_connection(value: object, problems: Problems, where: str) -> No
 
 
 def _certificate_signer(value: object, problems: Problems, where: str) -> None:
-    from . import signer  # stdlib only: no cryptography in a preview
-
     if not is_unknown(value):
-        for name, problem, fix in signer.problems(value):
+        for name, problem, fix in signer_interface.problems(value):
             problems.add(name, problem, fix)
 
 
