@@ -54,6 +54,18 @@ def is_unknown(value: object) -> bool:
     return False
 
 
+def normalise(value: Any) -> Any:
+    """Make input values comparable as Pulumi delivers them: 22.0 == 22, tuples == lists, None == missing (the
+    providers' diff and the review of a preview compare values through it)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, Mapping):
+        return {k: normalise(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [normalise(v) for v in value]
+    return value
+
+
 class Spelling(enum.Enum):
     """How the settings being read are named: as a resource's inputs (``mgmt_addr``), or as in the stack config
     (``mgmtAddr``). A reader says it once, in its ``Problems``; every collector names fields by it."""

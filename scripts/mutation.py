@@ -71,7 +71,7 @@ TARGETS = (
                "x__certificate_connection"), PURE_TESTS),
     Target("schema.py (validation)", "llmgw_pulumi/schema.py",
            _in("llmgw_pulumi.schema", "collect", "is_unknown", "ǁProblemsǁ", "raise_problems", "x__required",
-               "nested_settings"), (*PURE_TESTS, "tests/unit/test_schema.py")),
+               "nested_settings", "x_normalise_"), (*PURE_TESTS, "tests/unit/test_schema.py", "tests/unit/test_diff_decisions.py")),
     Target("agent_settings.py (validation)", "llmgw_pulumi/agent_settings.py",
            _in("llmgw_pulumi.agent_settings", "collect", "x__on_node"), PURE_TESTS),
     Target("ssh_keys.py (host keys)", "llmgw_pulumi/ssh_keys.py", _in("llmgw_pulumi.ssh_keys", "x_fingerprint_"),
@@ -91,7 +91,7 @@ TARGETS = (
     Target("providers (diff)", "llmgw_pulumi/providers/*.py",
            ("llmgw_pulumi.providers.*ǁdiff__*", *_in("llmgw_pulumi.providers.identity", "x_changes_"),
             *_in("llmgw_pulumi.providers.agent", "x_drift_"), *_in("llmgw_pulumi.providers.certificate", "x_renewal_due_"),
-            *_in("llmgw_pulumi.providers._glue", "x_changed_keys_", "x_diff_result_", "x_normalise_", "x_same_machine_",
+            *_in("llmgw_pulumi.providers._glue", "x_changed_keys_", "x_diff_result_", "x_same_machine_",
                  "x_operator_side_only_")),
            ("tests/unit/test_providers.py", "tests/unit/test_diff_decisions.py", "tests/unit/test_trust.py")),
 )

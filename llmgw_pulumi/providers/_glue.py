@@ -31,6 +31,7 @@ from .. import errors, facts, remote, sessions
 from ..desired import NodeFile
 from ..errors import LlmgwError
 from ..remote import Exit, Result
+from ..schema import normalise as normalise  # the diff's, and the review's (fleet_review)
 from ..schema import replace_keys, to_inputs
 from ..sessions import Runner
 from ..specs import Connection, Problems, is_unknown
@@ -82,17 +83,6 @@ def for_read(conn: Any) -> Any:
     return dataclasses.replace(conn, wait=min(conn.wait, READ_WAIT))
 CONNECTION_REPLACE_KEYS = replace_keys(Connection)
 """A different address or port is a different machine: its resources are replaced, not updated."""
-
-
-def normalise(value: Any) -> Any:
-    """Make engine values comparable: 22.0 == 22, tuples == lists, None == missing."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, Mapping):
-        return {k: normalise(v) for k, v in value.items() if v is not None}
-    if isinstance(value, (list, tuple)):
-        return [normalise(v) for v in value]
-    return value
 
 
 def check(news: Mapping[str, Any], collect: Callable[[Mapping[str, Any], Problems], None],
