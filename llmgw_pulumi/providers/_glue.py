@@ -28,11 +28,12 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult, Resource, ResourceProvider
 
 from .. import errors, facts, remote, sessions
+from ..boundary import to_inputs
 from ..desired import NodeFile
 from ..errors import LlmgwError
 from ..remote import Exit, Result
 from ..schema import normalise as normalise  # the diff's, and the review's (fleet_review)
-from ..schema import replace_keys, to_inputs
+from ..schema import replace_keys
 from ..sessions import Runner
 from ..specs import Connection, Problems, is_unknown
 from ..text import printable
@@ -360,7 +361,7 @@ def declared_outputs(resource: type) -> tuple[str, ...]:
 
 
 class NodeResource(Resource):
-    """One of the package's resources: its inputs are its Args dataclass (``schema.to_inputs``); each attribute
+    """One of the package's resources: its inputs are its Args dataclass (``boundary.to_inputs``); each attribute
     it declares as ``name: pulumi.Output[...]`` is one of its provider's output keys or one of the inputs it
     shows (``SHOWN_INPUTS``), so the declaration is the one list of them."""
 
