@@ -1,4 +1,4 @@
-"""Where the pure core meets the Pulumi SDK: a spec becomes a resource's inputs here.
+"""Where the pure core meets the Pulumi SDK: a spec becomes a resource's inputs, a ConfigError a pulumi.RunError.
 
 The modules that decide what a node should hold and what a change does import no SDK
 (tests/unit/test_layering.py); what needs the SDK's types to hand their results to the engine is here.
@@ -6,12 +6,16 @@ The modules that decide what a node should hold and what a change does import no
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import fields
 from typing import Any
 
+import pulumi
 from pulumi.output import Output
+
+from .errors import ConfigError
 
 
 def to_inputs(value: Any) -> Any:
@@ -39,3 +43,42 @@ def to_inputs(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [to_inputs(v) for v in value] or None
     return value
+
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@contextlib.contextmanager
+def pulumi_errors() -> Iterator[None]:
+    """Around an entry point the SDK calls (the program's ``run``, ``Node``, a provider's operation): a
+    ConfigError raised inside leaves it as a ``pulumi.RunError`` too (``as_pulumi_error``)."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise as_pulumi_error(exc) from None
+
+
+def as_pulumi_error(exc: ConfigError) -> ConfigError:
+    """The same error, of a class that is both its own and a ``pulumi.RunError``: the Python language host prints
+    a RunError's message alone, as an error, with no traceback (there is nothing in the program's frames for an
+    operator to fix), and a program that catches the error's own class still catches it."""
+    if isinstance(exc, pulumi.RunError):
+        return exc
+    shown = _run_error_class(type(exc))
+    converted = shown.__new__(shown)
+    converted.__dict__.update(vars(exc))
+    converted.args = exc.args
+    return converted
+
+
+_RUN_ERRORS: dict[type[ConfigError], type[ConfigError]] = {}
+
+
+def _run_error_class(cls: type[ConfigError]) -> type[ConfigError]:
+    """``cls`` and ``pulumi.RunError`` at once; named as ``cls``, so a traceback or a log line names the error as
+    it did when ConfigError itself was a RunError."""
+    if cls not in _RUN_ERRORS:
+        _RUN_ERRORS[cls] = type(cls.__name__, (cls, pulumi.RunError),
+                                {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
+    return _RUN_ERRORS[cls]

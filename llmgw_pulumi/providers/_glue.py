@@ -28,7 +28,7 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult, Resource, ResourceProvider
 
 from .. import errors, facts, remote, sessions
-from ..boundary import to_inputs
+from ..boundary import pulumi_errors, to_inputs
 from ..desired import NodeFile
 from ..errors import LlmgwError
 from ..remote import Exit, Result
@@ -177,8 +177,8 @@ def outputs(props: Mapping[str, Any], **computed: Any) -> dict[str, Any]:
 
 
 def operator_errors(fn: F) -> F:
-    """Wrap a provider's create/update/read/delete: what it logs is shown under its resource, and the
-    package's errors carry a one-frame traceback.
+    """Wrap a provider's create/update/read/delete: what it logs is shown under its resource, the
+    package's errors carry a one-frame traceback, and a ConfigError is a pulumi.RunError too.
 
     The resource is the one the engine's request names (``_diagnostics.about``). The
     engine shows a provider's whole traceback; for an error that already says
@@ -189,7 +189,7 @@ def operator_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         _diagnostics.install()
         try:
-            with _diagnostics.about():
+            with _diagnostics.about(), pulumi_errors():
                 return fn(*args, **kwargs)
         except LlmgwError as exc:
             raise exc.with_traceback(None) from None
