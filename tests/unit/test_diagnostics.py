@@ -89,7 +89,14 @@ def dynamic_provider(engine: tuple[Engine, str]) -> Iterator[Any]:
 
 
 def create_request(urn: str) -> Any:
-    props = asyncio.run(rpc.serialize_properties({"__provider": serialize_provider(LoggingProvider())}, {}))
+    # A loop of its own, not asyncio.run: that leaves the thread without an event loop, and a later test in this
+    # process that makes an Output outside one (pulumi.Config.get_secret in test_program) would fail.
+    loop = asyncio.new_event_loop()
+    try:
+        props = loop.run_until_complete(
+            rpc.serialize_properties({"__provider": serialize_provider(LoggingProvider())}, {}))
+    finally:
+        loop.close()
     return provider_pb2.CreateRequest(urn=urn, properties=props)
 
 
