@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import validate
+from .release_policy import digests_problem
 from .schema import (
     FromProps,
     Problems,
@@ -214,12 +215,6 @@ def _fetch(value: object) -> validate.Problem:
             "verified here, pushed to the nodes over SSH: for nodes that cannot reach the release server)")
 
 
-def _digests(value: object) -> validate.Problem:
-    from .release import digests_problem  # the release module imports urllib and ssl: only when a digest is given
-
-    return digests_problem(value)
-
-
 @dataclass(frozen=True)
 class BinarySource(FromProps):
     """Where /usr/local/bin/llmgw comes from (SPEC step 5).
@@ -251,7 +246,7 @@ class BinarySource(FromProps):
         "is missing", "compute it from the local binary (the node component does)"), default=None,
         doc="The sha256 of the local build (the program computes it).")
     release_sha256: Mapping[str, str] | None = setting(
-        "sha256", _digests, default=None, convert=lambda d: {a: h.lower() for a, h in d.items()},
+        "sha256", digests_problem, default=None, convert=lambda d: {a: h.lower() for a, h in d.items()},
         doc="arch -> the sha256 the release's binary must have: agent.sha256 (a pin), or as the operator's side "
             "read it.")
     signing_key: str | None = setting("signingKey", _signing_key, convert=validate.normalise_host_key, default=None,

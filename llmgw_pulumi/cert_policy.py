@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, ExtensionOID, NameOID
 
 from .errors import CertificateRequestError
-from .signer import CLOCK_SKEW
+from .signer_interface import CLOCK_SKEW
 
 
 def sign_hash(key: object) -> hashes.HashAlgorithm | None:

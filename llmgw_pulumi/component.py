@@ -47,7 +47,7 @@ from .component_types import schema_descriptions as schema_descriptions
 from .errors import LlmgwError
 from .node import NodeArgs, onboard
 from .shards import provider_for
-from .signer import KIND_CA_KEY
+from .signer_interface import KIND_CA_KEY
 from .specs import Rollout
 
 PACKAGE_NAME = "llmgw"

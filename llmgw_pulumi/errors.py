@@ -12,6 +12,9 @@ A message may quote what a node printed (a script's stderr, an SSH server's
 banner): every message and fix is made printable here (``text.printable``,
 newlines kept), so no error can carry a control character to the terminal.
 
+They are plain Python, so the modules that decide import no SDK to raise them; a ConfigError becomes
+a ``pulumi.RunError`` where it reaches the SDK (``llmgw_pulumi.boundary``).
+
 Fix texts name settings as the stack config spells them (``llmgw:ssh.wait``,
 ``hostKey``) and, where a program builds nodes itself, as the Args field
 (``ConnectionArgs.wait``); tests/unit/test_fix_texts.py checks that each
@@ -20,7 +23,7 @@ exists.
 The hierarchy (``__all__`` is this list; tests/unit/test_public_api.py keeps it and the tree true)::
 
     LlmgwError
-    ├── ConfigError                 (also a pulumi.RunError: printed without a traceback)
+    ├── ConfigError                 (a pulumi.RunError where the SDK sees it: no traceback)
     │   └── StackConfigError        every problem of the stack config at once
     ├── AuthorityError              the cluster CA
     ├── CertificateRequestError     the node's CSR
@@ -50,8 +53,6 @@ The hierarchy (``__all__`` is this list; tests/unit/test_public_api.py keeps it 
 """
 
 from __future__ import annotations
-
-from pulumi import RunError
 
 from .text import printable
 
@@ -85,12 +86,14 @@ class LlmgwError(Exception):
 # --------------------------------------------------------------------------- the config
 
 
-class ConfigError(LlmgwError, RunError):
+class ConfigError(LlmgwError):
     """A value in the stack config or in a resource's inputs is not acceptable.
 
-    Also a ``pulumi.RunError``: raised by a Pulumi program, the Python language
-    host prints its message as an error and no traceback; there is nothing in
-    the program's frames for an operator to fix.
+    Where it reaches the Pulumi SDK (the program's ``run``, ``Node``, the
+    providers' operations) it is raised as a ``pulumi.RunError`` too
+    (``boundary.pulumi_errors``): the Python language host prints its message
+    as an error and no traceback; there is nothing in the program's frames
+    for an operator to fix.
     """
 
     def __init__(self, node: str, field: str, problem: str, fix: str) -> None:
@@ -99,7 +102,7 @@ class ConfigError(LlmgwError, RunError):
 
 
 class StackConfigError(ConfigError):
-    """Every problem in the stack config at once, printed as a list (a pulumi.RunError: no traceback)."""
+    """Every problem in the stack config at once, printed as a list (without a traceback, as any ConfigError)."""
 
     def __init__(self, problems: list[tuple[str, str, str, str]]) -> None:
         self.problems = problems

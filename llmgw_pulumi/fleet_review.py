@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .providers._glue import normalise  # engine values compared as the providers' diff compares them
+from .schema import normalise  # engine values compared as the providers' diff compares them
 from .text import printable
 
 # --------------------------------------------------------------------------- names read from the preview

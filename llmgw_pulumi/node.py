@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import pulumi
 
 from .agent_settings import AgentSettings, BinarySource
+from .boundary import pulumi_errors
 from .call_stack import recorded_frames
 from .providers.agent import AgentInstall, AgentInstallArgs
 from .providers.certificate import ClientCertificate, ClientCertificateArgs
@@ -140,7 +141,8 @@ class Node(pulumi.ComponentResource):
     def __init__(self, name: str, args: NodeArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         with recorded_frames(1):  # where the program made it (llmgw_pulumi.call_stack)
             super().__init__("llmgw:index:Node", name, None, opts)
-        self.certificate, self.identity, self.agent, self.engine_check = onboard(self, name, args, opts)
+        with pulumi_errors():  # a ConfigError reaches the program as a pulumi.RunError: no traceback
+            self.certificate, self.identity, self.agent, self.engine_check = onboard(self, name, args, opts)
         # The component records no outputs of its own: each value it could repeat (hostname, host key,
         # certificate, agent hash, problems, inventory) is in its resources' state already, the stack
         # outputs show them (llmgw_pulumi.program), and a program reads them from the four resources'

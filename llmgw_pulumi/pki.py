@@ -41,7 +41,7 @@ from .cert_policy import key_problem as key_problem
 from .cert_policy import refuse_weak, sign_hash
 from .cert_policy import requested_key as requested_key
 from .errors import AuthorityError, CertificatePolicyError, SignedCertificateError
-from .signer import CLOCK_SKEW, SigningRequest
+from .signer_interface import CLOCK_SKEW, SigningRequest
 
 log = logging.getLogger(__name__)
 

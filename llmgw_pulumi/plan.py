@@ -32,7 +32,7 @@ from . import desired
 from .errors import ChecksumMismatchError
 from .facts import ABSENT
 from .observed import ANY, Observed, Seen, Want, Wanted, file_differences
-from .release import binary_name
+from .release_policy import binary_name
 
 
 class Do(Enum):

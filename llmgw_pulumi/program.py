@@ -20,6 +20,7 @@ from pulumi.runtime import config as runtime_config
 
 from . import child_env, fleet, node_list, release, rollout, signer, stack_config, validate
 from .agent_settings import BinarySource
+from .boundary import pulumi_errors
 from .call_stack import recorded_frames
 from .errors import ConfigError, LlmgwError
 from .node import Node, NodeArgs, engine_problems
@@ -189,7 +190,7 @@ def run() -> None:
 
     A configuration error (or a release refused before any node is reached) is the only error `pulumi up`
     shows: raised, a
-    ConfigError (a pulumi.RunError) is printed without a traceback, but the
+    ConfigError (a pulumi.RunError at this boundary) is printed without a traceback, but the
     language host then adds "an unhandled error occurred: program exited with
     non-zero exit code: 1". Logged, then exiting with
     LANGUAGE_HOST_SHOWN_EXIT, the list of problems stands alone. Every
@@ -215,7 +216,8 @@ def run() -> None:
         raise SystemExit(LANGUAGE_HOST_SHOWN_EXIT) from None
 
     async def register_from_the_loop() -> None:
-        register(registration)
+        with pulumi_errors():
+            register(registration)
 
     registered = asyncio.ensure_future(register_from_the_loop())
     pulumi.run(lambda: registered)
@@ -295,8 +297,10 @@ def signer_inputs(given: stack_config.SignerConfig | None) -> dict[str, Any] | N
 
 
 def main() -> dict[str, Node]:
-    """Onboard the nodes of this stack's config. Bad config raises StackConfigError before any resource exists."""
-    return register(resolve())
+    """Onboard the nodes of this stack's config. Bad config raises StackConfigError (a pulumi.RunError too)
+    before any resource exists."""
+    with pulumi_errors():
+        return register(resolve())
 
 
 def register(registration: Registration) -> dict[str, Node]:

@@ -23,6 +23,9 @@ Why OpenSSH signatures: ``ssh-keygen`` is already on every machine that runs
 this package (openssh-client), the key is a one-line ``ssh-ed25519 AAAA...``
 that operators already handle, a signature is made with ``ssh-keygen -Y sign``
 (or a hardware key through ssh-agent), and no library is added.
+
+What a release is and what is accepted of it (its files' names, checksums.txt's format, the pins) is decided
+in ``llmgw_pulumi.release_policy``, which imports no I/O; its names are importable from here too.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ import fcntl
 import functools
 import hashlib
 import os
-import re
 import shutil
 import ssl
 import subprocess
@@ -40,19 +42,25 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from . import child_env
 from .errors import ChecksumMismatchError, ReleaseFetchError, ReleaseSignatureError
+from .release_policy import CHECKSUMS as CHECKSUMS
+from .release_policy import DIGEST as DIGEST
+from .release_policy import NAMESPACE as NAMESPACE
+from .release_policy import SIGNATURE_SUFFIX as SIGNATURE_SUFFIX
+from .release_policy import WHO as WHO
+from .release_policy import Release as Release
+from .release_policy import allowed_signers_line as allowed_signers_line
+from .release_policy import binary_name as binary_name
+from .release_policy import digests_problem as digests_problem
+from .release_policy import key_fingerprint as key_fingerprint
+from .release_policy import parse_checksums as parse_checksums
+from .release_policy import shown as _shown
 
-NAMESPACE = "llmgw-release"
-"""The OpenSSH signature namespace (``ssh-keygen -Y sign -n``) a release's checksums.txt is signed in."""
-CHECKSUMS = "checksums.txt"
-SIGNATURE_SUFFIX = ".sig"
-"""The detached signature sits beside checksums.txt, as ``ssh-keygen -Y sign`` names it."""
 STALL_SECONDS = 20.0
 """A release server that sends nothing for this long is given up on."""
 MAX_CHECKSUMS_BYTES = 1 << 20
@@ -61,100 +69,9 @@ CHECKSUMS_DEADLINE = 60.0
 BINARY_DEADLINE = 600.0
 VERIFY_SECONDS = 60.0
 """How long ``ssh-keygen -Y verify`` may take before it is given up on."""
-WHO = "llmgw"
-"""Errors here are about a release, before any node is reached: they name the stack's agent settings."""
-
-_LINE = re.compile(r"\A([0-9A-Fa-f]{64}) [ *](\S+)\Z")
-_ARCH = re.compile(r"\A[a-z0-9_]{1,32}\Z")
-DIGEST = re.compile(r"\A[0-9a-f]{64}\Z")
-
-
-def binary_name(tag: str, arch: str) -> str:
-    """The release file of ``arch`` (``llmgw-v1.4.2-linux-amd64``)."""
-    return f"llmgw-{tag}-linux-{arch}"
-
-
-@dataclass(frozen=True)
-class Release:
-    """A release as the operator configured it (agent.version, releaseUrl, signingKey, sha256, releaseCa)."""
-
-    url: str
-    tag: str
-    signing_key: str | None = None
-    pins: tuple[tuple[str, str], ...] = ()
-    """(arch, sha256) pairs given in agent.sha256; when given, nothing is fetched to learn the digests."""
-    ca_file: str | None = None
-    """A PEM bundle trusted (alone) for the release server's certificate; None: the system's (and SSL_CERT_FILE)."""
-
-    @property
-    def base(self) -> str:
-        return f"{self.url.rstrip('/')}/{self.tag}"
-
-    @property
-    def how(self) -> str:
-        """How the digests were approved, for the operator's log."""
-        if self.pins:
-            return "pinned in agent.sha256"
-        if self.signing_key:
-            return f"from checksums.txt signed by {key_fingerprint(self.signing_key)}"
-        return "from checksums.txt as the server sent it over https (no signingKey or sha256 pin)"
-
-
-def key_fingerprint(public_key: str) -> str:
-    """``SHA256:...`` of an OpenSSH public key line, as ssh-keygen prints it."""
-    import base64
-
-    blob = base64.b64decode(public_key.split()[1])
-    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
-
-
-def _shown(text: str, limit: int = 120) -> str:
-    """Text that came from a server, safe to print: quoted, control characters escaped, cut short."""
-    return repr(text[:limit] + ("..." if len(text) > limit else ""))
-
-
-# --------------------------------------------------------------------------- checksums.txt
-
-
-def parse_checksums(text: str, tag: str, source: str = "") -> dict[str, str]:
-    """arch -> sha256 of every ``llmgw-<tag>-linux-<arch>`` that ``checksums.txt`` lists (sha256sum format).
-
-    Strict: every line is ``<64 hex digits>  <name>`` (or `` *<name>``), each
-    binary once; lines for other files are allowed (and not used). Anything else raises
-    ChecksumMismatchError naming the line, since a file we cannot read exactly
-    is not one to install from.
-    """
-    fix = (f"republish {CHECKSUMS} in sha256sum format (`sha256sum llmgw-{tag}-linux-* > {CHECKSUMS}`): "
-           "one line per file, 64 hex digits, two spaces, the file name")
-    prefix = f"llmgw-{tag}-linux-"
-    where = f"{CHECKSUMS} of {tag}" + (f" ({source})" if source else "")
-    found: dict[str, str] = {}
-    for number, line in enumerate(text.split("\n"), 1):
-        line = line.removesuffix("\r")
-        if not line.strip():
-            continue
-        m = _LINE.match(line)
-        if not m:
-            raise ChecksumMismatchError(WHO, f"{where}, line {number}: {_shown(line)} is not "
-                                        "'<sha256> <file name>'", fix)
-        digest, name = m[1].lower(), m[2]
-        arch = name[len(prefix):]
-        if not name.startswith(prefix) or not _ARCH.match(arch):
-            continue  # another file of the release (a tarball, llmgw-<tag>-linux-amd64.sig, ...)
-        if arch in found:
-            raise ChecksumMismatchError(WHO, f"{where} lists {name} more than once (line {number})", fix)
-        found[arch] = digest
-    if not found:
-        raise ChecksumMismatchError(WHO, f"{where} lists no {prefix}<arch> binary", fix)
-    return found
 
 
 # --------------------------------------------------------------------------- signatures
-
-
-def allowed_signers_line(signing_key: str) -> str:
-    """The ``ssh-keygen -Y verify`` allowed-signers line that lets ``signing_key`` sign releases, and only them."""
-    return f'{NAMESPACE} namespaces="{NAMESPACE}" {signing_key}\n'
 
 
 def verify_signature(data: bytes, signature: bytes, signing_key: str, what: str) -> None:
@@ -308,16 +225,3 @@ def fetch_binary(release: Release, arch: str, digest: str, directory: Path | Non
                                         "nothing was pushed to any node")
         os.replace(out.name, cached)
         return data
-
-
-def digests_problem(value: object) -> tuple[str, str] | None:
-    """Is ``value`` a mapping of architecture -> sha256 (64 lowercase hex digits)? (problem, fix) if not."""
-    fix = "give each architecture's sha256 as `sha256sum` prints it, e.g. {amd64: 3f9c...(64 hex digits)}"
-    if not isinstance(value, Mapping) or not value:
-        return "is not a mapping of architecture to sha256", fix
-    for arch, digest in value.items():
-        if not isinstance(arch, str) or not _ARCH.match(arch):
-            return f"{arch!r} is not an architecture (amd64, arm64, ...)", fix
-        if not isinstance(digest, str) or not DIGEST.match(digest.lower()):
-            return f"the {arch} digest is not 64 hex digits", fix
-    return None

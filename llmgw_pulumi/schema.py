@@ -22,7 +22,7 @@ What reads the table: the provider's ``check`` (``collect_fields`` with
 ``Problems(node)``), the stack-config reader (the same collectors, with
 ``Problems(node, Spelling.STACK_CONFIG)``: a bad value has the same problem and
 fix in both, each under its own name for the field), ``config_schema`` (every
-stack-config key), ``build``/``to_inputs`` (typed values from inputs and back),
+stack-config key), ``build`` (typed values from inputs; ``boundary.to_inputs`` the way back),
 ``defaults``, ``replace_keys``, ``agent_yaml_entries`` and ``describe``.
 
 Collecting problems never fails on an unknown value: a value that is not known
@@ -33,25 +33,44 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Self, cast
-
-from pulumi.output import Output, Unknown
 
 from . import validate
 from .errors import ConfigError
 
 
 def is_unknown(value: object) -> bool:
-    """True for a value (or a container holding a value) that Pulumi does not know yet."""
-    if isinstance(value, Unknown):
+    """True for a value (or a container holding a value) that Pulumi does not know yet.
+
+    The SDK's ``Unknown`` is looked up among the loaded modules, not imported: no value of it can exist before the
+    SDK is loaded, and the schema imports no SDK (tests/unit/test_layering.py)."""
+    sdk = sys.modules.get("pulumi.output")
+    return sdk is not None and _holds(value, sdk.Unknown)
+
+
+def _holds(value: object, unknown: type) -> bool:
+    if isinstance(value, unknown):
         return True
     if isinstance(value, Mapping):
-        return any(is_unknown(v) for v in value.values())
+        return any(_holds(v, unknown) for v in value.values())
     if isinstance(value, (list, tuple)):
-        return any(is_unknown(v) for v in value)
+        return any(_holds(v, unknown) for v in value)
     return False
+
+
+def normalise(value: Any) -> Any:
+    """Make input values comparable as Pulumi delivers them: 22.0 == 22, tuples == lists, None == missing (the
+    providers' diff and the review of a preview compare values through it)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, Mapping):
+        return {k: normalise(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [normalise(v) for v in value]
+    return value
 
 
 class Spelling(enum.Enum):
@@ -357,36 +376,6 @@ def describe_args(cls: type) -> list[SettingInfo]:
     return out
 
 
-# --------------------------------------------------------------------------- specs as inputs
-
-
-def to_inputs(value: Any) -> Any:
-    """A spec, settings or Args value as a resource's inputs: dataclasses become mappings by input name
-    (a field with ``flatten`` metadata merged into its parent), sequences lists; None and empty
-    values are left out, as absent inputs are absent from state. Outputs are passed through."""
-    if isinstance(value, Output):
-        return value.apply(to_inputs)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out: dict[str, Any] = {}
-        for f in fields(value):
-            v = getattr(value, f.name)
-            if v is not None and f.metadata.get("to_input"):
-                v = v.apply(f.metadata["to_input"]) if isinstance(v, Output) else f.metadata["to_input"](v)
-            if v is not None and f.metadata.get("secret"):
-                v = Output.secret(v)
-            v = to_inputs(v)
-            if f.metadata.get("flatten"):
-                out.update(v or {})
-            elif v is not None:
-                out[f.name] = v
-        return out or None
-    if isinstance(value, Mapping):
-        return {k: to_inputs(v) for k, v in value.items()} or None
-    if isinstance(value, (list, tuple)):
-        return [to_inputs(v) for v in value] or None
-    return value
-
-
 class FromProps:
     """``from_props``: a spec from a resource's inputs, once its own ``collect`` found nothing wrong."""
 
@@ -398,3 +387,12 @@ class FromProps:
     def from_props(cls, props: Mapping[str, Any]) -> Self:
         raise_problems(cls.collect, props)
         return cast(Self, build(cls, props))
+
+
+def __getattr__(name: str) -> Any:
+    # ``to_inputs`` makes the SDK's Outputs: it moved to llmgw_pulumi.boundary, and is still importable from here.
+    if name == "to_inputs":
+        from .boundary import to_inputs
+
+        return to_inputs
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import validate
+from . import signer_interface, validate
 from .agent_settings import DEFAULT_IB_ROOT as DEFAULT_IB_ROOT
 from .agent_settings import ENGINE_KEYS as ENGINE_KEYS
 from .agent_settings import AgentSettings as AgentSettings
@@ -34,7 +34,6 @@ from .schema import raise_problems as raise_problems
 from .schema import renamed as renamed
 from .schema import replace_keys, same_as, setting
 from .schema import settings_of as settings_of
-from .schema import to_inputs as to_inputs
 
 DEFAULT_SSH_WAIT = 120.0
 DEFAULT_VALIDITY_HOURS = 24.0 * 365
@@ -172,10 +171,8 @@ def _certificate_connection(value: object, problems: Problems, where: str) -> No
 
 
 def _certificate_signer(value: object, problems: Problems, where: str) -> None:
-    from . import signer  # stdlib only: no cryptography in a preview
-
     if not is_unknown(value):
-        for name, problem, fix in signer.problems(value):
+        for name, problem, fix in signer_interface.problems(value):
             problems.add(name, problem, fix)
 
 
@@ -412,3 +409,12 @@ class EngineCheckSpec:
 NODE_REPLACE_KEYS: tuple[str, ...] = replace_keys(CertificateSpec)
 """The inputs whose change replaces each of a node's four resources: its id and its connection's address and port
 (``replaces=True`` in their declarations): another machine, not the same one changed."""
+
+
+def __getattr__(name: str) -> Any:
+    # ``to_inputs`` makes the SDK's Outputs: it moved to llmgw_pulumi.boundary, and is still importable from here.
+    if name == "to_inputs":
+        from .boundary import to_inputs
+
+        return to_inputs
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

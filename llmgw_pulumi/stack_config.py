@@ -34,7 +34,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import validate
+from . import signer_interface, validate
 from .agent_settings import FABRIC_SCHEMA, AgentSettings, BinarySource, collect_fabric
 from .errors import StackConfigError as StackConfigError  # raised by parse; its home is errors
 from .schema import Problems, Schema, Spelling, build, collect_fields, collect_one, config_schema, renamed
@@ -250,26 +250,24 @@ def _rollout(value: Any, node_ids: list[Any], p: Problems) -> Rollout | None:
 
 def _signer(value: Any, has_ca_key: bool, p: Problems) -> SignerConfig | None:
     """llmgw:signer (see llmgw_pulumi.signer): None when not given."""
-    from . import signer
-
     if value is None:
         return None
     raw = _mapping(value, "signer", p)
     _unknown_keys(raw, SIGNER_SCHEMA, "signer", "a signer setting", p)
     before = len(p.items)
-    kind = raw.get("kind", signer.KIND_PKI_DIR)
+    kind = raw.get("kind", signer_interface.KIND_PKI_DIR)
     ca = raw.get("ca")
-    if kind in (signer.KIND_CA_KEY, signer.KIND_COMMAND):
+    if kind in (signer_interface.KIND_CA_KEY, signer_interface.KIND_COMMAND):
         p.check("signer.ca", ca, lambda v: None if isinstance(v, str) and v.strip() and "\0" not in v else (
             "is missing", "give the CA certificate (ca.pem) as a path on this machine or as its PEM text"))
     placeholder = "-----BEGIN CERTIFICATE-----"  # the program reads a path; here only its presence counts
     given = {"kind": kind, "ca_pem": placeholder, "command": raw.get("command"),
              **({"timeout_seconds": raw["timeoutSeconds"]} if "timeoutSeconds" in raw else {}),
              **({"max_parallel": raw["maxParallel"]} if "maxParallel" in raw else {})}
-    for name, problem, fix in signer.problems({k: v for k, v in given.items() if v is not None}):
+    for name, problem, fix in signer_interface.problems({k: v for k, v in given.items() if v is not None}):
         if name != "signer.ca":
             p.add(name, problem, fix)
-    if kind == signer.KIND_CA_KEY and not has_ca_key:
+    if kind == signer_interface.KIND_CA_KEY and not has_ca_key:
         p.add("caKey", "is not set, and signer.kind is caKey",
               "`pulumi config set --secret llmgw:caKey < ca-key.pem`")
     if len(p.items) > before or not isinstance(value, Mapping):

@@ -28,10 +28,12 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult, Resource, ResourceProvider
 
 from .. import errors, facts, remote, sessions
+from ..boundary import pulumi_errors, to_inputs
 from ..desired import NodeFile
 from ..errors import LlmgwError
 from ..remote import Exit, Result
-from ..schema import replace_keys, to_inputs
+from ..schema import normalise as normalise  # the diff's, and the review's (fleet_review)
+from ..schema import replace_keys
 from ..sessions import Runner
 from ..specs import Connection, Problems, is_unknown
 from ..text import printable
@@ -82,17 +84,6 @@ def for_read(conn: Any) -> Any:
     return dataclasses.replace(conn, wait=min(conn.wait, READ_WAIT))
 CONNECTION_REPLACE_KEYS = replace_keys(Connection)
 """A different address or port is a different machine: its resources are replaced, not updated."""
-
-
-def normalise(value: Any) -> Any:
-    """Make engine values comparable: 22.0 == 22, tuples == lists, None == missing."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, Mapping):
-        return {k: normalise(v) for k, v in value.items() if v is not None}
-    if isinstance(value, (list, tuple)):
-        return [normalise(v) for v in value]
-    return value
 
 
 def check(news: Mapping[str, Any], collect: Callable[[Mapping[str, Any], Problems], None],
@@ -186,8 +177,8 @@ def outputs(props: Mapping[str, Any], **computed: Any) -> dict[str, Any]:
 
 
 def operator_errors(fn: F) -> F:
-    """Wrap a provider's create/update/read/delete: what it logs is shown under its resource, and the
-    package's errors carry a one-frame traceback.
+    """Wrap a provider's create/update/read/delete: what it logs is shown under its resource, the
+    package's errors carry a one-frame traceback, and a ConfigError is a pulumi.RunError too.
 
     The resource is the one the engine's request names (``_diagnostics.about``). The
     engine shows a provider's whole traceback; for an error that already says
@@ -198,7 +189,7 @@ def operator_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         _diagnostics.install()
         try:
-            with _diagnostics.about():
+            with _diagnostics.about(), pulumi_errors():
                 return fn(*args, **kwargs)
         except LlmgwError as exc:
             raise exc.with_traceback(None) from None
@@ -370,7 +361,7 @@ def declared_outputs(resource: type) -> tuple[str, ...]:
 
 
 class NodeResource(Resource):
-    """One of the package's resources: its inputs are its Args dataclass (``schema.to_inputs``); each attribute
+    """One of the package's resources: its inputs are its Args dataclass (``boundary.to_inputs``); each attribute
     it declares as ``name: pulumi.Output[...]`` is one of its provider's output keys or one of the inputs it
     shows (``SHOWN_INPUTS``), so the declaration is the one list of them."""
 

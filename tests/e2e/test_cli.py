@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+from llmgw_pulumi.shards import SHARDS_ENV
 from tests.conftest import ssh, stack_config, up_while
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
@@ -87,3 +88,28 @@ def test_config_set_with_path_and_secret_as_an_operator_types_it(cluster, hosts,
     at_rest = "\n".join(p.read_text(errors="replace") for p in stack.state_files())
     assert key_lines and not [line for line in key_lines if line in exported or line in at_rest], \
         "the SSH key is in plaintext in state"  # ... and the key was not
+
+
+def test_a_config_error_is_shown_once_with_its_fix_and_no_traceback(cluster, new_stack):
+    # No node is reached: each error stops the program before it registers anything that connects.
+    config = stack_config(cluster, [], nodes=[{"id": "gpu-x", "address": "127.0.0.1"}])
+    stack = new_stack({**config, "sever": [cluster.control_plane.address]})
+    refused = stack.up()
+    assert not refused.ok
+    # Read from the stack config: logged by the program, which then tells the language host it has shown it
+    # (program.LANGUAGE_HOST_SHOWN_EXIT), so the host adds no error of its own.
+    errors = [d["message"] for d in refused.diagnostics("error")]
+    assert len(errors) == 1 and errors[0].startswith("stack config has 1 problem:"), errors
+    assert "sever: is not a setting" in errors[0] and "fix: did you mean servers?" in errors[0], errors
+    assert "Traceback" not in errors[0], errors
+
+    # Met while the program registers the nodes (each Node picks its provider process from the environment):
+    # the language host prints it as a pulumi.RunError, its message alone, never the program's frames.
+    stack.set_config(config)
+    stack.env[SHARDS_ENV] = "four"
+    refused = stack.preview()
+    assert not refused.ok
+    errors = [d["message"] for d in refused.diagnostics("error")]
+    shown = [m for m in errors if SHARDS_ENV in m]
+    assert len(shown) == 1 and "fix: set the environment variable" in shown[0], errors
+    assert not any("Traceback" in m or "unhandled exception" in m for m in errors), errors

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import threading
+import traceback
 import types
 from collections.abc import Iterator
 from concurrent import futures
@@ -21,12 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pulumi
 import pytest
 from pulumi.dynamic import CreateResult, ResourceProvider
 from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 from pulumi.runtime.proto import engine_pb2, engine_pb2_grpc, provider_pb2, provider_pb2_grpc
 
+from llmgw_pulumi import errors
 from llmgw_pulumi.providers import _diagnostics, _glue
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +89,14 @@ def dynamic_provider(engine: tuple[Engine, str]) -> Iterator[Any]:
 
 
 def create_request(urn: str) -> Any:
-    props = asyncio.run(rpc.serialize_properties({"__provider": serialize_provider(LoggingProvider())}, {}))
+    # A loop of its own, not asyncio.run: that leaves the thread without an event loop, and a later test in this
+    # process that makes an Output outside one (pulumi.Config.get_secret in test_program) would fail.
+    loop = asyncio.new_event_loop()
+    try:
+        props = loop.run_until_complete(
+            rpc.serialize_properties({"__provider": serialize_provider(LoggingProvider())}, {}))
+    finally:
+        loop.close()
     return provider_pb2.CreateRequest(urn=urn, properties=props)
 
 
@@ -120,3 +130,15 @@ def test_outside_a_request_no_urn_is_found_and_a_record_goes_to_stderr(capsys):
     assert _diagnostics.served_urn(sys._getframe()) is None
     LoggingProvider().create({})  # no request anywhere up the stack: printed, unattributed
     assert "info: gpu-07 fetches llmgw v1.4.2" in capsys.readouterr().err
+
+
+def test_a_config_error_leaves_a_provider_operation_as_a_run_error_with_one_frame() -> None:
+    @_glue.operator_errors
+    def create(props: dict[str, Any]) -> CreateResult:
+        raise errors.ConfigError("gpu-07", "binary_path", "cannot read the local binary", "build it, or fix the path")
+
+    with pytest.raises(errors.ConfigError) as err:
+        create({})
+    assert isinstance(err.value, pulumi.RunError)
+    assert (err.value.node, err.value.field) == ("gpu-07", "binary_path")
+    assert [f.name for f in traceback.extract_tb(err.value.__traceback__) if "/llmgw_pulumi/" in f.filename] == ["wrapper"]

@@ -204,6 +204,14 @@ def test_the_shard_count_can_be_overridden_for_a_run(monkeypatch):
         assert SHARDS_ENV in str(err.value) and repr(bad) in str(err.value)
 
 
+def test_a_bad_shard_count_reaches_the_program_as_a_run_error_without_a_traceback(monitor, monkeypatch):
+    # The language host prints a pulumi.RunError's message alone; any other exception with its traceback.
+    monkeypatch.setenv(SHARDS_ENV, "four")
+    with pytest.raises(pulumi.RunError) as err:
+        Node("gpu-01", node_args("gpu-01"))
+    assert isinstance(err.value, ConfigError) and err.value.field == SHARDS_ENV and err.value.fix
+
+
 @pulumi.runtime.test
 def test_nodes_spread_over_the_overridden_shard_count(monitor, monkeypatch):
     monkeypatch.setenv(SHARDS_ENV, "16")

@@ -42,6 +42,14 @@ def problems_of(config: dict[str, str], secret_keys: list[str] | None = None) ->
     return err.value.problems
 
 
+def test_the_program_raises_config_errors_as_run_errors(stack_config: None) -> None:
+    # pulumi-language-python prints a pulumi.RunError's message alone, without a traceback.
+    pulumi.runtime.set_all_config({**STACK, "llmgw:sever": "[]"}, [])
+    with pytest.raises(pulumi.RunError) as err:
+        program.main()
+    assert isinstance(err.value, StackConfigError) and [p[1] for p in err.value.problems] == ["sever"]
+
+
 def test_a_misspelled_top_level_key_is_an_error(stack_config: None) -> None:
     problems = problems_of({**STACK, "llmgw:sever": json.dumps(["cp2.example.net:7443"])})
     assert problems == [("llmgw", "sever", "is not a setting of this project", "did you mean servers?")]

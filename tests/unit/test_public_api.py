@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import pkgutil
 import re
 import types
+from pathlib import Path
+
+import pytest
 
 import llmgw_pulumi
 from llmgw_pulumi import errors
@@ -24,10 +28,25 @@ def _package_errors() -> dict[str, type]:
 
 
 def test_the_public_surface_is_exactly_all() -> None:
-    public = {name for name, value in vars(llmgw_pulumi).items()
-              if not name.startswith("_") and not isinstance(value, types.ModuleType)}
+    # dir(): the names imported on first use are listed before they are used (the package's __dir__).
+    public = {name for name in dir(llmgw_pulumi)
+              if not name.startswith("_") and not isinstance(getattr(llmgw_pulumi, name), types.ModuleType)}
     assert public == set(llmgw_pulumi.__all__) - {"__version__"}
     assert len(llmgw_pulumi.__all__) == len(set(llmgw_pulumi.__all__))
+
+
+def test_each_name_imported_on_first_use_is_the_one_a_type_checker_sees() -> None:
+    # The package imports its modules when a name is first used; under TYPE_CHECKING it imports them as usual.
+    source = Path(llmgw_pulumi.__file__).read_text()
+    block = next(node for node in ast.parse(source).body if isinstance(node, ast.If)
+                 and isinstance(node.test, ast.Name) and node.test.id == "_TYPE_CHECKING")
+    typed = {alias.name: "." * node.level + (node.module or "")
+             for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert typed == llmgw_pulumi._PUBLIC
+    for name, module in llmgw_pulumi._PUBLIC.items():
+        assert getattr(llmgw_pulumi, name) is getattr(importlib.import_module(module, "llmgw_pulumi"), name)
+    with pytest.raises(AttributeError, match="no attribute 'Nod'"):
+        llmgw_pulumi.Nod  # noqa: B018
 
 
 def test_every_error_is_defined_in_errors_and_exported() -> None:

@@ -5,7 +5,7 @@ import copy
 import pulumi
 import pytest
 
-from llmgw_pulumi import stack_config
+from llmgw_pulumi import boundary, errors, stack_config
 from llmgw_pulumi.errors import ConfigError
 from llmgw_pulumi.specs import Fabric
 from llmgw_pulumi.stack_config import StackConfigError
@@ -200,11 +200,27 @@ def test_one_problem_is_one_problem():
 def test_config_errors_are_what_the_python_language_host_prints_without_a_traceback():
     # pulumi-language-python-exec: `except pulumi.RunError as e: pulumi.log.error(str(e))`;
     # any other exception is printed with "Program failed with an unhandled exception:" and its traceback.
-    with pytest.raises(pulumi.RunError) as err:
+    # The error is plain Python where it is raised; where it reaches the SDK, it is a RunError too.
+    with pytest.raises(StackConfigError) as plain:
         stack_config.parse(mutate(("sever",), []))
-    assert isinstance(err.value, ConfigError)
+    assert not isinstance(plain.value, pulumi.RunError)
+    with pytest.raises(pulumi.RunError) as err, boundary.pulumi_errors():
+        stack_config.parse(mutate(("sever",), []))
+    assert isinstance(err.value, StackConfigError)
+    assert type(err.value).__name__ == "StackConfigError" and type(err.value).__module__ == "llmgw_pulumi.errors"
+    assert (str(err.value), err.value.problems, err.value.field) == (str(plain.value), plain.value.problems, "llmgw:*")
     assert "Traceback" not in str(err.value)
-    assert issubclass(ConfigError, pulumi.RunError)  # also the single errors program.py raises
+    assert err.value.__cause__ is None and err.value.__suppress_context__
+
+
+def test_only_config_errors_become_run_errors_at_the_boundary():
+    with pytest.raises(ConfigError) as err, boundary.pulumi_errors():
+        raise ConfigError("gpu-01", "ssh.wait", "is out of range", "give 0 to 3600 seconds")
+    assert isinstance(err.value, pulumi.RunError)
+    assert (err.value.node, err.value.field, err.value.fix) == ("gpu-01", "ssh.wait", "give 0 to 3600 seconds")
+    with pytest.raises(errors.UnreachableError) as other, boundary.pulumi_errors():
+        raise errors.UnreachableError("gpu-01", "no answer")
+    assert not isinstance(other.value, pulumi.RunError)
 
 
 def test_a_secret_other_than_the_ssh_key_is_named_not_read():
