@@ -1,10 +1,10 @@
 """How many frames of the program's call stack the SDK records in the state of the resources the package registers.
 
 For every resource it registers, the Python SDK records the frames of the program's call stack below the
-resource class's ``__init__``: the state's ``stackTrace``, about 100 bytes a frame, and its first frame again as
-``sourcePosition``. A node's four resources were registered 10 frames deep and its ``Node`` 7, which made 4.7 KB
-of the 16.4 KB a node took in state (docs/benchmark-scale.md, "State"), every byte of it rewritten to the backend
-at each step of a `pulumi up` (docs/benchmark-method.md). Those frames say little:
+resource class's ``__init__``: the state's ``stackTrace``, and its first frame again as ``sourcePosition``. A
+node's four resources were registered 10 frames deep and its ``Node`` 7, a large part of a node's state, every
+byte of it rewritten to the backend at each step of a `pulumi up` (docs/benchmark-method.md). Those frames say
+little:
 
 - for the four resources they are always the same lines of this package (``node.onboard``, ``Node.__init__``),
   then the program's, the event loop's and the language host's;
