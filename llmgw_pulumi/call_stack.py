@@ -13,7 +13,7 @@ little:
 
 So the four record none, and the ``Node`` its first only (``recorded_frames``): its ``sourcePosition``, where a
 program's reader looks. The package's own program (llmgw_pulumi.program) makes every ``Node`` on the same line,
-so there the ``Node`` records none either: 1,000 copies of one line said nothing (133 bytes a node). A block
+so there the ``Node`` records none either: every node's copy of one line said nothing. A block
 nested in another records at most as many frames as the outer one allows.
 
 Nothing else of a registration changes (URNs, inputs, dependencies), no step is added: a state holding the longer
