@@ -1,6 +1,6 @@
 """What all four providers share: check from a spec, diff by declared keys, outputs = inputs + computed.
 
-Pulumi facts this encodes (see docs/pulumi-dynamic-providers.md):
+Pulumi facts this encodes:
 - diff, update, read and delete receive the old *outputs*, so create and update
   return every input too;
 - numbers arrive as floats, so values are normalised before comparing;
