@@ -2,7 +2,7 @@
 
     ClientCertificate -> NodeIdentity -> AgentInstall -> EngineCheck
 
-chained by the ``Node`` component. See SPEC.md for what must hold on a node
+chained by the ``Node`` component. See docs/node-contract.md for what must hold on a node
 after `pulumi up`, and README.md for how to run it.
 
 A program of your own builds nodes with

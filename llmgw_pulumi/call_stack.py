@@ -1,10 +1,10 @@
 """How many frames of the program's call stack the SDK records in the state of the resources the package registers.
 
 For every resource it registers, the Python SDK records the frames of the program's call stack below the
-resource class's ``__init__``: the state's ``stackTrace``, about 100 bytes a frame, and its first frame again as
-``sourcePosition``. A node's four resources were registered 10 frames deep and its ``Node`` 7, which made 4.7 KB
-of the 16.4 KB a node took in state (docs/benchmark-scale.md, "State"), every byte of it rewritten to the backend
-at each step of a `pulumi up` (docs/benchmark-method.md). Those frames say little:
+resource class's ``__init__``: the state's ``stackTrace``, and its first frame again as ``sourcePosition``. A
+node's four resources were registered 10 frames deep and its ``Node`` 7, a large part of a node's state, every
+byte of it rewritten to the backend at each step of a `pulumi up` (docs/benchmark-method.md). Those frames say
+little:
 
 - for the four resources they are always the same lines of this package (``node.onboard``, ``Node.__init__``),
   then the program's, the event loop's and the language host's;
@@ -13,7 +13,7 @@ at each step of a `pulumi up` (docs/benchmark-method.md). Those frames say littl
 
 So the four record none, and the ``Node`` its first only (``recorded_frames``): its ``sourcePosition``, where a
 program's reader looks. The package's own program (llmgw_pulumi.program) makes every ``Node`` on the same line,
-so there the ``Node`` records none either: 1,000 copies of one line said nothing (133 bytes a node). A block
+so there the ``Node`` records none either: every node's copy of one line said nothing. A block
 nested in another records at most as many frames as the outer one allows.
 
 Nothing else of a registration changes (URNs, inputs, dependencies), no step is added: a state holding the longer

@@ -146,7 +146,7 @@ class Node(pulumi.ComponentResource):
         # The component records no outputs of its own: each value it could repeat (hostname, host key,
         # certificate, agent hash, problems, inventory) is in its resources' state already, the stack
         # outputs show them (llmgw_pulumi.program), and a program reads them from the four resources'
-        # attributes. Repeating them cost about 600 bytes of state per node and ten more Outputs for
+        # attributes. Repeating them cost state for every node and ten more Outputs for
         # the SDK to wait on (it waits on every Output at the end of a run, each time one resolves).
         self.register_outputs({})
 

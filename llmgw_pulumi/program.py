@@ -310,7 +310,7 @@ def register(registration: Registration) -> dict[str, Node]:
     # Canaries are registered first, so that the engine reaches their updates before the others'.
     canaries = registration.rollout.canaries if registration.rollout else ()
     # No node records a frame of the call stack: each would be the line below, the same for every node of the
-    # fleet (133 bytes of state a node); a program of the operator's own records the line that made its Node.
+    # fleet; a program of the operator's own records the line that made its Node.
     with recorded_frames(0):
         for n in sorted(spec.nodes, key=lambda n: n.node_id not in canaries):
             nodes[n.node_id] = Node(n.node_id, node_args(registration, n))  # in its shard's provider process (llmgw_pulumi.shards)

@@ -58,16 +58,16 @@ log = logging.getLogger(__name__)
 
 IDLE_SECONDS = 600.0
 """A pooled connection idle this long is closed. Long enough to span the wait between a node's
-NodeIdentity and its AgentInstall when the engine queues steps: 22.6 s at 30 nodes on 2 cores, over
-60 s for half the nodes at 100 (the benchmark counted 1.28 connections per node with a 60 s limit).
-A provider process ends with its deployment, and its connections with it: the limit only bounds how
-long a long deployment keeps a finished node's connection open."""
+NodeIdentity and its AgentInstall when the engine queues steps, which grows with the number of nodes
+(a limit of a minute had the benchmark connect to many nodes more than once). A provider process ends
+with its deployment, and its connections with it: the limit only bounds how long a long deployment keeps
+a finished node's connection open."""
 POLL_SECONDS = 1.0
 """How long a connection's paramiko thread waits for the node to send something before it looks whether the
-connection was closed, and waits again. paramiko's own 0.1 s costs 230 to 300 microseconds of CPU per open
-connection per second, 1 s 40 to 64 (`python -m bench.idle_transports`, two runs), and the pool keeps each node's connection
-open until it has been idle IDLE_SECONDS: in a 500-node `up` of 1,667 s that is hundreds of thousands of
-connection-seconds in the provider processes. What the node sends wakes the thread at once whatever this is; a
+connection was closed, and waits again. paramiko's own 0.1 s wakes the thread ten times as often, at a CPU
+cost for every open connection and second (`python -m bench.idle_transports` measures it), and the pool keeps
+each node's connection open until it has been idle IDLE_SECONDS: in a large `up`, many connection-seconds in
+the provider processes. What the node sends wakes the thread at once whatever this is; a
 closed connection's thread ends within it."""
 RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0)
 """Back-off between connection attempts while a node refuses; the last value repeats."""

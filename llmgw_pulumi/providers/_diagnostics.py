@@ -14,7 +14,7 @@ call takes the URN of the resource a message is about. So:
   server (pulumi.dynamic.__main__) answers each Create, Read, Update,
   Delete, Diff and Check with the request, which names the resource, as a
   local of its handler, the frame the provider is called from. (A hidden
-  ``__urn`` input used to carry it, about 900 bytes of state per node.)
+  ``__urn`` input used to carry it, in every resource's state.)
 - a handler on the ``llmgw_pulumi`` logger sends INFO and WARNING records to
   the engine under that URN. Outside a provider process (unit tests), or
   where no request is found, a record is printed to stderr instead, which

@@ -1,6 +1,6 @@
 """What all four providers share: check from a spec, diff by declared keys, outputs = inputs + computed.
 
-Pulumi facts this encodes (see docs/pulumi-dynamic-providers.md):
+Pulumi facts this encodes:
 - diff, update, read and delete receive the old *outputs*, so create and update
   return every input too;
 - numbers arrive as floats, so values are normalised before comparing;
@@ -55,9 +55,8 @@ class ModuleProvider(ResourceProvider):
 
     The SDK stores the provider it is given, pickled, in each resource's inputs and again in its outputs
     (``__provider``, base64). A class instance is pickled as its module, its class name and a constructor
-    call: 112 characters for ``llmgw_pulumi.providers.certificate.ClientCertificateProvider``; the module's
-    instance, as its module and ``PROVIDER``: 84 (76 to 84 for the four, 100 to 112 by class). Each is kept
-    twice, in inputs and outputs: 192 bytes less state a node. An instance pickled either way loads (a state
+    call; the module's instance, as its module and ``PROVIDER``, which is shorter, and each is kept twice, in
+    inputs and outputs. An instance pickled either way loads (a state
     written before keeps its payload until the resource's next update). The payload holds nothing secret
     (``serialize_as_secret_always``) and nothing of the machine: the providers are stateless, every method works
     from its arguments alone."""

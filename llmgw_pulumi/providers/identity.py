@@ -121,7 +121,7 @@ def _apply(spec: IdentitySpec, props: Mapping[str, Any], recorded: Mapping[str, 
 def _recorded(outs: dict[str, Any]) -> dict[str, Any]:
     """Outputs as this resource records them: without the host key ClientCertificate recorded (``known_host_key``)
     once the key this resource saw is recorded (``host_key``): every later connection expects that one
-    (``recorded_keys``), so the first is not repeated (about 100 bytes of state a node)."""
+    (``recorded_keys``), so the first is not repeated."""
     if outs.get("host_key"):
         outs.pop("known_host_key", None)
     return outs

@@ -1,0 +1,244 @@
+"""The docs name only what exists: every relative link resolves to a file of the repository (and its #anchor to a
+heading there), every repository path a doc names in backticks exists, and every `llmgw:<key>` setting a doc names
+is one the schema declares (or, in an example's README, one the example's own program reads).
+
+The Markdown is read by a CommonMark parser (markdown-it-py), so a link, a heading and a code span are what a
+renderer takes them to be; code blocks are left out of the path and link checks (they show commands)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
+
+from llmgw_pulumi import stack_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+PARSER = MarkdownIt("commonmark").enable("table")
+
+
+def documents(root: Path) -> list[Path]:
+    """The docs a user reads: README.md, docs/*.md and every example's README."""
+    return sorted([root / "README.md", *root.glob("docs/*.md"), *root.glob("examples/**/README.md")])
+
+
+def tokens(path: Path) -> list[Token]:
+    return PARSER.parse(path.read_text())
+
+
+def walk(toks: list[Token]) -> Iterator[Token]:
+    """Every token, inline children after their parent."""
+    for tok in toks:
+        yield tok
+        if tok.children:
+            yield from walk(tok.children)
+
+
+def slug(text: str) -> str:
+    """A heading's anchor as GitHub and GitLab make it: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every heading's anchor in a Markdown file (a repeated one gets -1, -2, ... as GitHub numbers them)."""
+    toks = tokens(path)
+    seen: dict[str, int] = {}
+    found: set[str] = set()
+    for i, tok in enumerate(toks):
+        if tok.type != "heading_open":
+            continue
+        inline = toks[i + 1]
+        text = "".join(c.content for c in inline.children or [] if c.type in ("text", "code_inline"))
+        base = slug(text)
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        found.add(base if n == 0 else f"{base}-{n}")
+    return found
+
+
+def located(toks: list[Token]) -> Iterator[tuple[int, Token]]:
+    """(1-based line, token) for every token; inline children take the line of the block they are in. (A code
+    block's text is one token: the parser reads no link or code span in it.)"""
+    for tok in toks:
+        line = tok.map[0] + 1 if tok.map else 0
+        yield line, tok
+        for child in tok.children or []:
+            yield line, child
+
+
+def inside(root: Path, path: Path) -> bool:
+    return path.resolve().is_relative_to(root.resolve())
+
+
+def link_problems(root: Path, doc: Path) -> list[str]:
+    problems = []
+    for line, tok in located(tokens(doc)):
+        target = tok.attrGet("href") if tok.type == "link_open" else tok.attrGet("src") if tok.type == "image" else None
+        if not isinstance(target, str) or re.match(r"[a-z][a-z0-9+.-]*:", target, re.I):
+            continue  # not a link, or an absolute URL (https:, mailto:)
+        where = f"{doc.relative_to(root)}:{line}: link {target!r}"
+        path_part, _, anchor = target.partition("#")
+        path = (doc.parent / path_part) if path_part else doc
+        if not inside(root, path):
+            problems.append(f"{where} points outside the repository")
+        elif not path.exists():
+            problems.append(f"{where}: no such file")
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            problems.append(f"{where}: {path.relative_to(root)} has no heading with that anchor")
+    return problems
+
+
+PATH_SPAN = re.compile(r"(?:\.\./)*[\w.-]+(?:/[\w.-]*)+")
+"""A code span that is a path with at least one slash (e.g. `scripts/test`, `docs/x.md`, `../examples/racks`)."""
+PLACEHOLDER = re.compile(r"\.[A-Z][A-Z_]+\.")
+"""A file name with an upper-case word standing for a value (`stacks/policy.STACK.json`: one file per stack)."""
+
+
+def repository_roots(root: Path) -> set[str]:
+    """The names a repository path starts with: the repository's top-level files and folders (not hidden ones)."""
+    return {p.name for p in root.iterdir() if not p.name.startswith(".")}
+
+
+def path_problems(root: Path, doc: Path) -> list[str]:
+    problems = []
+    tops = repository_roots(root)
+    for line, tok in located(tokens(doc)):
+        if tok.type != "code_inline":
+            continue
+        span = tok.content.split("::")[0]  # tests/unit/test_x.py::test_name names the file
+        if not PATH_SPAN.fullmatch(span) or PLACEHOLDER.search(span):
+            continue  # not a path, or one with placeholders (<module>, *, {a,b}, $VAR, STACK)
+        where = f"{doc.relative_to(root)}:{line}: `{tok.content}`"
+        if span.startswith("../"):
+            path = doc.parent / span
+            if not inside(root, path):
+                problems.append(f"{where} points outside the repository")
+                continue
+        elif span.split("/")[0] in tops or (doc.parent / span).exists():
+            path = doc.parent / span if (doc.parent / span).exists() else root / span  # an example's own files
+        else:
+            continue  # a path on a node or in a project (/etc/llmgw, racks/rack-a.csv), not the repository's
+        if not path.exists():
+            problems.append(f"{where}: no such file or folder in the repository")
+    return problems
+
+
+SETTING = re.compile(r"(?<![\w/])llmgw:([A-Za-z]\w*(?:\.[A-Za-z]\w*)*)(?![\w:])")
+"""`llmgw:<key>` with its dotted sub-keys (llmgw:signer.maxParallel); not a type token (llmgw:index:Node,
+pulumi-python:dynamic/llmgw:AgentInstall)."""
+
+CONFIG_READ = re.compile(r"\b(?:config|conf|cfg)\.\w+(?:<\w+>)?\(\s*[\"'](\w+)[\"']")
+"""A key an example's own program reads from its `pulumi.Config("llmgw")` (Python, TypeScript, Go)."""
+
+
+def declared_settings() -> set[str]:
+    """Every setting the one schema declares, as dotted paths (ssh.wait, nodes.hostKey, ...)."""
+    return stack_config.key_paths()
+
+
+def own_settings(root: Path, doc: Path) -> set[str]:
+    """The keys an example's own program reads: an example's README may name them."""
+    if not doc.is_relative_to(root / "examples"):
+        return set()
+    sources = [p for p in doc.parent.rglob("*") if p.suffix in (".py", ".ts", ".go") and "node_modules" not in p.parts]
+    return {key for p in sources for key in CONFIG_READ.findall(p.read_text())}
+
+
+def setting_problems(root: Path, doc: Path, declared: set[str]) -> list[str]:
+    problems = []
+    own = own_settings(root, doc)
+    for number, text in enumerate(doc.read_text().splitlines(), 1):
+        for key in SETTING.findall(text):
+            if key not in declared and key.split(".")[0] not in own:
+                problems.append(f"{doc.relative_to(root)}:{number}: llmgw:{key} is no setting the schema declares")
+    return problems
+
+
+def all_problems(root: Path, declared: set[str]) -> list[str]:
+    return [p for doc in documents(root)
+            for p in (*link_problems(root, doc), *path_problems(root, doc), *setting_problems(root, doc, declared))]
+
+
+def test_every_doc_names_only_what_exists() -> None:
+    docs = documents(REPO)
+    assert REPO / "README.md" in docs and REPO / "docs" / "operations.md" in docs
+    assert any(d.is_relative_to(REPO / "examples") for d in docs)
+    assert all_problems(REPO, declared_settings()) == []
+
+
+def test_the_checks_see_what_the_docs_hold() -> None:
+    # So that the test above cannot pass by finding nothing: the docs' links, paths and settings are seen.
+    readme, operations = REPO / "README.md", REPO / "docs" / "operations.md"
+    hrefs = [t.attrGet("href") for _, t in located(tokens(readme)) if t.type == "link_open"]
+    assert "docs/operations.md" in hrefs
+    spans = [t.content for _, t in located(tokens(readme)) if t.type == "code_inline"]
+    assert any(PATH_SPAN.fullmatch(s) and s.split("/")[0] in repository_roots(REPO) for s in spans)
+    assert "fleet-wide-upgrades-llmgwrollout" in anchors(operations)
+    assert "rollout.maxParallel" in declared_settings()
+    assert "llmgw:rollout" in operations.read_text()
+
+
+@pytest.fixture
+def fake_repo(tmp_path: Path) -> Path:
+    """A repository of its own: a README, one docs page with two headings, and an example whose program reads a
+    key of its own."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "test").write_text("")
+    (tmp_path / "docs" / "guide.md").write_text("# Guide\n\n## Fleet-wide upgrades (`llmgw:rollout`)\n\n## Notes\n\n## Notes\n")
+    (tmp_path / "README.md").write_text("# Fake\n\nSee [the guide](docs/guide.md) and `scripts/test`.\n")
+    (tmp_path / "examples" / "vm").mkdir(parents=True)
+    (tmp_path / "examples" / "vm" / "__main__.py").write_text('config = pulumi.Config("llmgw")\nconfig.get("vm")\n')
+    (tmp_path / "examples" / "vm" / "README.md").write_text("Set `llmgw:vm` and `llmgw:pkiDir`.\n")
+    return tmp_path
+
+
+DECLARED = {"pkiDir", "rollout", "rollout.maxParallel", "signer", "signer.maxParallel"}
+
+
+def test_a_repository_whose_docs_are_true_shows_no_problem(fake_repo: Path) -> None:
+    (fake_repo / "README.md").write_text(
+        "# Fake\n\n[guide](docs/guide.md#fleet-wide-upgrades-llmgwrollout), [top](#fake), ![p](docs/guide.md),\n"
+        "[notes](docs/guide.md#notes-1), [site](https://example.com/x.md), `scripts/test`,\n"
+        "`tests/unit/x.py::test_y`, `/etc/llmgw/ca.pem`,\n"
+        "`llmgw:signer.maxParallel`, `llmgw:index:Node`, `pulumi-python:dynamic/llmgw:AgentInstall`.\n\n"
+        "```\nsee [gone](docs/gone.md) and `docs/gone.md`  # a code block is text, not links\n```\n")
+    (fake_repo / "tests").mkdir()
+    (fake_repo / "tests" / "unit").mkdir()
+    (fake_repo / "tests" / "unit" / "x.py").write_text("")
+    assert all_problems(fake_repo, DECLARED) == []
+
+
+@pytest.mark.parametrize(("readme", "found"), [
+    ("[gone](docs/gone.md)", "README.md:3: link 'docs/gone.md': no such file"),
+    ("![plot](docs/gone.png)", "README.md:3: link 'docs/gone.png': no such file"),
+    ("[guide](docs/guide.md#no-such-heading)", "docs/guide.md has no heading with that anchor"),
+    ("[here](#nowhere)", "link '#nowhere': README.md has no heading with that anchor"),
+    ("[spec](../shared/SPEC.md)", "link '../shared/SPEC.md' points outside the repository"),
+    ("| a | [gone](docs/gone.md) |\n|---|---|\n| b | c |", "link 'docs/gone.md': no such file"),
+    ("`scripts/gone`", "README.md:3: `scripts/gone`: no such file or folder"),
+    ("`docs/guide.md::x` and `docs/gone.md`", "`docs/gone.md`: no such file or folder"),
+    ("`../shared/SPEC.md`", "`../shared/SPEC.md` points outside the repository"),
+    ("set `llmgw:nosuch`", "README.md:3: llmgw:nosuch is no setting the schema declares"),
+    ("set llmgw:signer.maxParalel", "llmgw:signer.maxParalel is no setting"),
+    ("set `llmgw:vm`", "llmgw:vm is no setting"),  # only the example whose program reads it may name it
+])
+def test_a_doc_that_names_what_does_not_exist_is_reported(fake_repo: Path, readme: str, found: str) -> None:
+    (fake_repo / "README.md").write_text(f"# Fake\n\n{readme}\n")
+    problems = all_problems(fake_repo, DECLARED)
+    assert len(problems) == 1 and found in problems[0], problems
+
+
+def test_a_docs_page_and_an_example_readme_are_checked_too(fake_repo: Path) -> None:
+    (fake_repo / "docs" / "other.md").write_text("# Other\n\n[gone](gone.md)\n")
+    shutil.rmtree(fake_repo / "examples" / "vm")
+    (fake_repo / "examples" / "racks").mkdir()
+    (fake_repo / "examples" / "racks" / "README.md").write_text("# Racks\n\n[up](../../docs/gone.md)\n")
+    problems = all_problems(fake_repo, DECLARED)
+    assert sorted(p.split(":")[0] for p in problems) == ["docs/other.md", "examples/racks/README.md"], problems
