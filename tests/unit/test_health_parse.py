@@ -253,7 +253,7 @@ def test_ib_lines_that_are_not_six_fields_or_unreadable_are_kept_as_unknown() ->
 # --------------------------------------------------------------------------- purity
 
 
-@pytest.mark.parametrize("module", ["node_health"])
+@pytest.mark.parametrize("module", ["node_health", "readiness"])
 def test_the_health_modules_import_only_the_standard_library_and_pure_siblings(module: str) -> None:
     tree = ast.parse((Path(node_health.__file__).parent / f"{module}.py").read_text())
     imported = {n.module if isinstance(n, ast.ImportFrom) and not n.level else f".{n.module}"
