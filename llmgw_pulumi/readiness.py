@@ -98,6 +98,16 @@ def version_tuple(value: str) -> tuple[int, ...] | None:
     return tuple(int(part) for part in value.split("."))
 
 
+def at_least(have: str, least: str) -> bool:
+    """``have`` is version ``least`` or a later one, compared number by number (``13.0`` is ``13``); a version that
+    is not dotted numbers is never enough."""
+    have_v, least_v = version_tuple(have), version_tuple(least)
+    if have_v is None or least_v is None:
+        return False
+    width = max(len(have_v), len(least_v))
+    return have_v + (0,) * (width - len(have_v)) >= least_v + (0,) * (width - len(least_v))
+
+
 def dotted_version(value: object) -> tuple[str, str] | None:
     """A validator of ``min_driver`` and ``min_cuda``, in the shape of ``validate``'s: None when ``value`` is a
     dotted version, else (what is wrong, the fix)."""
@@ -239,15 +249,13 @@ class _Verdict:
                      "reseating or service" if fewer else "declare the node's GPU count as it is")
         driver = smi.driver_version if smi is not None else ""
         cuda = smi.cuda_version if smi is not None else ""
-        for what, have, least, check in (("NVIDIA driver", driver, expect.min_driver, "driver-version"),
-                                         ("CUDA version", cuda, expect.min_cuda, "cuda-version")):
-            if least is None or smi is None:
-                continue
-            have_v, least_v = version_tuple(have), version_tuple(least)
-            if have_v is None or least_v is None or have_v < least_v:
-                self.add(what, check, f"{have or 'none reported'}", f"{least} or later", CRITICAL,
-                         f"install an NVIDIA driver of {least} or later on {self.node} (the CUDA version nvidia-smi "
-                         "reports is the driver's), then reboot it")
+        for what, have, least, check, needs in (
+                ("NVIDIA driver", driver, expect.min_driver, "driver-version", "of version {} or later"),
+                ("CUDA version", cuda, expect.min_cuda, "cuda-version",
+                 "that supports CUDA {} or later (the CUDA version nvidia-smi reports is the driver's)")):
+            if least is not None and smi is not None and not at_least(have, least):
+                self.add(what, check, have or "none reported", f"{least} or later", CRITICAL,
+                         f"install an NVIDIA driver {needs.format(least)} on {self.node}, then reboot it")
 
     # ---------------------------------------------------------------- one GPU
 

@@ -182,7 +182,8 @@ def test_driver_versions_compare_as_numbers(least: str, ok: bool) -> None:
     assert checks(problems) == ([] if ok else [("driver-version", CRITICAL)])
 
 
-@pytest.mark.parametrize(("least", "ok"), [("13.0", True), ("12.10", True), ("13", True), ("13.1", False)])
+@pytest.mark.parametrize(("least", "ok"), [("13.0", True), ("12.10", True), ("13", True), ("13.0.0", True),
+                                           ("13.0.1", False), ("13.1", False)])
 def test_cuda_versions_compare_as_numbers(least: str, ok: bool) -> None:
     problems = verdict("n", Expectations(min_cuda=least), parse_smi_xml(REAL_XML))
     assert checks(problems) == ([] if ok else [("cuda-version", CRITICAL)])
