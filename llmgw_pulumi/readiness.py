@@ -268,14 +268,14 @@ class _Verdict:
             self.add(subject, check, found, expected, severity, fix)
 
         if expect.gpu_model is not None and g.product_name.strip().lower() != expect.gpu_model.strip().lower():
-            add("gpu-model", g.product_name or "no product name", expect.gpu_model, CRITICAL,
+            add("gpu-model", f"model {g.product_name or '(none reported)'}", f"model {expect.gpu_model}", CRITICAL,
                 "declare the model as nvidia-smi names it, or put this node where that model is declared")
         if expect.gpu_memory_mib is not None:
             declared = expect.gpu_memory_mib
             have = g.memory_total_mib
             if have is None or abs(have - declared) > declared * MEMORY_TOLERANCE:
                 less = have is None or have < declared
-                add("gpu-memory", f"{have} MiB" if have is not None else "no memory total",
+                add("gpu-memory", f"{have} MiB of memory" if have is not None else "no memory total reported",
                     f"{declared} MiB (within {MEMORY_TOLERANCE:.0%})", CRITICAL if less else WARNING,
                     "declare the memory nvidia-smi reports (fb_memory_usage total), or check this is the model "
                     "declared")
