@@ -43,17 +43,16 @@ def config_keys(namespace: str = CONFIG_NAMESPACE) -> list[str]:
 
 
 def _read_config() -> tuple[dict[str, Any], list[str], dict[str, pulumi.Output[str]]]:
-    """(the llmgw:* values but secrets, the names of other secret keys, the secrets read: the SSH key, its passphrase,
-    the CA key's passphrase). The CA key's passphrase must be held as a secret: in plain text it would sit in the
-    stack's config file."""
+    """(the llmgw:* values but secrets, the names of other secret keys, the secrets read: stack_config.SECRET_KEYS,
+    the SSH key and its passphrase, the CA key and its passphrase). Each of them must be held as a secret: in plain
+    text it would sit in the stack's config file (``plain_text_secret``)."""
     cfg = pulumi.Config(CONFIG_NAMESPACE)
     raw: dict[str, Any] = {}
     secret_names: list[str] = []
     for key in config_keys():
-        if key == stack_config.CA_PASSPHRASE_KEY and not pulumi.runtime.is_config_secret(cfg.full_key(key)):
-            raise ConfigError("llmgw", key, "is set in plain text, in the stack's config file",
-                              f"set it again as a secret: `pulumi config set --secret llmgw:{key}`")
         if key in stack_config.SECRET_KEYS:
+            if not pulumi.runtime.is_config_secret(cfg.full_key(key)):
+                raise plain_text_secret(key)
             continue
         if pulumi.runtime.is_config_secret(cfg.full_key(key)):
             secret_names.append(key)  # never read: its value must not reach a message
@@ -67,6 +66,13 @@ def _read_config() -> tuple[dict[str, Any], list[str], dict[str, pulumi.Output[s
             raw[key] = value
     secrets = {key: value for key in stack_config.SECRET_KEYS if (value := cfg.get_secret(key)) is not None}
     return raw, secret_names, secrets
+
+
+def plain_text_secret(key: str) -> ConfigError:
+    """The refusal of a setting of stack_config.SECRET_KEYS given in plain text (never quoting its value)."""
+    return ConfigError("llmgw", key, "is set in plain text, in the stack's config file",
+                       f"set it again as a secret: `pulumi config rm llmgw:{key}`, then `pulumi config set --secret "
+                       f"llmgw:{key}` (a key file: `... < file`); its value was in the stack's file: treat it as exposed")
 
 
 @functools.cache
@@ -258,11 +264,6 @@ def resolve() -> Registration:
 
 
 def _signs_with_ca_key(spec: stack_config.StackSpec) -> bool:
-    if stack_config.CA_KEY in config_keys() and not pulumi.runtime.is_config_secret(
-            pulumi.Config(CONFIG_NAMESPACE).full_key(stack_config.CA_KEY)):
-        raise ConfigError("llmgw", stack_config.CA_KEY, "is set in plain text: the CA key would be in the stack file",
-                          "`pulumi config rm llmgw:caKey`, then `pulumi config set --secret llmgw:caKey < ca-key.pem`, "
-                          "and treat the CA as exposed")
     return spec.signer is not None and spec.signer.kind == signer.KIND_CA_KEY
 
 
