@@ -18,7 +18,7 @@ from typing import Any
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from . import child_env, fleet, node_list, release, rollout, signer, stack_config, validate
+from . import child_env, fleet, node_list, operator_files, release, rollout, signer, stack_config, validate
 from .agent_settings import BinarySource
 from .call_stack import recorded_frames
 from .errors import ConfigError, LlmgwError
@@ -115,7 +115,22 @@ def ssh_credentials(spec: stack_config.StackSpec, secrets: dict[str, pulumi.Outp
         else:
             raise ConfigError("llmgw", "ssh.privateKeyPath", f"cannot read {path}: {reason}",
                               "point it at the operator's SSH private key, or set the llmgw:sshPrivateKey secret")
+    refuse_exposed("ssh.privateKeyPath", path, secret=True)
     return {**credentials, "private_key_path": str(path)}
+
+
+def refuse_exposed(field: str, path: str | os.PathLike[str], secret: bool) -> None:
+    """The SSH key file or the signer program, when another user can read (``secret``) or change it
+    (operator_files.exposed): a ConfigError before any node is reached; a preview, as where the key cannot be
+    read, only warns."""
+    found = operator_files.exposed(path, secret=secret)
+    if found is None:
+        return
+    problem, fix = found
+    if pulumi.runtime.is_dry_run():
+        pulumi.log.warn(f"llmgw: {field}: {problem}; `pulumi up` refuses it (fix: {fix})")
+    else:
+        raise ConfigError("llmgw", field, problem, fix)
 
 
 def agent_inputs(source: BinarySource, dry_run: bool | None = None) -> BinarySource:
@@ -292,6 +307,8 @@ def signer_inputs(given: stack_config.SignerConfig | None) -> dict[str, Any] | N
     if problems:
         name, problem, fix = problems[0]
         raise ConfigError("llmgw", name, problem, fix)
+    if given.command:
+        refuse_exposed("signer.command", given.command[0], secret=False)
     return inputs
 
 

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from . import child_env, slots
 from .errors import SignerError
+from .operator_files import exposed
 from .text import printable
 
 log = logging.getLogger(__name__)
@@ -198,6 +199,9 @@ class CommandSigner:
             raise SignerError(node, f"the signer {program} does not exist on this machine", FIX_PATH)
         if not os.access(program, os.X_OK):
             raise SignerError(node, f"the signer {program} is not executable by this user", FIX_PATH)
+        found = exposed(program, secret=False)
+        if found is not None:
+            raise SignerError(node, f"the signer program: {found[0]}", found[1])
 
     def sign(self, req: SigningRequest) -> str:
         node, program = req.node_id, self.argv[0]

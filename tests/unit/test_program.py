@@ -111,6 +111,7 @@ def test_up_exports_the_next_steps(stack_config: None, monkeypatch: pytest.Monke
 
     key = tmp_path / "id_ed25519"
     key.write_text("not read in this test")
+    key.chmod(0o600)  # a key others can read is refused (tests/unit/test_operator_files.py)
     exported: dict[str, object] = {}
     monkeypatch.setattr(pulumi, "export", lambda name, value: exported.__setitem__(name, value))
     pulumi.runtime.set_mocks(Mocks(), preview=False)
