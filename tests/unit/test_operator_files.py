@@ -164,3 +164,59 @@ def test_the_command_signer_checks_its_program_again_before_a_call(home: Path) -
     with pytest.raises(SignerError) as err:
         signer.CommandSigner((str(path),)).ready("gpu-01")
     assert err.value.node == "gpu-01" and str(path) in err.value.message and err.value.fix == f"chmod go-w {path}"
+
+
+# --------------------------------------------------------------------------- the command signer's slots
+
+
+@pytest.fixture
+def no_runtime_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No $XDG_RUNTIME_DIR; this user's cache directory in the test's directory; /tmp the test's own too."""
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    shared = tmp_path / "shared-tmp"
+    shared.mkdir(mode=0o1777)
+    shared.chmod(0o1777)
+    monkeypatch.setenv("TMPDIR", str(shared))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    return shared
+
+
+def test_the_slots_live_in_the_runtime_dir_where_there_is_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    runtime = tmp_path / "run-user"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    with signer.slot(("/usr/bin/sign",), 2):
+        assert signer.slot_dir() == runtime / "llmgw-signer"
+        assert len(list((runtime / "llmgw-signer").iterdir())) >= 1  # the lock file of the slot held
+    assert os.stat(runtime / "llmgw-signer").st_mode & 0o777 == 0o700
+
+
+def test_without_one_they_live_in_the_users_cache_not_in_tmp(no_runtime_dir: Path, tmp_path: Path) -> None:
+    # Another user made the name the slots had in /tmp: it is no longer used.
+    squatted = no_runtime_dir / f"llmgw-signer-{os.getuid()}"
+    squatted.mkdir()
+    os.chown(squatted, NOBODY, -1)
+    with signer.slot(("/usr/bin/sign",), 2):
+        pass
+    assert signer.slot_dir() == tmp_path / "cache" / "llmgw-pulumi" / "signer"
+    assert os.stat(signer.slot_dir()).st_mode & 0o777 == 0o700
+    assert list(squatted.iterdir()) == []
+
+
+@pytest.mark.parametrize("how", ["another user's", "a link", "open to others"])
+def test_a_squatted_slot_directory_is_an_error_naming_it(no_runtime_dir: Path, tmp_path: Path, how: str) -> None:
+    where = tmp_path / "cache" / "llmgw-pulumi" / "signer"
+    where.parent.mkdir(parents=True)
+    if how == "a link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        where.symlink_to(tmp_path / "elsewhere")
+    else:
+        where.mkdir(mode=0o700)
+        if how == "another user's":
+            os.chown(where, NOBODY, -1)
+        else:
+            where.chmod(0o777)
+    with pytest.raises(SignerError) as err, signer.slot(("/usr/bin/sign",), 2, node="gpu-01"):
+        pass
+    assert err.value.node == "gpu-01" and str(where) in err.value.message and str(where) in err.value.fix
