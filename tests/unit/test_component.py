@@ -71,6 +71,13 @@ def test_the_input_types_are_the_declared_ones_and_documented():
     assert {k for k, p in props.items() if not p.get("plain")} == {"address", "hostKey", *component.SECRETS}
 
 
+def test_the_secret_settings_are_secret_inputs_of_the_schema():
+    props = schema()["resources"]["llmgw:index:Node"]["inputProperties"]
+    secret = {key for key, prop in props.items() if prop.get("secret") is True}
+    assert secret == {"caKey", "sshPrivateKey", "sshKeyPassphrase", "caKeyPassphrase"}
+    assert all(props[key]["type"] == "string" for key in secret)
+
+
 def test_the_outputs_are_plain_values():
     node = schema()["resources"]["llmgw:index:Node"]
     outputs = node["properties"]
