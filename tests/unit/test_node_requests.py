@@ -24,12 +24,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import AttributeOID, NameOID
 
-from lab import pki as labpki
 from llmgw_pulumi import cert_policy, pki, sessions, signer, signing
 from llmgw_pulumi.errors import CertificateRequestError
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.remote import Result, Script
 from tests.fakenode import FakeNode, FakeNodes
+from tests.unit.test_providers_fake import pki_dir as pki_dir  # noqa: F401  (the fixture)
 
 NODE = "gpu-01"
 ADDR = "10.0.0.11"
@@ -145,12 +145,6 @@ def node(tmp_path: Path) -> Iterator[HostileNode]:
         yield fake
 
 
-@pytest.fixture
-def pki_dir(tmp_path: Path) -> Path:
-    labpki.init_ca(tmp_path / "pki")
-    return tmp_path / "pki"
-
-
 def counting_signer(tmp_path: Path, pki_dir: Path) -> tuple[Path, Path]:
     """A signer command that appends a line to a file for each call, then signs its stdin verbatim (subject and
     extensions as the request asks, plus LLMGW_EXTENSIONS): (the program, the file of calls)."""
@@ -176,7 +170,9 @@ def create(props: dict[str, Any]) -> dict[str, Any]:
     p = ClientCertificateProvider()
     res = p.check({}, props)
     assert res.failures == [], res.failures
-    return p.create(res.inputs).outs
+    outs = p.create(res.inputs).outs
+    assert outs is not None
+    return outs
 
 
 def node_props(pki_dir: Path, signer: dict[str, Any] | None = None) -> dict[str, Any]:
