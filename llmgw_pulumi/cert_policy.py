@@ -257,9 +257,16 @@ def request_problems(csr: x509.CertificateSigningRequest, node_id: str) -> list[
         digest = None
     if isinstance(digest, WEAK_HASHES):
         problems.append(f"it is signed with {digest.name}, which is broken")
-    elif not csr.is_signature_valid:
+    elif not _signed_by_its_key(csr):
         problems.append("it is not signed by its own key")
     return problems
+
+
+def _signed_by_its_key(csr: x509.CertificateSigningRequest) -> bool:
+    try:
+        return csr.is_signature_valid
+    except (ValueError, UnsupportedAlgorithm):  # a signature algorithm this library cannot check
+        return False
 
 
 REQUEST_FIX = ("have the node make a new request for CN=<node id> alone: `pulumi up --replace` on its "
