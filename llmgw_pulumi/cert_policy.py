@@ -3,10 +3,15 @@
 - ``key_problem``: only P-256, P-384, P-521, Ed25519 and RSA of at least
   ``MIN_RSA_BITS`` bits are signed for;
 - ``check_node_certificate``: a node certificate is signed by the cluster CA,
-  has CN = node id, the key asked for, BasicConstraints CA:FALSE (critical),
-  KeyUsage digitalSignature only (critical), ExtendedKeyUsage clientAuth only,
-  and is valid now and no longer than its CA (and than the validity asked);
-- ``requested_key``: the key of a node's CSR, signed for only when the policy allows it.
+  its subject is exactly CN = node id, it certifies the key asked for, carries
+  BasicConstraints CA:FALSE (critical), KeyUsage digitalSignature only
+  (critical), ExtendedKeyUsage clientAuth only, the key identifiers and no
+  other extension (no subjectAltName), and is valid now and no longer than
+  its CA (and than the validity asked);
+- ``request_problems`` / ``requested_key``: a node's CSR asks for exactly
+  that subject and nothing else (no extension or other attribute), is signed
+  by its own key with a hash that is not broken, for a key the policy allows;
+  a request that is not is refused before any signer sees it.
 
 llmgw_pulumi.pki issues and adopts certificates with it; a certificate another signer made is checked the same way.
 """
@@ -69,6 +74,11 @@ KNOWN_CRITICAL = (ExtensionOID.BASIC_CONSTRAINTS, ExtensionOID.KEY_USAGE, Extens
 """Extensions a node certificate may mark critical: a verifier must refuse a critical extension it does not know."""
 
 
+ALLOWED_EXTENSIONS = (*KNOWN_CRITICAL, ExtensionOID.SUBJECT_KEY_IDENTIFIER, ExtensionOID.AUTHORITY_KEY_IDENTIFIER)
+"""The only extensions a node certificate may carry: the three above, and the key identifiers that tie it to its
+key and its CA (what ``issue`` and llmgw_pulumi.signer's EXTENSIONS add). A subjectAltName or any other is refused."""
+
+
 WEAK_HASHES = (hashes.SHA1, hashes.MD5)
 
 
@@ -120,7 +130,26 @@ def _extension_problems(extensions: x509.Extensions) -> list[str]:
     unknown = [ext.oid.dotted_string for ext in extensions if ext.critical and ext.oid not in KNOWN_CRITICAL]
     if unknown:
         problems.append(f"it has critical extensions this policy does not know: {', '.join(unknown)}")
+    other = [extension_name(ext) for ext in extensions if ext.oid not in ALLOWED_EXTENSIONS]
+    if other:
+        problems.append(f"it has extensions a node certificate must not have: {', '.join(other)}")
     return problems
+
+
+def extension_name(ext: x509.Extension[x509.ExtensionType]) -> str:
+    """An extension by cryptography's name of its kind (SubjectAlternativeName), or by its OID when unknown."""
+    if isinstance(ext.value, x509.UnrecognizedExtension):
+        return ext.oid.dotted_string
+    return f"{type(ext.value).__name__} ({ext.oid.dotted_string})"
+
+
+def subject_problem(subject: x509.Name, node_id: str) -> str | None:
+    """None when ``subject`` is exactly CN=<node id> (one attribute); otherwise what it is instead."""
+    attributes = [attribute for rdn in subject.rdns for attribute in rdn]
+    if len(attributes) == 1 and attributes[0].oid == NameOID.COMMON_NAME and attributes[0].value == node_id:
+        return None
+    shown = subject.rfc4514_string() or "empty"
+    return f"its subject is {shown!r}, not exactly 'CN={node_id}'"
 
 
 def _validity_problems(cert: x509.Certificate, ca: x509.Certificate, now: dt.datetime,
@@ -145,11 +174,11 @@ def check_node_certificate(cert: x509.Certificate, ca: x509.Certificate, node_id
     """What is wrong with ``cert`` as the client certificate of ``node_id``: [] when nothing is.
 
     Pure: the policy of every node certificate, whoever signed it. It must be
-    signed by ``ca`` (ca.pem), name ``node_id`` as its only common name,
-    certify ``public_key`` (the key requested; None: any key) with a key the
+    signed by ``ca`` (ca.pem), have the subject CN=``node_id`` and nothing
+    else, certify ``public_key`` (the key requested; None: any key) with a key the
     policy allows (``key_problem``), carry BasicConstraints CA:FALSE
     (critical), KeyUsage digitalSignature only (critical) and
-    ExtendedKeyUsage clientAuth only, mark no other extension critical, use
+    ExtendedKeyUsage clientAuth only, no extension but ALLOWED_EXTENSIONS, use
     no SHA-1/MD5 signature, be valid at ``now`` (it may begin up to
     CLOCK_SKEW later: its signer's clock may be that far ahead) and end no
     later than its CA (and, with ``validity``, than ``now + validity +
@@ -172,6 +201,10 @@ def check_node_certificate(cert: x509.Certificate, ca: x509.Certificate, node_id
     names = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
     if names != [node_id]:
         problems.append(f"its common name is {', '.join(map(repr, names)) or 'missing'}, not {node_id!r}")
+    else:
+        extra = subject_problem(cert.subject, node_id)
+        if extra:
+            problems.append(extra)
     try:
         key: object = cert.public_key()
     except (ValueError, UnsupportedAlgorithm):
@@ -191,12 +224,62 @@ def check_node_certificate(cert: x509.Certificate, ca: x509.Certificate, node_id
     return problems + _validity_problems(cert, ca, now, validity)
 
 
-def requested_key(csr_pem: str, node_id: str) -> PublicKey:
-    """The public key of the CSR a node made for itself, once its signature proves the node holds the private key
-    and the policy allows its kind (``key_problem``).
+EXTENSION_REQUEST = x509.ObjectIdentifier("1.2.840.113549.1.9.14")
+"""PKCS#9 extensionRequest: the attribute that carries a request's extensions (named by ``request_problems`` as
+extensions)."""
 
-    Only the key is taken from the request: the certificate's subject, usage
-    and validity are the operator's (``issue``), whatever the request asks for.
+
+def request_problems(csr: x509.CertificateSigningRequest, node_id: str) -> list[str]:
+    """What is wrong with ``csr`` as the request of ``node_id``: [] when nothing is (its key is judged apart).
+
+    Pure. A request asks for the subject CN=<node id> and nothing else: no
+    other subject attribute, no extension (a subjectAltName, a usage) and no
+    other attribute; it is signed by its own key, with a hash that is not
+    broken. A signer that signs verbatim would otherwise issue what the node
+    asked for.
+    """
+    problems = []
+    extra = subject_problem(csr.subject, node_id)
+    if extra:
+        problems.append(extra)
+    try:
+        extensions = [extension_name(ext) for ext in csr.extensions]
+    except ValueError:
+        extensions = ["(extensions that cannot be parsed)"]
+    if extensions:
+        problems.append(f"it asks for extensions: {', '.join(extensions)}")
+    others = [attribute.oid.dotted_string for attribute in csr.attributes if attribute.oid != EXTENSION_REQUEST]
+    if others:
+        problems.append(f"it carries attributes: {', '.join(others)}")
+    try:
+        digest = csr.signature_hash_algorithm
+    except UnsupportedAlgorithm:
+        digest = None
+    if isinstance(digest, WEAK_HASHES):
+        problems.append(f"it is signed with {digest.name}, which is broken")
+    elif not _signed_by_its_key(csr):
+        problems.append("it is not signed by its own key")
+    return problems
+
+
+def _signed_by_its_key(csr: x509.CertificateSigningRequest) -> bool:
+    try:
+        return csr.is_signature_valid
+    except (ValueError, UnsupportedAlgorithm):  # a signature algorithm this library cannot check
+        return False
+
+
+REQUEST_FIX = ("have the node make a new request for CN=<node id> alone: `pulumi up --replace` on its "
+               "ClientCertificate runs node-key.sh again; if the node made this request itself, treat it as "
+               "compromised")
+
+
+def requested_key(csr_pem: str, node_id: str) -> PublicKey:
+    """The public key of the CSR a node made for itself, once the request meets the policy
+    (``request_problems``) and the policy allows its kind of key (``key_problem``).
+
+    Called before any signer sees the request: a request for anything else is
+    refused here (CertificateRequestError), so no signer ever signs it.
     """
     try:
         csr = x509.load_pem_x509_csr(csr_pem.encode())
@@ -206,8 +289,10 @@ def requested_key(csr_pem: str, node_id: str) -> PublicKey:
         key = csr.public_key()
     except (ValueError, UnsupportedAlgorithm):  # cryptography raises ValueError for a key type it does not know
         raise CertificateRequestError(node_id, "the node's key is of a kind this policy does not know", KEY_FIX) from None
-    if not csr.is_signature_valid:
-        raise CertificateRequestError(node_id, "the node's certificate signing request is not signed by its own key")
+    problems = request_problems(csr, node_id)
+    if problems:
+        raise CertificateRequestError(node_id, "the node's certificate signing request is refused: "
+                                      + "; ".join(problems), REQUEST_FIX)
     refuse_weak(key, node_id, "the node's key")
     return key  # type: ignore[return-value]
 

@@ -221,7 +221,8 @@ def input_type() -> type:
 
 def schema_descriptions(schema: dict[str, Any]) -> dict[str, Any]:
     """The package schema with each input property documented from its declaration (the analyzer reads
-    docs from source, which generated types do not have)."""
+    docs from source, which generated types do not have), and the secret settings (``SECRETS``) marked
+    ``secret``: the analyzer has no way to say so, and an SDK then keeps them secret wherever they are given."""
     def walk(props: dict[str, Any], settings: Sequence[Declared]) -> None:
         by_key = {d.key: d for d in settings}
         for key, prop in props.items():
@@ -237,5 +238,9 @@ def schema_descriptions(schema: dict[str, Any]) -> dict[str, Any]:
                     walk(target.get("properties", {}), d.children)
 
     for resource in schema.get("resources", {}).values():
-        walk(resource.get("inputProperties", {}), declared_settings())
+        inputs = resource.get("inputProperties", {})
+        walk(inputs, declared_settings())
+        for key in SECRETS:
+            if key in inputs:
+                inputs[key]["secret"] = True
     return schema

@@ -18,7 +18,7 @@ from typing import Any
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from . import child_env, fleet, node_list, release, rollout, signer, stack_config, validate
+from . import child_env, fleet, node_list, operator_files, release, rollout, signer, stack_config, validate
 from .agent_settings import BinarySource
 from .boundary import pulumi_errors
 from .call_stack import recorded_frames
@@ -44,17 +44,16 @@ def config_keys(namespace: str = CONFIG_NAMESPACE) -> list[str]:
 
 
 def _read_config() -> tuple[dict[str, Any], list[str], dict[str, pulumi.Output[str]]]:
-    """(the llmgw:* values but secrets, the names of other secret keys, the secrets read: the SSH key, its passphrase,
-    the CA key's passphrase). The CA key's passphrase must be held as a secret: in plain text it would sit in the
-    stack's config file."""
+    """(the llmgw:* values but secrets, the names of other secret keys, the secrets read: stack_config.SECRET_KEYS,
+    the SSH key and its passphrase, the CA key and its passphrase). Each of them must be held as a secret: in plain
+    text it would sit in the stack's config file (``plain_text_secret``)."""
     cfg = pulumi.Config(CONFIG_NAMESPACE)
     raw: dict[str, Any] = {}
     secret_names: list[str] = []
     for key in config_keys():
-        if key == stack_config.CA_PASSPHRASE_KEY and not pulumi.runtime.is_config_secret(cfg.full_key(key)):
-            raise ConfigError("llmgw", key, "is set in plain text, in the stack's config file",
-                              f"set it again as a secret: `pulumi config set --secret llmgw:{key}`")
         if key in stack_config.SECRET_KEYS:
+            if not pulumi.runtime.is_config_secret(cfg.full_key(key)):
+                raise plain_text_secret(key)
             continue
         if pulumi.runtime.is_config_secret(cfg.full_key(key)):
             secret_names.append(key)  # never read: its value must not reach a message
@@ -68,6 +67,13 @@ def _read_config() -> tuple[dict[str, Any], list[str], dict[str, pulumi.Output[s
             raw[key] = value
     secrets = {key: value for key in stack_config.SECRET_KEYS if (value := cfg.get_secret(key)) is not None}
     return raw, secret_names, secrets
+
+
+def plain_text_secret(key: str) -> ConfigError:
+    """The refusal of a setting of stack_config.SECRET_KEYS given in plain text (never quoting its value)."""
+    return ConfigError("llmgw", key, "is set in plain text, in the stack's config file",
+                       f"set it again as a secret: `pulumi config rm llmgw:{key}`, then `pulumi config set --secret "
+                       f"llmgw:{key}` (a key file: `... < file`); its value was in the stack's file: treat it as exposed")
 
 
 @functools.cache
@@ -110,7 +116,22 @@ def ssh_credentials(spec: stack_config.StackSpec, secrets: dict[str, pulumi.Outp
         else:
             raise ConfigError("llmgw", "ssh.privateKeyPath", f"cannot read {path}: {reason}",
                               "point it at the operator's SSH private key, or set the llmgw:sshPrivateKey secret")
+    refuse_exposed("ssh.privateKeyPath", path, secret=True)
     return {**credentials, "private_key_path": str(path)}
+
+
+def refuse_exposed(field: str, path: str | os.PathLike[str], secret: bool) -> None:
+    """The SSH key file or the signer program, when another user can read (``secret``) or change it
+    (operator_files.exposed): a ConfigError before any node is reached; a preview, as where the key cannot be
+    read, only warns."""
+    found = operator_files.exposed(path, secret=secret)
+    if found is None:
+        return
+    problem, fix = found
+    if pulumi.runtime.is_dry_run():
+        pulumi.log.warn(f"llmgw: {field}: {problem}; `pulumi up` refuses it (fix: {fix})")
+    else:
+        raise ConfigError("llmgw", field, problem, fix)
 
 
 def agent_inputs(source: BinarySource, dry_run: bool | None = None) -> BinarySource:
@@ -260,11 +281,6 @@ def resolve() -> Registration:
 
 
 def _signs_with_ca_key(spec: stack_config.StackSpec) -> bool:
-    if stack_config.CA_KEY in config_keys() and not pulumi.runtime.is_config_secret(
-            pulumi.Config(CONFIG_NAMESPACE).full_key(stack_config.CA_KEY)):
-        raise ConfigError("llmgw", stack_config.CA_KEY, "is set in plain text: the CA key would be in the stack file",
-                          "`pulumi config rm llmgw:caKey`, then `pulumi config set --secret llmgw:caKey < ca-key.pem`, "
-                          "and treat the CA as exposed")
     return spec.signer is not None and spec.signer.kind == signer.KIND_CA_KEY
 
 
@@ -293,6 +309,8 @@ def signer_inputs(given: stack_config.SignerConfig | None) -> dict[str, Any] | N
     if problems:
         name, problem, fix = problems[0]
         raise ConfigError("llmgw", name, problem, fix)
+    if given.command:
+        refuse_exposed("signer.command", given.command[0], secret=False)
     return inputs
 
 

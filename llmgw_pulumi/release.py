@@ -119,14 +119,17 @@ def _opener(ca_file: str | None) -> urllib.request.OpenerDirector:
     return urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), _HttpsOnly())
 
 
-def _download(url: str, ca_file: str | None, out: IO[bytes], limit: int, deadline: float) -> None:
-    """Stream ``url`` (https only) into ``out``; ReleaseFetchError when it fails, stalls or is too big."""
+def _download(url: str, ca_file: str | None, out: IO[bytes], limit: int, deadline: float) -> str:
+    """Stream ``url`` (https only) into ``out``, chunk by chunk, and return the sha256 (hex) of what was written,
+    computed on the way: the body is never held whole in memory. ReleaseFetchError when it fails, stalls or is
+    too big."""
     if not url.lower().startswith("https://"):
         raise ReleaseFetchError(WHO, f"refusing to download {url}: not https", "serve releases over https")
     fix = ("check agent.releaseUrl and that this machine reaches it and trusts its certificate "
            "(agent.releaseCa for a private CA); no node was changed")
     end = time.monotonic() + deadline
     size = 0
+    digest = hashlib.sha256()
     try:
         with _opener(ca_file).open(url, timeout=STALL_SECONDS) as response:
             while chunk := response.read(1 << 16):
@@ -136,12 +139,14 @@ def _download(url: str, ca_file: str | None, out: IO[bytes], limit: int, deadlin
                 if time.monotonic() > end:
                     raise ReleaseFetchError(WHO, f"cannot download {url}: not done after {deadline:g}s", fix)
                 out.write(chunk)
+                digest.update(chunk)
     except urllib.error.HTTPError as exc:
         raise ReleaseFetchError(WHO, f"cannot download {url}: HTTP {exc.code}", fix) from None
     except urllib.error.URLError as exc:
         raise ReleaseFetchError(WHO, f"cannot download {url}: {_shown(str(exc.reason), 200)}", fix) from None
     except (OSError, ssl.SSLError) as exc:
         raise ReleaseFetchError(WHO, f"cannot download {url}: {_shown(str(exc), 200)}", fix) from None
+    return digest.hexdigest()
 
 
 def https_get(url: str, ca_file: str | None, limit: int = MAX_CHECKSUMS_BYTES,
@@ -194,34 +199,50 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def fetch_binary(release: Release, arch: str, digest: str, directory: Path | None = None) -> bytes:
-    """The bytes of ``release``'s binary for ``arch``, whose sha256 must be ``digest``.
+def file_sha256(path: Path) -> str | None:
+    """The sha256 (hex) of the file at ``path``, read a chunk at a time; None when it cannot be read."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def fetch_binary_file(release: Release, arch: str, digest: str, directory: Path | None = None) -> Path:
+    """The file of ``release``'s binary for ``arch`` in the cache, once its sha256 is seen to be ``digest``.
 
     Downloaded here once per architecture (the provider processes share the
     cache, one download at a time per digest, under a lock), kept under its
-    digest. What the cache holds is hashed again each time it is read, so a file
-    put there by anything else is never pushed.
+    digest; streamed to disk and hashed on the way, never held whole in memory.
+    What the cache holds is hashed again each time it is used, so a file put
+    there by anything else is never pushed.
     """
     where = directory or cache_dir()
     where.mkdir(parents=True, exist_ok=True, mode=0o700)
     cached = where / digest
     with _locked(where / f"{digest}.lock"):
-        with contextlib.suppress(OSError):
-            data = cached.read_bytes()
-            if hashlib.sha256(data).hexdigest() == digest:
-                return data
+        if file_sha256(cached) == digest:
+            return cached
         url = f"{release.base}/{binary_name(release.tag, arch)}"
         with tempfile.NamedTemporaryFile(dir=where, prefix=f".{digest}.", delete=False) as out:
             try:
-                _download(url, release.ca_file, out, MAX_BINARY_BYTES, BINARY_DEADLINE)
+                got = _download(url, release.ca_file, out, MAX_BINARY_BYTES, BINARY_DEADLINE)
             except BaseException:
                 os.unlink(out.name)
                 raise
-        data = Path(out.name).read_bytes()
-        got = hashlib.sha256(data).hexdigest()
         if got != digest:
             os.unlink(out.name)
             raise ChecksumMismatchError(WHO, f"{url} has sha256 {got}, but {digest} was approved ({release.how}); "
                                         "nothing was pushed to any node")
         os.replace(out.name, cached)
-        return data
+        return cached
+
+
+def fetch_binary(release: Release, arch: str, digest: str, directory: Path | None = None) -> bytes:
+    """The bytes of ``release``'s binary for ``arch`` (``fetch_binary_file``), for a push: read from the
+    verified file only once the download is done and checked."""
+    return fetch_binary_file(release, arch, digest, directory).read_bytes()
+

@@ -29,8 +29,8 @@ import datetime as dt
 import hashlib
 import logging
 import os
+import stat
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -38,6 +38,7 @@ from pathlib import Path
 
 from . import child_env, slots
 from .errors import SignerError
+from .operator_files import exposed
 from .signer_interface import CLOCK_SKEW as CLOCK_SKEW
 from .signer_interface import DEFAULT_MAX_PARALLEL as DEFAULT_MAX_PARALLEL
 from .signer_interface import DEFAULT_TIMEOUT_SECONDS as DEFAULT_TIMEOUT_SECONDS
@@ -93,12 +94,15 @@ class CommandSigner:
             raise SignerError(node, f"the signer {program} does not exist on this machine", FIX_PATH)
         if not os.access(program, os.X_OK):
             raise SignerError(node, f"the signer {program} is not executable by this user", FIX_PATH)
+        found = exposed(program, secret=False)
+        if found is not None:
+            raise SignerError(node, f"the signer program: {found[0]}", found[1])
 
     def sign(self, req: SigningRequest) -> str:
         node, program = req.node_id, self.argv[0]
         self.ready(node)
         env = child_env.for_child(req.environment(dt.datetime.now(dt.UTC)))
-        with slot(self.argv, self.max_parallel):
+        with slot(self.argv, self.max_parallel, node=node):
             try:
                 done = subprocess.run(list(self.argv), input=req.csr_pem, capture_output=True, text=True, env=env,
                                       timeout=self.timeout_seconds, check=False, close_fds=True)
@@ -128,14 +132,37 @@ def _quoted(stderr: str) -> str:
     return text if len(text) <= STDERR_SHOWN else text[:STDERR_SHOWN] + " [...]"
 
 
+def slot_dir(node: str = "") -> Path:
+    """Where this user's signer slots are: ``$XDG_RUNTIME_DIR/llmgw-signer`` where it is set (a directory only
+    this user may create in), else ``llmgw-pulumi/signer`` in this user's cache directory (``$XDG_CACHE_HOME``,
+    or ``~/.cache``); never a predictable name in a directory every user may write (/tmp), where another user
+    could create it first. Made 0700; one that exists must be this user's directory, not a link, private to it."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        base = Path(runtime) / "llmgw-signer"
+    else:
+        cache = os.environ.get("XDG_CACHE_HOME")
+        base = Path(cache if cache and os.path.isabs(cache) else os.path.join(os.path.expanduser("~"), ".cache"))
+        base = base / "llmgw-pulumi" / "signer"
+    try:
+        base.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        base.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(base)
+    except OSError as exc:
+        raise SignerError(node, f"cannot make the signer's slot directory {base} ({exc.strerror})",
+                          "check that this user may write its cache directory ($XDG_CACHE_HOME or ~/.cache)") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise SignerError(node, f"the signer's slot directory {base} is not a directory private to this user "
+                          f"(a link, another user's, or open to others)",
+                          f"remove {base} (it is remade, 0700), and find out who made it")
+    return base
+
+
 @contextlib.contextmanager
-def slot(argv: Sequence[str], bound: int, poll: float = 0.05) -> Iterator[None]:
+def slot(argv: Sequence[str], bound: int, poll: float = 0.05, node: str = "") -> Iterator[None]:
     """Hold one of ``bound`` slots for this signer, across every process of this user on this machine
-    (flock on lock files in a private directory)."""
+    (flock on lock files in a private directory: ``slot_dir``)."""
     key = hashlib.sha256("\0".join(argv).encode()).hexdigest()[:16]
-    base = Path(tempfile.gettempdir()) / f"llmgw-signer-{os.getuid()}"
-    base.mkdir(mode=0o700, exist_ok=True)
-    if base.is_symlink() or base.stat().st_uid != os.getuid() or base.stat().st_mode & 0o077:
-        raise SignerError("", f"{base} is not a directory private to this user", f"remove {base}; it is remade")
+    base = slot_dir(node)
     with slots.one_of([base / f"{key}.{i}" for i in range(bound)], lambda: time.sleep(poll)):
         yield

@@ -21,6 +21,11 @@ CONNECT_TIMEOUT = 10.0
 """Seconds for one TCP connect and for the SSH banner and key exchange (like ssh -o ConnectTimeout=10)."""
 
 
+OUTPUT_LIMIT = 16 << 20
+"""The most a command may print on stdout, and on stderr, in bytes (16 MiB): the package's scripts print far less,
+so a node that prints more is refused, rather than held in memory without end."""
+
+
 CLOUD_INIT_WAIT = """command -v cloud-init >/dev/null 2>&1 || exit 0
 case "$(cloud-init status 2>/dev/null)" in *running*|*"not started"*|*"not run"*) ;; *) exit 0 ;; esac
 echo waited
@@ -67,6 +72,13 @@ class Session:
                                      "run `pulumi up` again; onboarding resumes where the node is", connection_broke=True) from exc
         chan.settimeout(timeout)  # an inactivity timeout: no output for this long
         out, err = bytearray(), bytearray()
+        too_much: list[str] = []
+
+        def drain_stderr() -> None:
+            if not _drain(chan.recv_stderr, err, True):
+                too_much.append("stderr")
+                chan.close()  # the command is stopped; the reader of stdout sees its end
+
         try:
             chan.exec_command(command)
             # stdin is fed, and stderr drained, by helper threads while this one
@@ -74,14 +86,22 @@ class Session:
             # output window.
             helpers = [
                 threading.Thread(target=_feed, args=(chan, stdin), daemon=True),
-                threading.Thread(target=_drain, args=(chan.recv_stderr, err, True), daemon=True),
+                threading.Thread(target=drain_stderr, daemon=True),
             ]
             for t in helpers:
                 t.start()
-            _drain(chan.recv, out)
+            if not _drain(chan.recv, out):
+                too_much.append("stdout")
+                chan.close()
             rc = chan.recv_exit_status()
             for t in helpers:
                 t.join(timeout=5)
+            if too_much:
+                raise RemoteCommandError(
+                    self.node, f"a command on {self.conn.target} printed more than {OUTPUT_LIMIT >> 20} MiB on "
+                    f"{too_much[0]}; it was stopped and its output dropped",
+                    "the package's scripts print far less: check what the login shell and the profile scripts of "
+                    f"{self.conn.user} print on the node, then run `pulumi up` again")
         except TimeoutError:
             raise RemoteCommandError(self.node, f"a command on {self.conn.target} printed nothing for {timeout:.0f}s",
                                      "check the node's load and disk; run `pulumi up` again") from None
@@ -135,14 +155,18 @@ class Session:
         return self._exec(script.command(self.sudo), script.stdin, timeout)
 
 
-def _drain(recv: Callable[[int], bytes], buf: bytearray, quiet: bool = False) -> None:
-    """Append everything ``recv`` returns to ``buf`` until EOF. ``quiet``: a helper thread, whose errors the reader reports."""
+def _drain(recv: Callable[[int], bytes], buf: bytearray, quiet: bool = False) -> bool:
+    """Append everything ``recv`` returns to ``buf`` until EOF; False, and no more read, once that would pass
+    ``OUTPUT_LIMIT``. ``quiet``: a helper thread, whose errors the reader reports."""
     try:
         while chunk := recv(65536):
+            if len(buf) + len(chunk) > OUTPUT_LIMIT:
+                return False
             buf += chunk
     except (OSError, paramiko.SSHException, EOFError):  # socket.timeout is an OSError
         if not quiet:
             raise
+    return True
 
 
 def _feed(chan: paramiko.Channel, data: bytes) -> None:

@@ -21,7 +21,8 @@ How it is signed is the stack's ``llmgw:signer`` (llmgw_pulumi.signer): the CA k
 issue time (the default), the CA key as the ``llmgw:caKey`` secret, or an external signer command. The CA key
 never enters state: the caKey secret arrives as the secret input ``ca_key``, which ``check`` takes out of the
 inputs the engine records and keeps in this provider process's memory for the create or update that follows.
-Whatever signed it, the certificate is checked against the request before it is used (``pki.accept_signed``).
+A node's request is checked before any signer sees it (``Signing.sign``: ``pki.requested_key``), and whatever
+signed it, the certificate is checked against the request before it is used (``pki.accept_signed``).
 How it is signed is not a change to the node: a second checkout that signs another way (a CI runner with the
 signer command and no PKI dir) shows nothing to change.
 
@@ -303,9 +304,14 @@ class Signing:
     now: dt.datetime
 
     def sign(self, spec: CertificateSpec, csr_pem: str) -> Any:
-        """The certificate for ``csr_pem`` (``pki.IssuedCertificate``), checked against what was asked."""
+        """The certificate for ``csr_pem`` (``pki.IssuedCertificate``), checked against what was asked.
+
+        The request is checked first (``pki.requested_key``: CN=<node id> alone, no extension, signed by its own
+        strong key): one that asks for anything else never reaches the signer, whichever it is (a command signer
+        may sign what it is given verbatim)."""
         from .. import pki, signer
 
+        pki.requested_key(csr_pem, spec.node_id)
         req = signer.request(spec.node_id, csr_pem, dt.timedelta(hours=spec.validity_hours), self.now,
                              self.ca.not_valid_after_utc)
         return pki.accept_signed(self.ca, self.signer.sign(req), req, _now())
@@ -341,8 +347,8 @@ def _issue_for_node_key(spec: CertificateSpec, how: Signing,
             res = s.run(remote.make_node_key(spec.node_id))
             _glue.raise_for(res, spec.node_id, f"making the node's key pair on {spec.connection.host}")
             csr = base64.b64decode(facts.key_values(res.stdout).get("csr", "")).decode(errors="replace")
-            pki.requested_key(csr, spec.node_id)  # a request the node really signed, for a strong enough key
-            # A signer that fails leaves the new key pending on the node, unused: the next attempt replaces it.
+            # how.sign refuses a request for anything but CN=<node id> before any signer sees it. A signer that
+            # fails leaves the new key pending on the node, unused: the next attempt replaces it.
             issued = how.sign(spec, csr)
         return issued, {"adopted": adopted is not None, "host_key": s.host_key, "jump_host_keys": s.jump_host_keys,
                         "node_key": NODE_KEY_HELD}

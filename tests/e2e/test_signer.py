@@ -15,6 +15,7 @@ the operator's side fails, on ca-key.pem).
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import time
 from pathlib import Path
@@ -282,3 +283,41 @@ def test_a_signer_that_fails_changes_nothing_on_the_node_and_the_next_up_recover
     assert h.read_file("/etc/llmgw/agent.pem") != held["/etc/llmgw/agent.pem"]
     assert h.read_file("/etc/llmgw/agent-key.pending.pem") is None, "a pending key was left behind"
     assert wait_until(lambda: h.hostname in planes.plane.connected(), 20)
+
+
+OPENSSL_ASKING_MORE = """#!/bin/sh
+# The node's openssl, but every request it makes also asks for another node's name.
+if [ "$1" = req ]; then exec /usr/bin/openssl "$@" -addext subjectAltName=DNS:gpu-other; fi
+exec /usr/bin/openssl "$@"
+"""
+
+
+def test_a_node_request_for_more_than_its_name_reaches_no_signer(cluster, hosts, new_stack, tmp_path):
+    """A node whose key-making asks for a SAN too (its openssl replaced): `pulumi up` refuses the request, naming
+    the node and the SAN, and the command signer, which counts its calls, is never run. The control: the same node
+    with its own openssl again reaches the signer once."""
+    (h,) = hosts(1)
+    rc, out = ssh(h, cluster, "command -v openssl && test -x /usr/bin/openssl")
+    assert rc == 0 and out.strip() != "/usr/local/bin/openssl", out
+    rc, out = ssh(h, cluster, f"printf '%s' {shlex.quote(OPENSSL_ASKING_MORE)} | sudo tee /usr/local/bin/openssl "
+                              ">/dev/null && sudo chmod 0755 /usr/local/bin/openssl && sudo sh -c 'command -v openssl'")
+    assert rc == 0 and out.strip() == "/usr/local/bin/openssl", out  # what the node's scripts run as root
+    calls = tmp_path / "signer-calls"
+    signer = tmp_path / "counting-signer.sh"
+    signer.write_text(f"#!/bin/sh\necho call >> {calls}\necho 'the counting signer signs nothing' >&2\nexit 1\n")
+    signer.chmod(0o700)
+    config = stack_config(cluster, [h], signer={"kind": "command", "ca": str(cluster.pki_dir / "ca.pem"),
+                                                "command": [str(signer)]})
+    del config["pkiDir"]
+    stack = new_stack(config)
+    up = stack.up()
+    assert not up.ok
+    assert "certificate signing request is refused" in up.output and "SubjectAlternativeName" in up.output, up.output
+    assert h.hostname in up.output
+    assert not calls.exists(), "the signer was run"
+
+    rc, out = ssh(h, cluster, "sudo rm /usr/local/bin/openssl")
+    assert rc == 0, out
+    again = stack.up()
+    assert not again.ok and "the counting signer signs nothing" in again.output, again.output
+    assert calls.read_text().splitlines() == ["call"]

@@ -13,7 +13,7 @@ import pulumi
 import pytest
 from google.protobuf import json_format
 
-from llmgw_pulumi import program
+from llmgw_pulumi import program, stack_config
 from llmgw_pulumi.errors import ConfigError
 from tests.unit.test_node import Mocks, RecordingMonitor
 
@@ -74,13 +74,37 @@ def test_without_a_passphrase_the_input_is_absent_as_before(monitor: Any) -> Any
     return nodes["gpu-01"].engine_check.urn.apply(check)
 
 
-def test_a_passphrase_in_plain_text_is_refused_unread(monitor: Any) -> None:
-    pulumi.runtime.set_all_config({**STACK, "llmgw:caKeyPassphrase": PASSPHRASE}, ["llmgw:sshPrivateKey"])
+PLAIN = {"caKeyPassphrase": PASSPHRASE, "sshKeyPassphrase": PASSPHRASE, "caKey": "-----BEGIN PRIVATE KEY-----\nC\n",
+         "sshPrivateKey": STACK["llmgw:sshPrivateKey"]}
+"""A value for each of stack_config.SECRET_KEYS, as an operator might set it without --secret."""
+
+
+def test_every_secret_setting_has_a_plain_text_case() -> None:
+    assert set(PLAIN) == set(stack_config.SECRET_KEYS)
+
+
+@pytest.mark.parametrize("key", PLAIN)
+def test_a_secret_setting_in_plain_text_is_refused_unread(monitor: Any, key: str) -> None:
+    secrets = [f"llmgw:{k}" for k in ("sshPrivateKey",) if k != key]
+    config = {**STACK, f"llmgw:{key}": PLAIN[key]}
+    if key == "caKey":
+        config["llmgw:signer"] = json.dumps({"kind": "caKey", "ca": "-----BEGIN CERTIFICATE-----\nX\n"})
+    pulumi.runtime.set_all_config(config, secrets)
     with pytest.raises(ConfigError) as err:
         program.resolve()
-    assert str(err.value) == ("llmgw: caKeyPassphrase: is set in plain text, in the stack's config file\n"
-                              "  fix: set it again as a secret: `pulumi config set --secret llmgw:caKeyPassphrase`")
+    assert err.value.field == key
+    assert f"pulumi config set --secret llmgw:{key}" in err.value.fix
+    assert PLAIN[key] not in str(err.value)
     assert monitor.requests == []
+
+
+def test_the_same_settings_held_as_secrets_are_read(monitor: Any) -> None:
+    """The positive control: each of them, set with --secret, is read and not refused."""
+    pulumi.runtime.set_all_config({**STACK, "llmgw:caKeyPassphrase": PASSPHRASE, "llmgw:sshKeyPassphrase": PASSPHRASE},
+                                  ["llmgw:sshPrivateKey", "llmgw:caKeyPassphrase", "llmgw:sshKeyPassphrase"])
+    registration = program.resolve()
+    assert {"private_key", "passphrase"} <= set(registration.credentials)
+    assert registration.ca_key_passphrase is not None
 
 
 @pulumi.runtime.test

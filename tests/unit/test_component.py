@@ -71,6 +71,13 @@ def test_the_input_types_are_the_declared_ones_and_documented():
     assert {k for k, p in props.items() if not p.get("plain")} == {"address", "hostKey", *component.SECRETS}
 
 
+def test_the_secret_settings_are_secret_inputs_of_the_schema():
+    props = schema()["resources"]["llmgw:index:Node"]["inputProperties"]
+    secret = {key for key, prop in props.items() if prop.get("secret") is True}
+    assert secret == {"caKey", "sshPrivateKey", "sshKeyPassphrase", "caKeyPassphrase"}
+    assert all(props[key]["type"] == "string" for key in secret)
+
+
 def test_the_outputs_are_plain_values():
     node = schema()["resources"]["llmgw:index:Node"]
     outputs = node["properties"]
@@ -133,9 +140,12 @@ def test_the_python_the_plugin_would_run_is_checked():
 
 
 @pulumi.runtime.test
-def test_the_vm_options_and_the_shard_reach_the_four_resources(monitor: RecordingMonitor):  # noqa: F811
+def test_the_vm_options_and_the_shard_reach_the_four_resources(monitor: RecordingMonitor, tmp_path):  # noqa: F811
     vm = pulumi.CustomResource("command:local:Command", "vm", {"stdout": None})
-    good = {**GOOD, "ssh": {**GOOD["ssh"], "privateKeyPath": __file__}}  # readable; read only when a node is reached
+    key = tmp_path / "id_ed25519"
+    key.write_text("read only when a node is reached")
+    key.chmod(0o600)  # a key others can read is refused (tests/unit/test_operator_files.py)
+    good = {**GOOD, "ssh": {**GOOD["ssh"], "privateKeyPath": str(key)}}
     node = component.Node("gpu-01", {**good, "address": vm.urn.apply(lambda _: "10.0.0.30")},
                           pulumi.ResourceOptions(depends_on=[vm], replace_with=[vm]))
     other = component.Node("gpu-02", {**good, "nodeId": "gpu-02", "address": "10.0.0.12"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 
@@ -26,6 +27,13 @@ NEXT_STEPS_FOR_TWO = {
     "refused": "an agent whose node id differs from its certificate's CN, by design "
                "(each certificate issued here has CN = its node id)",
 }
+
+
+@pytest.fixture(autouse=True)
+def an_event_loop() -> None:
+    """The program makes secret outputs, which need the main thread's event loop: a test run before these that
+    ended with ``asyncio.run`` (tests/unit/test_diagnostics.py) leaves it unset."""
+    asyncio.set_event_loop(asyncio.new_event_loop())
 
 
 @pytest.fixture
@@ -119,6 +127,7 @@ def test_up_exports_the_next_steps(stack_config: None, monkeypatch: pytest.Monke
 
     key = tmp_path / "id_ed25519"
     key.write_text("not read in this test")
+    key.chmod(0o600)  # a key others can read is refused (tests/unit/test_operator_files.py)
     exported: dict[str, object] = {}
     monkeypatch.setattr(pulumi, "export", lambda name, value: exported.__setitem__(name, value))
     pulumi.runtime.set_mocks(Mocks(), preview=False)

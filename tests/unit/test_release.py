@@ -166,9 +166,10 @@ def test_fetch_operator_downloads_once_per_digest_and_refuses_other_bytes(monkey
     served = {"bytes": b"the release"}
     calls: list[str] = []
 
-    def download(url: str, _ca: str | None, out: Any, _limit: int, _deadline: float) -> None:
+    def download(url: str, _ca: str | None, out: Any, _limit: int, _deadline: float) -> str:
         calls.append(url)
         out.write(served["bytes"])
+        return sha(served["bytes"])  # what _download returns: the sha256 of what it wrote
 
     monkeypatch.setattr(release, "_download", download)
     source = release.Release("https://r.example", TAG)

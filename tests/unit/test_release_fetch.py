@@ -296,3 +296,41 @@ PIN_FIX = "give each architecture's sha256 as `sha256sum` prints it, e.g. {amd64
 def test_a_bad_pin_says_what_is_wrong_with_it(pins: object, problem: str) -> None:
     assert release.digests_problem(pins) == (problem, PIN_FIX)
     assert release.digests_problem({"amd64": "A" * 64, "arm64": "b" * 64}) is None
+
+
+def test_a_release_is_streamed_to_disk_and_hashed_on_the_way(server: tuple[str, str, Path], tmp_path: Path) -> None:
+    """16 MiB served over https on loopback: the file in the cache is the body, its digest is checked, and the
+    Python heap never held more than a small part of it (tracemalloc's peak), downloading or reusing the cache."""
+    import tracemalloc
+
+    url, ca, root = server
+    body = os.urandom(16 << 20)
+    (root / TAG / f"llmgw-{TAG}-linux-huge").write_bytes(body)
+    source = release.Release(url, TAG, ca_file=ca)
+    for attempt in ("download", "cache"):
+        tracemalloc.start()
+        try:
+            path = release.fetch_binary_file(source, "huge", sha(body), tmp_path)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert path == tmp_path / sha(body) and path.read_bytes() == body, attempt
+        assert peak < 4 << 20, (attempt, peak)
+    del body
+    # The control of the bound above: reading the file whole, as before, peaks past it.
+    tracemalloc.start()
+    try:
+        assert release.fetch_binary(source, "huge", sha(path.read_bytes()), tmp_path)
+        assert tracemalloc.get_traced_memory()[1] >= 16 << 20
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_download_returns_the_digest_of_what_it_wrote(server: tuple[str, str, Path]) -> None:
+    import io
+
+    url, ca, root = server
+    out = io.BytesIO()
+    got = release._download(f"{url}/{TAG}/checksums.txt", ca, out, 1 << 20, 30)
+    assert out.getvalue() == (root / TAG / "checksums.txt").read_bytes()
+    assert got == hashlib.sha256(out.getvalue()).hexdigest()

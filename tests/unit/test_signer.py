@@ -39,7 +39,7 @@ def token(tmp_path_factory: pytest.TempPathFactory) -> Token:
 def node_request(node: str = "gpu-01", validity: dt.timedelta = DAY,
                  ca_end: dt.datetime = NOW + 3650 * DAY) -> tuple[signer.SigningRequest, ec.EllipticCurvePrivateKey]:
     key = ec.generate_private_key(ec.SECP256R1())
-    csr = (x509.CertificateSigningRequestBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "x")]))
+    csr = (x509.CertificateSigningRequestBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node)]))
            .sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM).decode())
     return signer.request(node, csr, validity, NOW, ca_end), key
 
