@@ -193,3 +193,31 @@ def test_the_policy_verdict_is_the_cli_s_policies_block_folded_and_escaped():
     passed = POLICY_RUN.replace("\u274c", "\u2705").replace("[mandatory]", "[advisory]")
     assert review.policy_verdict(passed).startswith("**Policies: no mandatory rule is violated** (1 violations)")
     assert "printed no verdict" in review.policy_verdict("error: could not load the policy pack")
+
+
+# --------------------------------------------------------------------------- restarts inside and outside a rollout
+
+
+def test_a_node_that_restarts_both_under_and_outside_the_rollout_is_listed_outside_it():
+    # A new certificate (NodeIdentity's update) restarts the agent whatever the rollout says: a node whose
+    # AgentInstall also restarts under the rollout is not held back by it, so it is listed without a rollout.
+    rollout = {"max_parallel": 1, "canary": False}
+    both = review.NodeReview("gpu-02", restart_gated=True, restart_ungated=True, rollout={**rollout, "canary": True})
+    gated = review.NodeReview("gpu-01", restart_gated=True, rollout=rollout)
+    ungated = review.NodeReview("gpu-03", restart_ungated=True)
+    fleet = review.FleetReview({r.node: r for r in (both, gated, ungated)})
+    assert fleet.restart_order() == ([], ["gpu-01"], ["gpu-02", "gpu-03"], 1)
+    summary = review.markdown(fleet)
+    assert "**Agents that will restart: 3**" in summary  # the two outside the rollout count too
+    assert "1. then, in any order: `gpu-01`" in summary and "**without a rollout** (2): `gpu-02`, `gpu-03`" in summary
+    assert "canaries" not in summary
+
+
+def test_a_warning_about_a_node_is_kept_printable():
+    data = preview()
+    urn = next(s["urn"] for s in data["steps"] if s["urn"].endswith("EngineCheck::node14"))
+    data["diagnostics"].append({"urn": urn, "severity": "warning",
+                                "message": "warning: sglang \x1b]0;owned\x07 failed\u202e to start\n"})
+    problems = review.review(data, NOW).nodes["node14"].problems
+    assert problems[-1] == "sglang \\x1b]0;owned\\x07 failed\\u202e to start", problems
+    assert all(p.isprintable() for p in problems)
