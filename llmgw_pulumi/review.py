@@ -12,8 +12,10 @@ problems (engines, hardware, nodes that could not be read); and the node ids
 of each group, long lists folded.
 
 It reads the preview's JSON only (each step's old and new inputs and outputs,
-the diagnostics) and reaches no node. Whatever came from a node (a hostname in
-agent.yaml, a problem, a warning) is printed through ``text.printable``.
+the diagnostics) and reaches no node. Whatever came from a node, a server, the
+preview or the config (a hostname in agent.yaml, a problem, a warning, a node
+id, a version) is written as text that no Markdown or HTML in it can turn into
+anything else (``text.inert``).
 
 This module is the command line. Reading the preview, and the names read from
 it, are in llmgw_pulumi.fleet_review; writing the Markdown, and the policy

@@ -8,6 +8,12 @@ lines that change, the files repaired and the standing problems, each list
 capped. ``policy_verdict`` turns the ``Policies:`` block that `pulumi preview
 --policy-pack` prints (the preview's JSON holds no policy results) into a
 verdict and the pack's report, folded.
+
+Every value read from the preview or the policy pack's output (node ids,
+versions, agent.yaml lines, paths, what nodes printed, the pack's messages)
+is written through ``text.inert``, as a code span: whatever Markdown or HTML
+it holds is shown, not rendered. A table row escapes the ``|`` that would
+end its cell (``_row``).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from .fleet_review import REISSUE_WHY, FleetReview, natural
-from .text import printable
+from .text import inert, printable
 
 FOLD_AFTER = 8
 """A group of more node ids than this is folded (``<details>``), ranges of numbered ids shortened."""
@@ -30,10 +36,10 @@ def fold_ids(ids: Sequence[str]) -> str:
     """Node ids as Markdown: all of them when few, else the first ones with the whole list folded."""
     if not ids:
         return "none"
-    shown = ", ".join(f"`{i}`" for i in _ranges(ids))
+    shown = ", ".join(inert(i) for i in _ranges(ids))
     if len(ids) <= FOLD_AFTER:
         return shown
-    head = ", ".join(f"`{i}`" for i in ids[:3])
+    head = ", ".join(inert(i) for i in ids[:3])
     return f"{head}, … <details><summary>all {len(ids)}</summary>\n\n{shown}\n\n</details>"
 
 
@@ -64,11 +70,17 @@ def _ranges(ids: Sequence[str]) -> list[str]:
     return out
 
 
+def _row(*cells: str) -> str:
+    """One row of a GFM table. GFM splits a row into cells before it reads code spans, so a ``|`` in a cell, even
+    in a code span, is escaped (``\\|``): in a code span it then shows as ``|``."""
+    return "| " + " | ".join(c.replace("\n", " ").replace("|", "\\|") for c in cells) + " |"
+
+
 def markdown(fleet: FleetReview) -> str:
     """The summary, as Markdown for a pull-request comment."""
     g = fleet.group
     total = len(fleet.nodes)
-    lines = [f"### Fleet change{f' — `{printable(fleet.stack)}`' if fleet.stack else ''}: {total} nodes", ""]
+    lines = [f"### Fleet change{f' — {inert(fleet.stack)}' if fleet.stack else ''}: {total} nodes", ""]
     upgrades: dict[tuple[str, str], list[str]] = defaultdict(list)
     for r in fleet.nodes.values():
         if r.upgrade:
@@ -80,7 +92,7 @@ def markdown(fleet: FleetReview) -> str:
     rows = [
         ("onboarded", g(lambda r: r.onboarded and not r.replaced)),
         ("onboarded again (another machine)", g(lambda r: r.replaced)),
-        *((f"agent upgraded {printable(a)} → {printable(b)}", sorted(ids, key=natural)) for (a, b), ids in sorted(upgrades.items())),
+        *((f"agent upgraded {inert(a)} → {inert(b)}", sorted(ids, key=natural)) for (a, b), ids in sorted(upgrades.items())),
         ("config changed", g(lambda r: bool(r.config_lines))),
         *((f"certificate {'renewed' if why == REISSUE_WHY['expiry'] else 're-issued'} ({why})", sorted(ids, key=natural))
           for why, ids in sorted(certs.items())),
@@ -89,7 +101,7 @@ def markdown(fleet: FleetReview) -> str:
         ("untouched", g(lambda r: r.untouched)),
     ]
     lines += ["| what the node goes through | nodes | ids |", "|---|---:|---|"]
-    lines += [f"| {what} | {len(ids)} | {fold_ids(ids)} |".replace("\n", " ") for what, ids in rows if ids]
+    lines += [_row(what, str(len(ids)), fold_ids(ids)) for what, ids in rows if ids]
     lines.append("")
 
     canaries, rest, outside, max_parallel = fleet.restart_order()
@@ -113,14 +125,14 @@ def markdown(fleet: FleetReview) -> str:
             by_diff[r.config_lines].append(r.node)
         lines.append("**agent.yaml changes:**")
         for diff, ids in sorted(by_diff.items(), key=lambda kv: -len(kv[1]))[:MAX_CONFIG_DIFFS]:
-            lines += [f"- {fold_ids(sorted(ids, key=natural))}:", "  ```diff", *(f"  {d}" for d in diff), "  ```"]
+            lines += [f"- {fold_ids(sorted(ids, key=natural))}:", *(f"  - {inert(d)}" for d in diff)]
         if len(by_diff) > MAX_CONFIG_DIFFS:
             lines.append(f"- … and {len(by_diff) - MAX_CONFIG_DIFFS} other distinct changes")
         lines.append("")
-    repaired = [r for r in fleet.nodes.values() if r.repaired]
+    repaired = sorted((r for r in fleet.nodes.values() if r.repaired), key=lambda r: natural(r.node))
     if repaired:
         lines.append("**Files repaired:** " + "; ".join(
-            f"`{r.node}`: {', '.join(r.repaired)}" for r in sorted(repaired, key=lambda r: natural(r.node))[:MAX_PROBLEMS]))
+            f"{inert(r.node)}: {', '.join(inert(p) for p in r.repaired)}" for r in repaired[:MAX_PROBLEMS]))
         lines.append("")
 
     problems = [(r.node, p) for r in fleet.nodes.values() for p in r.problems]
@@ -131,7 +143,7 @@ def markdown(fleet: FleetReview) -> str:
             if found:
                 ids = sorted({n for n, _ in found}, key=natural)
                 lines.append(f"- {title} ({len(ids)} nodes): {fold_ids(ids)}")
-                lines += [f"  - `{n}`: {p}" for n, p in sorted(found, key=lambda x: natural(x[0]))[:MAX_PROBLEMS]]
+                lines += [f"  - {inert(n)}: {inert(p)}" for n, p in sorted(found, key=lambda x: natural(x[0]))[:MAX_PROBLEMS]]
                 if len(found) > MAX_PROBLEMS:
                     lines.append(f"  - … {len(found) - MAX_PROBLEMS} more")
         lines.append("")
