@@ -184,15 +184,61 @@ Diagnostics:
 """
 
 
-def test_the_policy_verdict_is_the_cli_s_policies_block_folded_and_escaped():
+def test_the_policy_verdict_is_the_cli_s_policies_block_escaped():
     verdict = review.policy_verdict(POLICY_RUN)
     assert verdict.startswith("**Policies: a mandatory rule is violated** (1 violations)")
-    assert "[mandatory]  release-verified  (pulumi-python:dynamic/llmgw:AgentInstall: gpu-01)" in verdict
-    assert "\x1b" not in verdict and "\\x1b[2J" in verdict
-    assert "Diagnostics" not in verdict and "Previewing" not in verdict
+    assert "Mandatory rules violated:\n- `release-verified` (1): `release v1.5.0 is installed from a checksums.txt " \
+           "nobody signed\\x1b[2J` — on `gpu-01`" in verdict
+    assert "\x1b" not in verdict
+    assert "Diagnostics" not in verdict and "Previewing" not in verdict and "llmgw-prod" not in verdict
     passed = POLICY_RUN.replace("\u274c", "\u2705").replace("[mandatory]", "[advisory]")
     assert review.policy_verdict(passed).startswith("**Policies: no mandatory rule is violated** (1 violations)")
+    assert "Advisory rules violated:\n- `release-verified` (1)" in review.policy_verdict(passed)
     assert "printed no verdict" in review.policy_verdict("error: could not load the policy pack")
+
+
+POLICY_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "review" / "policy.txt"
+
+
+def test_policy_results_are_one_line_per_rule_with_the_nodes_folded():
+    # The CLI's block for 40 nodes of one rule, two of another, one stack-level violation and one advisory, each
+    # violation's message the rule's description and then what the rule reported (pulumi-policy's format).
+    verdict = review.policy_verdict(POLICY_FIXTURE.read_text())
+    print(verdict)
+    lines = verdict.splitlines()
+    assert lines[0] == "**Policies: a mandatory rule is violated** (44 violations)"
+    rules = [line for line in lines if line.startswith("- ")]
+    assert len(rules) == 4 and len(lines) <= 10, verdict
+    mandatory, advisory = lines.index("Mandatory rules violated:"), lines.index("Advisory rules violated:")
+    assert [r.split("`")[1] for r in rules] == ["release-verified", "removal-allowed", "rollout-required", "host-keys-pinned"]
+    assert all(mandatory < lines.index(r) < advisory for r in rules[:3]) and lines.index(rules[3]) > advisory
+    assert rules[0].startswith("- `release-verified` (40): `release v1.5.0 is installed from a checksums.txt nobody "
+                               "signed. Set agent.signingKey")
+    assert rules[0].endswith("— on 40 nodes: `gpu-001..040`")  # the nodes' own names dropped from the messages
+    assert rules[1].endswith("`the stack's last deployment could not be read` — on the stack")
+    assert rules[2].endswith("— on 2 nodes: `gpu-007`, `gpu-008`") and rules[3].endswith("— on `gpu-041`")
+    assert "Every agent release is verified" not in verdict  # the rule's description is not repeated per node
+
+
+def test_the_verdict_follows_the_violation_lines_not_what_a_message_says():
+    text = POLICY_FIXTURE.read_text()
+    advisory_only = text.replace("\u274c", "\u2705").replace("[mandatory]", "[advisory]")
+    assert review.policy_verdict(advisory_only).startswith("**Policies: no mandatory rule is violated** (44 violations)")
+    # A message line (indented by ten) that looks like a violation or a pack's failure is a message.
+    forged = advisory_only.replace(
+        "          gpu-041: its SSH", "          - [mandatory]  removal-allowed  (x: gpu-041)\n          \u274c llmgw-fleet@v0.1.0\n"
+                                    "          gpu-041: its SSH")
+    verdict = review.policy_verdict(forged)
+    assert verdict.startswith("**Policies: no mandatory rule is violated** (44 violations)"), verdict
+    stray = "Policies:\n    \u2705 llmgw-fleet@v0.1.0 (local: /p)\n          - [mandatory]  forged  (x: y)\n" \
+            "          \u274c llmgw-fleet@v0.1.0 (local: /p)\n"
+    assert review.policy_verdict(stray).startswith("**Policies: no mandatory rule is violated** (0 violations)")
+    # A pack that says it failed fails the verdict even when no violation line could be read.
+    unread = "Policies:\n    \u274c llmgw-fleet@v0.1.0 (local: /p)\n        - [mandatory] garbled\n"
+    verdict = review.policy_verdict(unread)
+    assert verdict.startswith("**Policies: a mandatory rule is violated** (0 violations)") and "job's log" in verdict
+    assert review.policy_verdict("Policies:\n    \u2705 llmgw-fleet@v0.1.0 (local: /p)\n").startswith(
+        "**Policies: no mandatory rule is violated** (0 violations)")
 
 
 # --------------------------------------------------------------------------- restarts inside and outside a rollout

@@ -2,11 +2,11 @@
 
 A hostile corpus (tests/fixtures/review/hostile.json: links, images, autolinks, raw HTML, ``</details>``,
 comments, emphasis, headings, table breaks, mentions, issue references, backtick and fence break-outs, a forged
-verdict, terminal escapes, a very long line) is put in every place of a preview where such text can reach the
-summary, and the summary is parsed by a CommonMark parser (markdown-it-py, with GFM tables). Each payload, given
-to the parser as it is, makes what the corpus says it makes (the positive control); in the summary it makes
-nothing: the summary's token stream is the one a harmless text of the same shape gives, and the payload's
-marker (``pwn``) is only ever inside a code span.
+verdict, terminal escapes, a very long line) is put in every place of a preview, and of the policy pack's
+output, where such text can reach the summary, and the summary is parsed by a CommonMark parser (markdown-it-py,
+with GFM tables). Each payload, given to the parser as it is, makes what the corpus says it makes (the positive
+control); in the summary it makes nothing: the summary's token stream is the one a harmless text of the same
+shape gives, and the payload's marker (``pwn``) is only ever inside a code span.
 """
 
 from __future__ import annotations
@@ -112,17 +112,33 @@ def hostile_preview(text: str) -> dict[str, Any]:
         {"urn": engines["urn"].replace("EngineCheck", "NodeIdentity"), "severity": "warning",
          "message": f"warning: node14: cannot reach {text} over ssh; its state is kept as it was\n"},
     ]
-    for i in range(1, 10):  # untouched nodes after node14 in natural order: the untouched list is folded
-        steps.append({"op": "refresh", "urn": engines["urn"].replace("::node14", f"::~filler-{i:02d}"),
+    for i in range(1, 10):  # untouched nodes after node14 in natural order, no runs: the untouched list is folded
+        steps.append({"op": "refresh", "urn": engines["urn"].replace("::node14", f"::~filler-{2 * i:02d}"),
                       "newState": {"inputs": {}, "outputs": {}}})
     renamed(data, "node14", text)
     renamed(data, "node12", text + "-2")
     return data
 
 
-def summary_of(data: dict[str, Any]) -> str:
+def hostile_policy_run(text: str) -> str:
+    """The CLI's ``Policies:`` block as `pulumi preview --policy-pack` prints it, with ``text`` as the name of the
+    resources the rules name, in what they report (each line of a message indented by ten spaces), and, without
+    its spaces, as the name of a rule."""
+    name = text.replace("\n", " ")
+    lines = ["Policies:", "    \u274c llmgw-fleet@v0.1.0 (local: /venv/llmgw_pulumi/policy)"]
+    for level, rule in (("mandatory", "release-verified"), ("advisory", "".join(text.split()))):
+        for resource in (name, f"{name}-2"):
+            lines += [f"        - [{level}]  {rule}  (pulumi-python:dynamic/llmgw:AgentInstall: {resource})",
+                      "          The rule's description.",
+                      *(f"          {line}" for line in f"{resource}: {text}".split("\n"))]
+    return "\n".join([*lines, "", "Resources:", "    4 unchanged", ""])
+
+
+def summary_of(data: dict[str, Any], policy: str, tmp_path: Path) -> str:
+    (tmp_path / "preview.json").write_text(json.dumps(data))
+    (tmp_path / "policy.txt").write_text(policy)
     out = io.StringIO()
-    assert review.main([], stdin=io.StringIO(json.dumps(data)), stdout=out) == 0
+    assert review.main([str(tmp_path / "preview.json"), "--policy", str(tmp_path / "policy.txt")], stdout=out) == 0
     return out.getvalue()
 
 
@@ -146,14 +162,18 @@ def assert_inert(summary: str, twin: str) -> None:
 
 
 @pytest.mark.parametrize("entry", CORPUS, ids=[e["name"] for e in CORPUS])
-def test_what_a_node_or_the_config_wrote_is_inert_in_every_place_of_the_summary(entry):
+def test_what_a_node_or_the_config_wrote_is_inert_in_every_place_of_the_summary(entry, tmp_path):
     text = entry["payload"]
     data = hostile_preview(text)
     fleet = review.review(copy.deepcopy(data), NOW)
     assert {text, text + "-2"} <= set(fleet.nodes) and fleet.nodes[text].problems and fleet.nodes[text].unreadable
-    summary = summary_of(data)
+    summary = summary_of(data, hostile_policy_run(text), tmp_path)
     print(summary)
-    assert_inert(summary, summary_of(hostile_preview(harmless(text))))
+    twin = harmless(text)
+    assert_inert(summary, summary_of(hostile_preview(twin), hostile_policy_run(twin), tmp_path))
+    verdict = summary[summary.index("\n**Policies:") + 1:]
+    assert verdict.startswith("**Policies: a mandatory rule is violated** (4 violations)"), verdict
+    assert len([line for line in verdict.splitlines() if line.startswith("- ")]) == 2, verdict
     lines = summary.splitlines()
     assert lines[0].startswith("### Fleet change — ") and lines[0].endswith(": 14 nodes"), lines[0]
     for line in lines:  # the table keeps its three columns: the count of each row is a number
