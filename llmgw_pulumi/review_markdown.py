@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .fleet_review import REISSUE_WHY, FleetReview, natural
+from .fleet_review import REISSUE_WHY, FleetReview, NodeReview, natural
 from .text import inert, printable
 
 FOLD_AFTER = 8
@@ -80,6 +80,19 @@ def _row(*cells: str) -> str:
     return "| " + " | ".join(c.replace("\n", " ").replace("|", "\\|") for c in cells) + " |"
 
 
+def _onboarding(node: NodeReview) -> str:
+    """What a node is onboarded with: ``agent `v1.4.2`, fabric `ib-east`, host key pinned``."""
+    version = f"agent {inert(node.version)}" if node.version else "agent version not known yet"
+    if node.local_build:
+        version += " (a local build)"
+    fabrics = f"fabric{'s' if len(node.fabrics) > 1 else ''} {', '.join(inert(f) for f in node.fabrics)}" \
+        if node.fabrics else "no fabric"
+    trust = f"host key {node.host_keys[0]}" if node.host_keys else "host key trust not known"
+    if node.host_keys[1:]:
+        trust += f", jump host keys {', '.join(node.host_keys[1:])}"
+    return f"{version}, {fabrics}, {trust}"
+
+
 def markdown(fleet: FleetReview) -> str:
     """The summary, as Markdown for a pull-request comment."""
     g = fleet.group
@@ -93,9 +106,12 @@ def markdown(fleet: FleetReview) -> str:
     for r in fleet.nodes.values():
         for why in r.certificate:
             certs[why].append(r.node)
+    onboarded: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for r in fleet.nodes.values():
+        if r.onboarded:
+            onboarded[("onboarded again (another machine)" if r.replaced else "onboarded", _onboarding(r))].append(r.node)
     rows = [
-        ("onboarded", g(lambda r: r.onboarded and not r.replaced)),
-        ("onboarded again (another machine)", g(lambda r: r.replaced)),
+        *((f"{what}: {how}", sorted(ids, key=natural)) for (what, how), ids in sorted(onboarded.items())),
         *((f"agent upgraded {inert(a)} → {inert(b)}", sorted(ids, key=natural)) for (a, b), ids in sorted(upgrades.items())),
         ("config changed", g(lambda r: bool(r.config_lines))),
         *((f"certificate {'renewed' if why == REISSUE_WHY['expiry'] else 're-issued'} ({why})", sorted(ids, key=natural))

@@ -121,7 +121,7 @@ def test_the_summary_of_a_real_preview_says_what_the_up_then_does(cluster, hosts
     assert previewed.returncode == 0, previewed.stdout + previewed.stderr
     summary = (stack.work_dir / "out" / "summary.md").read_text()
     print("\n" + summary)
-    assert row(summary, "onboarded") == [new.hostname]
+    assert row(summary, f"onboarded: agent `{RELEASE}`, no fabric, host key trusted on first use") == [new.hostname]
     assert row(summary, f"agent upgraded {RELEASE} → {NEXT_RELEASE}") == [up_.hostname]
     assert row(summary, "config changed") == [cfg.hostname]
     assert "+ mgmt_addr: 10.1.0.9" in summary

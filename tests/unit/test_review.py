@@ -267,3 +267,51 @@ def test_a_warning_about_a_node_is_kept_printable():
     problems = review.review(data, NOW).nodes["node14"].problems
     assert problems[-1] == "sglang \\x1b]0;owned\\x07 failed\\u202e to start", problems
     assert all(p.isprintable() for p in problems)
+
+
+# --------------------------------------------------------------------------- onboarding
+
+
+def created(data: dict[str, Any], node: str, op: str = "create", agent: dict[str, Any] | None = None,
+            connection: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The steps of a preview that onboards ``node``: node10's resources, as their refresh read them, created anew
+    under another name, with AgentInstall's and the connection's inputs changed."""
+    steps = []
+    for s in data["steps"]:
+        if s["op"] == "refresh" and s["urn"].endswith("::node10"):
+            new = copy.deepcopy(s.get("newState") or {})
+            inputs = new.setdefault("inputs", {}) or {}
+            new["inputs"] = inputs
+            if "connection" in inputs:
+                inputs["connection"] = {**inputs["connection"], **(connection or {})}
+            if s["urn"].endswith("AgentInstall::node10"):
+                inputs.update(agent or {})
+            steps.append({"op": op, "urn": s["urn"].replace("::node10", f"::{node}"), "newState": new})
+    return steps
+
+
+def test_onboarding_rows_say_the_version_the_fabric_and_how_host_keys_are_trusted():
+    data = preview()
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIESlTIP8BcEDr5XyyOQxwycPBVvJVjqJMrqxni4S7nbt"
+    east = {"fabrics": [{"name": "ib-east", "hcas": ["mlx5_0", "mlx5_1"]}]}
+    for node in ("gpu-20", "gpu-21", "gpu-22"):
+        data["steps"] += created(data, node, agent=east, connection={"host_key": key})
+    data["steps"] += created(data, "gpu-30", agent={"version": "v1.5.0"},
+                             connection={"jump": [{"address": "deploy@bastion", "host_key": key}]})
+    data["steps"] += created(data, "gpu-31", op="create-replacement",
+                             agent={"version": "v1.6.0-dev", "binary_path": "/build/llmgw",
+                                    "fabrics": [{"name": "ib-east", "hcas": ["mlx5_0"]}, {"name": "ib-west", "hcas": ["mlx5_1"]}]},
+                             connection={"host_key": key, "jump": [{"address": "deploy@bastion"}]})
+    fleet = review.review(data, NOW)
+    assert fleet.nodes["gpu-20"].version == "v1.4.2" and fleet.nodes["gpu-20"].fabrics == ("ib-east",)
+    assert fleet.nodes["gpu-20"].host_keys == ("pinned",) and not fleet.nodes["gpu-20"].local_build
+    assert fleet.nodes["gpu-30"].host_keys == ("trusted on first use", "pinned")
+    assert fleet.nodes["gpu-31"].replaced and fleet.nodes["gpu-31"].local_build
+    assert not fleet.nodes["node10"].version and not fleet.nodes["node10"].host_keys  # read for onboarded nodes only
+    rows = [line for line in review.markdown(fleet).splitlines() if line.startswith("| onboarded")]
+    assert rows == [
+        "| onboarded: agent `v1.4.2`, fabric `ib-east`, host key pinned | 3 | `gpu-20..22` |",
+        "| onboarded: agent `v1.5.0`, no fabric, host key trusted on first use, jump host keys pinned | 1 | `gpu-30` |",
+        "| onboarded again (another machine): agent `v1.6.0-dev` (a local build), fabrics `ib-east`, `ib-west`, "
+        "host key pinned, jump host keys trusted on first use | 1 | `gpu-31` |",
+    ]

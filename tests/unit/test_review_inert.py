@@ -25,7 +25,7 @@ from markdown_it.token import Token
 
 from llmgw_pulumi import review
 from llmgw_pulumi.text import INERT_LIMIT
-from tests.unit.test_review import NOW, preview
+from tests.unit.test_review import NOW, created, preview
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "review"
 MARKER = "pwn"
@@ -91,9 +91,10 @@ def renamed(data: dict[str, Any], old: str, new: str) -> None:
 
 def hostile_preview(text: str) -> dict[str, Any]:
     """The fixture's preview with ``text`` wherever a node, the config or a server can put text: the stack's name,
-    node ids, versions, agent.yaml, the paths a refresh found drifted, an engine's problem, a warning, a node that
-    could not be read. node14 (problem, warning, unreadable, untouched, among the first ids of a folded list) and
-    node12 (repaired, re-issued, restarting outside the rollout) are named by the text."""
+    node ids, versions (upgraded, and onboarded), fabrics, agent.yaml, the paths a refresh found drifted, an
+    engine's problem, a warning, a node that could not be read. node14 (problem, warning, unreadable, untouched,
+    among the first ids of a folded list) and node12 (repaired, re-issued, restarting outside the rollout) are
+    named by the text."""
     data = preview()
     steps = data["steps"]
     for stack in (s for s in steps if s["urn"].endswith("pulumi:pulumi:Stack::llmgw-test")):
@@ -115,6 +116,7 @@ def hostile_preview(text: str) -> dict[str, Any]:
     for i in range(1, 10):  # untouched nodes after node14 in natural order, no runs: the untouched list is folded
         steps.append({"op": "refresh", "urn": engines["urn"].replace("::node14", f"::~filler-{2 * i:02d}"),
                       "newState": {"inputs": {}, "outputs": {}}})
+    steps += created(data, "node15", agent={"version": text, "fabrics": [{"name": text, "hcas": ["mlx5_0"]}]})
     renamed(data, "node14", text)
     renamed(data, "node12", text + "-2")
     return data
@@ -175,7 +177,7 @@ def test_what_a_node_or_the_config_wrote_is_inert_in_every_place_of_the_summary(
     assert verdict.startswith("**Policies: a mandatory rule is violated** (4 violations)"), verdict
     assert len([line for line in verdict.splitlines() if line.startswith("- ")]) == 2, verdict
     lines = summary.splitlines()
-    assert lines[0].startswith("### Fleet change — ") and lines[0].endswith(": 14 nodes"), lines[0]
+    assert lines[0].startswith("### Fleet change — ") and lines[0].endswith(": 15 nodes"), lines[0]
     for line in lines:  # the table keeps its three columns: the count of each row is a number
         if line.startswith("| ") and not line.startswith(("| what", "|---")):
             cells = PARSER.parse("| a | b | c |\n|---|---|---|\n" + line)
