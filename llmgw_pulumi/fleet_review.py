@@ -284,6 +284,32 @@ def _review_onboarding(node: NodeReview, kind: str, new_in: Mapping[str, Any]) -
             node.host_keys = tuple(PINNED if h.get(HOST_KEY) else FIRST_USE for h in (connection, *hops))
 
 
+def preview_errors(preview: Mapping[str, Any], log: str = "") -> list[tuple[str, str]]:
+    """What a failed preview said went wrong, as (node id or "", message), printable, each once: its diagnostics
+    of severity error, then the ``error:`` lines of what it wrote to standard error (``log``)."""
+    found: list[tuple[str, str]] = []
+    for diag in preview.get("diagnostics") or []:
+        if isinstance(diag, Mapping) and diag.get("severity") == "error":
+            urn = diag.get("urn")
+            urn = urn if isinstance(urn, str) and "::" in urn else ""
+            of_node = urn and kind_of(urn) in (NODE_TYPE, CERTIFICATE, IDENTITY, AGENT, ENGINES)
+            found.append((printable(_node_of(urn)) if of_node else "", _one_line(diag.get("message", ""))))
+    found += [("", _one_line(line)) for line in log.splitlines() if line.strip().startswith("error:")]
+    unique: list[tuple[str, str]] = []
+    said: set[str] = set()
+    for node, message in found:
+        message = message.removeprefix("error: ")
+        if message and message not in said:
+            said.add(message)
+            unique.append((node, message))
+    return unique
+
+
+def _one_line(message: Any) -> str:
+    """A message on one line, its runs of white space one space, printable."""
+    return printable(" ".join(str(message).split()))
+
+
 def _diagnostic(nodes: Mapping[str, NodeReview], diag: Mapping[str, Any]) -> None:
     urn = diag.get("urn")
     if not isinstance(urn, str) or diag.get("severity") not in ("warning", "error"):
@@ -291,7 +317,7 @@ def _diagnostic(nodes: Mapping[str, NodeReview], diag: Mapping[str, Any]) -> Non
     node = nodes.get(_node_of(urn))
     if node is None:
         return
-    message = printable(" ".join(str(diag.get("message", "")).split())).removeprefix("warning: ")
+    message = _one_line(diag.get("message", "")).removeprefix("warning: ")
     if any(marker in message for marker in UNREADABLE):
         if message not in node.unreadable:  # each of the node's resources says so
             node.unreadable.append(message)

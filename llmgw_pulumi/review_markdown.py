@@ -170,6 +170,24 @@ def markdown(fleet: FleetReview) -> str:
     return "\n".join(lines)
 
 
+def failed_markdown(stack: str, status: int, unreadable: str | None, errors: Sequence[tuple[str, str]]) -> str:
+    """The summary of a preview that failed (``status``, not 0) or whose JSON could not be read (``unreadable``
+    says why): it says so in its first line, and lists the preview's errors, (node id or "", message)."""
+    why = [f"exit status {status}"] if status else []
+    why += [unreadable] if unreadable else []
+    lines = [f"### Fleet change{f' — {inert(stack)}' if stack else ''}: the preview FAILED ({'; '.join(why)})", "",
+             "This summary cannot say what the change does to the fleet: the preview did not plan all of it.", ""]
+    if errors:
+        lines.append(f"**The preview's errors** ({len(errors)}):")
+        lines += [f"- {inert(node) + ': ' if node else ''}{inert(message)}" for node, message in errors[:MAX_PROBLEMS]]
+        if len(errors) > MAX_PROBLEMS:
+            lines.append(f"- … {len(errors) - MAX_PROBLEMS} more (see the job's log)")
+    else:
+        lines.append("**The preview's errors:** none was found in its JSON or its log (see the job's log).")
+    lines.append("")
+    return "\n".join(lines)
+
+
 POLICY_LEVELS = ("mandatory", "advisory")
 PACK_LINE = re.compile(r" {4}(\S+) \S+@v\S+.*")
 """A policy pack's line in the CLI's ``Policies:`` block: ``    ❌ llmgw-fleet@v0.1.0 (local: ...)``."""

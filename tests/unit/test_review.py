@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from llmgw_pulumi import fleet_rules, review
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "review" / "change.json"
@@ -315,3 +317,61 @@ def test_onboarding_rows_say_the_version_the_fabric_and_how_host_keys_are_truste
         "| onboarded again (another machine): agent `v1.6.0-dev` (a local build), fabrics `ib-east`, `ib-west`, "
         "host key pinned, jump host keys trusted on first use | 1 | `gpu-31` |",
     ]
+
+
+# --------------------------------------------------------------------------- a failed preview
+
+
+def run_review(tmp_path: Path, preview_json: str | None, *args: str, log: str | None = None) -> tuple[int, str]:
+    argv = [str(tmp_path / "preview.json"), *args]
+    if preview_json is not None:
+        (tmp_path / "preview.json").write_text(preview_json)
+    if log is not None:
+        (tmp_path / "preview.log").write_text(log)
+        argv += ["--preview-log", str(tmp_path / "preview.log")]
+    (tmp_path / "policy.txt").write_text(POLICY_RUN)
+    out = io.StringIO()
+    status = review.main([*argv, "--policy", str(tmp_path / "policy.txt")], stdout=out)
+    return status, out.getvalue()
+
+
+def test_a_failed_preview_says_so_first_lists_its_errors_and_fails(tmp_path):
+    data = preview()
+    urn = next(s["urn"] for s in data["steps"] if s["urn"].endswith("NodeIdentity::node12"))
+    data["diagnostics"] += [
+        {"urn": urn, "severity": "error", "message": "error: node12: sudo: a password is required\n"},
+        {"urn": data["steps"][0]["urn"], "severity": "error", "message": "error: an unhandled error occurred\n"},
+    ]
+    log = ("error: preview failed: 1 error occurred\n    error: node12: sudo: a password is required\n"
+           "Updating (test): no error here\n")
+    status, summary = run_review(tmp_path, json.dumps(data), "--preview-status", "255", log=log)
+    print(summary)
+    lines = summary.splitlines()
+    assert status == 1
+    assert lines[0] == "### Fleet change — `test`: the preview FAILED (exit status 255)"
+    errors = [line for line in lines if line.startswith("- ")]
+    assert errors[:3] == ["- `node12`: `node12: sudo: a password is required`", "- `an unhandled error occurred`",
+                          "- `preview failed: 1 error occurred`"], errors  # the log's copy of node12's error once
+    assert "nodes" not in summary.split("**Policies")[0] and "untouched" not in summary
+    assert "**Policies: a mandatory rule is violated**" in summary  # the policy run is still judged
+
+    # The same JSON without the status: its errors fail it; a status that is not 0 fails a JSON without errors.
+    assert run_review(tmp_path, json.dumps(data))[0] == 1
+    status, summary = run_review(tmp_path, json.dumps(preview()), "--preview-status", "3")
+    assert status == 1 and summary.startswith("### Fleet change — `test`: the preview FAILED (exit status 3)\n")
+    assert "none was found in its JSON or its log" in summary
+    # Without either, the same files make the usual summary.
+    status, summary = run_review(tmp_path, json.dumps(preview()), "--preview-status", "0", log=log)
+    assert status == 0 and summary.startswith("### Fleet change — `test`: 5 nodes") and "FAILED" not in summary
+
+
+@pytest.mark.parametrize("written", [None, "", "  \n", "Previewing update (test):\nerror: no stack named 'x'\n", "[1, 2]"],
+                         ids=["missing", "empty", "blank", "not JSON", "not a preview"])
+def test_a_preview_whose_json_cannot_be_read_failed(tmp_path, capsys, written):
+    status, summary = run_review(tmp_path, written, "--preview-status", "0",
+                                 log="error: no stack named 'x' found\nerror: no stack named 'x' found\n")
+    assert status == 2
+    first = summary.splitlines()[0]
+    assert first.startswith("### Fleet change: the preview FAILED (the preview") and "0 nodes" not in summary, first
+    assert summary.count("- `no stack named 'x' found`") == 1, summary
+    assert "run `pulumi preview --json | python -m llmgw_pulumi.review`" in capsys.readouterr().err

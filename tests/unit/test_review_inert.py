@@ -183,3 +183,30 @@ def test_what_a_node_or_the_config_wrote_is_inert_in_every_place_of_the_summary(
             cells = PARSER.parse("| a | b | c |\n|---|---|---|\n" + line)
             counts = [t.content for t in leaves(cells) if t.type == "inline"][3:]
             assert len(counts) == 3 and counts[1].isdigit(), (line, counts)
+
+
+def failed_summary_of(text: str, tmp_path: Path) -> str:
+    """The summary of a failed preview of ``hostile_preview(text)``: its JSON holds an error about the node named
+    by the text and one about the stack, and its log ``error:`` lines of the text."""
+    data = hostile_preview(text)
+    urn = next(s["urn"] for s in data["steps"] if s["urn"].endswith(f"NodeIdentity::{text}"))
+    data["diagnostics"] += [{"urn": urn, "severity": "error", "message": f"error: {text}\n"},
+                            {"urn": data["steps"][0]["urn"], "severity": "error", "message": f"error: {text}-2\n"}]
+    (tmp_path / "preview.json").write_text(json.dumps(data))
+    (tmp_path / "preview.log").write_text("".join(f"error: {line} (log {i})\n" for i, line in enumerate(text.split("\n"))))
+    out = io.StringIO()
+    status = review.main([str(tmp_path / "preview.json"), "--preview-status", "1",
+                          "--preview-log", str(tmp_path / "preview.log")], stdout=out)
+    assert status == 1
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("entry", CORPUS, ids=[e["name"] for e in CORPUS])
+def test_the_errors_of_a_failed_preview_are_inert(entry, tmp_path):
+    text = entry["payload"]
+    summary = failed_summary_of(text, tmp_path)
+    print(summary)
+    assert "the preview FAILED (exit status 1)" in summary.splitlines()[0]
+    errors = [line for line in summary.splitlines() if line.startswith("- ")]
+    assert len(errors) == 2 + len(text.split("\n")), errors
+    assert_inert(summary, failed_summary_of(harmless(text), tmp_path))
