@@ -50,7 +50,7 @@ def printable(text: str, keep: str = "") -> str:
     return "".join(c if c.isprintable() or c in keep else _escape(c) for c in text)
 
 
-INERT_LIMIT = 200
+INERT_LIMIT = 300
 """The most characters of one value ``inert`` shows; the rest are counted."""
 
 
