@@ -149,6 +149,13 @@ def assert_inert(summary: str, twin: str) -> None:
     harmless text of the same shape), and the marker is only in code spans."""
     tokens, twin_tokens = list(leaves(PARSER.parse(summary))), list(leaves(PARSER.parse(twin)))
     assert [t.type for t in tokens] == [t.type for t in twin_tokens], summary
+    assert_marker_only_in_code(summary)
+
+
+def assert_marker_only_in_code(summary: str) -> None:
+    """No link, image, code block or HTML but the summary's folds; no mention or issue reference in its text; the
+    marker shown, and only in code spans, none longer than ``text.inert`` makes them."""
+    tokens = list(leaves(PARSER.parse(summary)))
     for t in tokens:
         assert t.type not in ("link_open", "image", "fence", "code_block"), (t, summary)
         if t.type in ("html_inline", "html_block"):
