@@ -125,7 +125,7 @@ def test_the_summary_of_a_real_preview_says_what_the_up_then_does(cluster, hosts
     summary = (stack.work_dir / "out" / "summary.md").read_text()
     print("\n" + summary)
     assert row(summary, f"onboarded: agent `{RELEASE}`, no fabric, host key trusted on first use") == [new.hostname]
-    assert row(summary, f"agent upgraded {RELEASE} → {NEXT_RELEASE}") == [up_.hostname]
+    assert row(summary, f"agent upgraded `{RELEASE}` → `{NEXT_RELEASE}`") == [up_.hostname]
     assert row(summary, "config changed") == [cfg.hostname]
     assert "+ mgmt_addr: 10.1.0.9" in summary
     assert row(summary, "certificate re-issued (key lost)") == [key.hostname]
@@ -277,7 +277,7 @@ def test_on_13_nodes_the_summary_of_a_bump_under_rollout_names_the_restarts_in_t
     print("\n" + summary)
     bumped = [n for n in ids if n not in kept]
     others = sorted((n for n in bumped if n not in canaries), key=review.natural)
-    assert row(summary, f"agent upgraded {RELEASE} → {NEXT_RELEASE}") == sorted(bumped, key=review.natural)
+    assert row(summary, f"agent upgraded `{RELEASE}` → `{NEXT_RELEASE}`") == sorted(bumped, key=review.natural)
     assert row(summary, "untouched") == sorted(kept, key=review.natural)
     assert len(others) > review_markdown.FOLD_AFTER  # more than a list shows unfolded, unless its runs are shortened
     assert "**Agents that will restart: 11**" in summary and "(at most 3 at once)" in summary
