@@ -39,7 +39,8 @@ NOT_AFTER, RENEW_BEFORE_HOURS, CA_NOT_AFTER = "not_after", "renew_before_hours",
 CA_FINGERPRINT, NODE_KEY, NODE_KEY_HELD, KEY_ORIGIN = "ca_fingerprint", "node_key", "held", "key_origin"
 CERT_PEM, KEY_PEM, SERIAL = "cert_pem", "key_pem", "serial"
 PROBLEMS, PROBLEM, HINT = "problems", "problem", "hint"
-CONNECTION = "connection"
+CONNECTION, HOST_KEY, JUMP = "connection", "host_key", "jump"
+FABRICS, FABRIC_NAME, BINARY_PATH = "fabrics", "name", "binary_path"
 OPERATOR_SIDE = frozenset({"user", "wait", "jump", "private_key", "private_key_path", "passphrase"})
 """Connection fields that change only how the operator's side reaches a node: never a change to it."""
 NOT_NODE_CHANGES = frozenset({"__provider", "__urn", "pki_dir", "signer", "known_jump_host_keys", "rollout",
@@ -49,6 +50,8 @@ and carried, how updates are spread, what a refresh found)."""
 UNREADABLE = ("cannot reach", "could not be read", "its state is kept as it was")
 """What the providers' warnings say when a refresh could not read a node."""
 REISSUE_WHY = {"expiry": "expiry", "ca": "CA rotation", "key": "key lost", "origin": "keyOrigin changed"}
+PINNED, FIRST_USE = "pinned", "trusted on first use"
+"""How a host key is trusted: pinned in the config (``hostKey``), or the first key seen recorded."""
 # ---------------------------------------------------------------------------
 
 
@@ -70,6 +73,14 @@ class NodeReview:
     """The agent restarts in AgentInstall's update, under the rollout when one is set."""
     restart_ungated: bool = False
     """The agent restarts in NodeIdentity's update (a new certificate, repaired files): never under the rollout."""
+    version: str | None = None
+    """An onboarded node's agent version (AgentInstall's input), printable."""
+    local_build: bool = False
+    """The onboarded node's agent is a local build, copied as is (no release)."""
+    fabrics: tuple[str, ...] = ()
+    """The InfiniBand fabrics an onboarded node is cabled to, by name, printable."""
+    host_keys: tuple[str, ...] = ()
+    """How an onboarded node's host key, then each jump host's, is trusted (PINNED or FIRST_USE)."""
     rollout: Mapping[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
@@ -224,6 +235,8 @@ def review(preview: Mapping[str, Any], now: dt.datetime | None = None) -> FleetR
             node.removed = True
         elif "update" in ops:
             _review_update(node, kind, old_in, old_out, new_in, now)
+        if ops & {"create", "create-replacement", "replace"}:
+            _review_onboarding(node, kind, new_in)
         if kind == AGENT and isinstance(new_in.get(ROLLOUT), Mapping):
             node.rollout = new_in[ROLLOUT]
         if kind == ENGINES and not node.removed:
@@ -255,6 +268,48 @@ def _review_update(node: NodeReview, kind: str, old_in: Mapping[str, Any], old_o
         node.restart_ungated = bool(renewed or drifted) and touches_node(changes | set(drifted))
 
 
+def _review_onboarding(node: NodeReview, kind: str, new_in: Mapping[str, Any]) -> None:
+    """What a node is onboarded with: its agent's version and fabrics, and how its host keys are trusted."""
+    if kind == AGENT:
+        node.version = printable(str(new_in[VERSION])) if new_in.get(VERSION) not in (None, "") else None
+        node.local_build = bool(new_in.get(BINARY_PATH))
+        fabrics = new_in.get(FABRICS)
+        node.fabrics = tuple(printable(str(f.get(FABRIC_NAME))) for f in fabrics if isinstance(f, Mapping)) \
+            if isinstance(fabrics, (list, tuple)) else ()
+    elif kind == IDENTITY:
+        connection = new_in.get(CONNECTION)
+        if isinstance(connection, Mapping):
+            jumps = connection.get(JUMP)
+            hops = [h for h in jumps if isinstance(h, Mapping)] if isinstance(jumps, (list, tuple)) else []
+            node.host_keys = tuple(PINNED if h.get(HOST_KEY) else FIRST_USE for h in (connection, *hops))
+
+
+def preview_errors(preview: Mapping[str, Any], log: str = "") -> list[tuple[str, str]]:
+    """What a failed preview said went wrong, as (node id or "", message), printable, each once: its diagnostics
+    of severity error, then the ``error:`` lines of what it wrote to standard error (``log``)."""
+    found: list[tuple[str, str]] = []
+    for diag in preview.get("diagnostics") or []:
+        if isinstance(diag, Mapping) and diag.get("severity") == "error":
+            urn = diag.get("urn")
+            urn = urn if isinstance(urn, str) and "::" in urn else ""
+            of_node = urn and kind_of(urn) in (NODE_TYPE, CERTIFICATE, IDENTITY, AGENT, ENGINES)
+            found.append((printable(_node_of(urn)) if of_node else "", _one_line(diag.get("message", ""))))
+    found += [("", _one_line(line)) for line in log.splitlines() if line.strip().startswith("error:")]
+    unique: list[tuple[str, str]] = []
+    said: set[str] = set()
+    for node, message in found:
+        message = message.removeprefix("error: ")
+        if message and message not in said:
+            said.add(message)
+            unique.append((node, message))
+    return unique
+
+
+def _one_line(message: Any) -> str:
+    """A message on one line, its runs of white space one space, printable."""
+    return printable(" ".join(str(message).split()))
+
+
 def _diagnostic(nodes: Mapping[str, NodeReview], diag: Mapping[str, Any]) -> None:
     urn = diag.get("urn")
     if not isinstance(urn, str) or diag.get("severity") not in ("warning", "error"):
@@ -262,7 +317,7 @@ def _diagnostic(nodes: Mapping[str, NodeReview], diag: Mapping[str, Any]) -> Non
     node = nodes.get(_node_of(urn))
     if node is None:
         return
-    message = printable(" ".join(str(diag.get("message", "")).split())).removeprefix("warning: ")
+    message = _one_line(diag.get("message", "")).removeprefix("warning: ")
     if any(marker in message for marker in UNREADABLE):
         if message not in node.unreadable:  # each of the node's resources says so
             node.unreadable.append(message)

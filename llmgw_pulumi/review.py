@@ -2,6 +2,12 @@
 
     pulumi preview --json --diff [--refresh] | python -m llmgw_pulumi.review > summary.md
 
+or, from files, with the preview's exit status and what it wrote to standard
+error, and the policy pack's run:
+
+    python -m llmgw_pulumi.review preview.json --preview-status "$status" \\
+        --preview-log preview.log --policy policy.txt > summary.md
+
 The preview of a fleet is four resources per node with their property diffs;
 this turns it into one screen of Markdown: how many nodes are onboarded,
 upgraded (from which version to which), reconfigured (with the agent.yaml lines
@@ -11,9 +17,16 @@ or untouched; which agents will restart, in the order the rollout
 problems (engines, hardware, nodes that could not be read); and the node ids
 of each group, long lists folded.
 
+A preview that failed (its status not 0, its JSON missing, empty or not JSON,
+or holding an error) is said to have FAILED in the summary's first line, with
+its errors (from the JSON's diagnostics and the log's ``error:`` lines), and
+the command exits non-zero: 1, or 2 when the JSON could not be read.
+
 It reads the preview's JSON only (each step's old and new inputs and outputs,
-the diagnostics) and reaches no node. Whatever came from a node (a hostname in
-agent.yaml, a problem, a warning) is printed through ``text.printable``.
+the diagnostics) and reaches no node. Whatever came from a node, a server, the
+preview or the config (a hostname in agent.yaml, a problem, a warning, a node
+id, a version) is written as text that no Markdown or HTML in it can turn into
+anything else (``text.inert``).
 
 This module is the command line. Reading the preview, and the names read from
 it, are in llmgw_pulumi.fleet_review; writing the Markdown, and the policy
@@ -28,7 +41,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from .fleet_review import (
     AGENT,
@@ -46,16 +59,17 @@ from .fleet_review import (
     changed_inputs,
     kind_of,
     natural,
+    preview_errors,
     review,
     touches_node,
 )
 from .review_markdown import _ranges as _ranges
-from .review_markdown import fold_ids, markdown, policy_verdict
+from .review_markdown import failed_markdown, fold_ids, markdown, policy_verdict
 
 __all__ = [
     "AGENT", "CERTIFICATE", "CONNECTION", "ENGINES", "IDENTITY", "KEY_ORIGIN", "NODE_TYPE", "ROLLOUT", "UNKNOWN", "VERSION",
-    "FleetReview", "NodeReview", "changed_inputs", "kind_of", "natural", "review", "touches_node",
-    "fold_ids", "markdown", "policy_verdict", "main",
+    "FleetReview", "NodeReview", "changed_inputs", "kind_of", "natural", "preview_errors", "review", "touches_node",
+    "failed_markdown", "fold_ids", "markdown", "policy_verdict", "main",
 ]
 
 
@@ -64,18 +78,51 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO = sys.stdin, stdout: T
     parser.add_argument("preview", nargs="?", help="the JSON of `pulumi preview --json` (default: standard input)")
     parser.add_argument("--policy", metavar="FILE",
                         help="the output of `pulumi preview --policy-pack ...`: its verdict is appended")
+    parser.add_argument("--preview-status", metavar="N", type=int, default=0,
+                        help="the exit status of `pulumi preview --json`: not 0, the summary says the preview failed")
+    parser.add_argument("--preview-log", metavar="FILE",
+                        help="what `pulumi preview --json` wrote to standard error: a failed preview's `error:` lines")
     args = parser.parse_args(argv)
-    text = Path(args.preview).read_text() if args.preview else stdin.read()
+    preview, unreadable = _read_preview(args.preview, stdin)
+    failed = bool(args.preview_status or unreadable or preview_errors(preview))  # an error in the JSON fails it too
+    if failed:
+        log = (_read_text(args.preview_log) or "") if args.preview_log else ""
+        errors = preview_errors(preview, log)
+        stdout.write(failed_markdown(review(preview).stack, args.preview_status, unreadable, errors) + "\n")
+    else:
+        stdout.write(markdown(review(preview)) + "\n")
+    if args.policy:
+        cli_output = _read_text(args.policy)
+        stdout.write((policy_verdict(cli_output) if cli_output is not None
+                      else "**Policies:** the policy preview's output could not be read (see the job's log).") + "\n")
+    if unreadable:
+        print(f"llmgw_pulumi.review: {unreadable}; run `pulumi preview --json | python -m llmgw_pulumi.review`",
+              file=sys.stderr)
+        return 2
+    return 1 if failed else 0
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def _read_preview(path: str | None, stdin: TextIO) -> tuple[dict[str, Any], str | None]:
+    """(the preview's JSON, or {}; why it could not be read, or None)."""
+    text = _read_text(path) if path else stdin.read()
+    if text is None:
+        return {}, "the preview's JSON could not be read"
+    if not text.strip():
+        return {}, "the preview wrote no JSON"
     try:
         preview = json.loads(text)
     except json.JSONDecodeError as e:
-        print(f"llmgw_pulumi.review: the input is not the JSON of `pulumi preview --json` ({e}); "
-              "run `pulumi preview --json | python -m llmgw_pulumi.review`", file=sys.stderr)
-        return 2
-    stdout.write(markdown(review(preview)) + "\n")
-    if args.policy:
-        stdout.write(policy_verdict(Path(args.policy).read_text(errors="replace")) + "\n")
-    return 0
+        return {}, f"the preview's output is not JSON ({e})"
+    if not isinstance(preview, dict):
+        return {}, "the preview's output is not the JSON of `pulumi preview --json`"
+    return preview, None
 
 
 if __name__ == "__main__":

@@ -7,7 +7,13 @@ order the rollout lets them, and which restart outside it; the agent.yaml
 lines that change, the files repaired and the standing problems, each list
 capped. ``policy_verdict`` turns the ``Policies:`` block that `pulumi preview
 --policy-pack` prints (the preview's JSON holds no policy results) into a
-verdict and the pack's report, folded.
+verdict and one line per rule violated, with the resources it names folded.
+
+Every value read from the preview or the policy pack's output (node ids,
+versions, agent.yaml lines, paths, what nodes printed, the pack's messages)
+is written through ``text.inert``, as a code span: whatever Markdown or HTML
+it holds is shown, not rendered. A table row escapes the ``|`` that would
+end its cell (``_row``).
 """
 
 from __future__ import annotations
@@ -15,25 +21,29 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from .fleet_review import REISSUE_WHY, FleetReview, natural
-from .text import printable
+from .fleet_review import REISSUE_WHY, FleetReview, NodeReview, natural
+from .text import inert, printable
 
 FOLD_AFTER = 8
-"""A group of more node ids than this is folded (``<details>``), ranges of numbered ids shortened."""
+"""Node ids are shown with runs of numbered ids shortened (``gpu-001..040``); when that leaves more entries than
+this, the list is folded (``<details>``)."""
 MAX_CONFIG_DIFFS = 5
 """Distinct agent.yaml changes shown; the rest are counted."""
 MAX_PROBLEMS = 10
 
 
 def fold_ids(ids: Sequence[str]) -> str:
-    """Node ids as Markdown: all of them when few, else the first ones with the whole list folded."""
+    """Node ids as Markdown, runs shortened: all of them when that is few, else the first ones with the whole list
+    folded."""
     if not ids:
         return "none"
-    shown = ", ".join(f"`{i}`" for i in _ranges(ids))
-    if len(ids) <= FOLD_AFTER:
+    ranges = _ranges(ids)
+    shown = ", ".join(inert(i) for i in ranges)
+    if len(ranges) <= FOLD_AFTER:
         return shown
-    head = ", ".join(f"`{i}`" for i in ids[:3])
+    head = ", ".join(inert(i) for i in ids[:3])
     return f"{head}, … <details><summary>all {len(ids)}</summary>\n\n{shown}\n\n</details>"
 
 
@@ -64,11 +74,30 @@ def _ranges(ids: Sequence[str]) -> list[str]:
     return out
 
 
+def _row(*cells: str) -> str:
+    """One row of a GFM table. GFM splits a row into cells before it reads code spans, so a ``|`` in a cell, even
+    in a code span, is escaped (``\\|``): in a code span it then shows as ``|``."""
+    return "| " + " | ".join(c.replace("\n", " ").replace("|", "\\|") for c in cells) + " |"
+
+
+def _onboarding(node: NodeReview) -> str:
+    """What a node is onboarded with: ``agent `v1.4.2`, fabric `ib-east`, host key pinned``."""
+    version = f"agent {inert(node.version)}" if node.version else "agent version not known yet"
+    if node.local_build:
+        version += " (a local build)"
+    fabrics = f"fabric{'s' if len(node.fabrics) > 1 else ''} {', '.join(inert(f) for f in node.fabrics)}" \
+        if node.fabrics else "no fabric"
+    trust = f"host key {node.host_keys[0]}" if node.host_keys else "host key trust not known"
+    if node.host_keys[1:]:
+        trust += f", jump host keys {', '.join(node.host_keys[1:])}"
+    return f"{version}, {fabrics}, {trust}"
+
+
 def markdown(fleet: FleetReview) -> str:
     """The summary, as Markdown for a pull-request comment."""
     g = fleet.group
     total = len(fleet.nodes)
-    lines = [f"### Fleet change{f' — `{printable(fleet.stack)}`' if fleet.stack else ''}: {total} nodes", ""]
+    lines = [f"### Fleet change{f' — {inert(fleet.stack)}' if fleet.stack else ''}: {total} nodes", ""]
     upgrades: dict[tuple[str, str], list[str]] = defaultdict(list)
     for r in fleet.nodes.values():
         if r.upgrade:
@@ -77,10 +106,13 @@ def markdown(fleet: FleetReview) -> str:
     for r in fleet.nodes.values():
         for why in r.certificate:
             certs[why].append(r.node)
+    onboarded: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for r in fleet.nodes.values():
+        if r.onboarded:
+            onboarded[("onboarded again (another machine)" if r.replaced else "onboarded", _onboarding(r))].append(r.node)
     rows = [
-        ("onboarded", g(lambda r: r.onboarded and not r.replaced)),
-        ("onboarded again (another machine)", g(lambda r: r.replaced)),
-        *((f"agent upgraded {printable(a)} → {printable(b)}", sorted(ids, key=natural)) for (a, b), ids in sorted(upgrades.items())),
+        *((f"{what}: {how}", sorted(ids, key=natural)) for (what, how), ids in sorted(onboarded.items())),
+        *((f"agent upgraded {inert(a)} → {inert(b)}", sorted(ids, key=natural)) for (a, b), ids in sorted(upgrades.items())),
         ("config changed", g(lambda r: bool(r.config_lines))),
         *((f"certificate {'renewed' if why == REISSUE_WHY['expiry'] else 're-issued'} ({why})", sorted(ids, key=natural))
           for why, ids in sorted(certs.items())),
@@ -89,7 +121,7 @@ def markdown(fleet: FleetReview) -> str:
         ("untouched", g(lambda r: r.untouched)),
     ]
     lines += ["| what the node goes through | nodes | ids |", "|---|---:|---|"]
-    lines += [f"| {what} | {len(ids)} | {fold_ids(ids)} |".replace("\n", " ") for what, ids in rows if ids]
+    lines += [_row(what, str(len(ids)), fold_ids(ids)) for what, ids in rows if ids]
     lines.append("")
 
     canaries, rest, outside, max_parallel = fleet.restart_order()
@@ -113,14 +145,14 @@ def markdown(fleet: FleetReview) -> str:
             by_diff[r.config_lines].append(r.node)
         lines.append("**agent.yaml changes:**")
         for diff, ids in sorted(by_diff.items(), key=lambda kv: -len(kv[1]))[:MAX_CONFIG_DIFFS]:
-            lines += [f"- {fold_ids(sorted(ids, key=natural))}:", "  ```diff", *(f"  {d}" for d in diff), "  ```"]
+            lines += [f"- {fold_ids(sorted(ids, key=natural))}:", *(f"  - {inert(d)}" for d in diff)]
         if len(by_diff) > MAX_CONFIG_DIFFS:
             lines.append(f"- … and {len(by_diff) - MAX_CONFIG_DIFFS} other distinct changes")
         lines.append("")
-    repaired = [r for r in fleet.nodes.values() if r.repaired]
+    repaired = sorted((r for r in fleet.nodes.values() if r.repaired), key=lambda r: natural(r.node))
     if repaired:
         lines.append("**Files repaired:** " + "; ".join(
-            f"`{r.node}`: {', '.join(r.repaired)}" for r in sorted(repaired, key=lambda r: natural(r.node))[:MAX_PROBLEMS]))
+            f"{inert(r.node)}: {', '.join(inert(p) for p in r.repaired)}" for r in repaired[:MAX_PROBLEMS]))
         lines.append("")
 
     problems = [(r.node, p) for r in fleet.nodes.values() for p in r.problems]
@@ -131,19 +163,94 @@ def markdown(fleet: FleetReview) -> str:
             if found:
                 ids = sorted({n for n, _ in found}, key=natural)
                 lines.append(f"- {title} ({len(ids)} nodes): {fold_ids(ids)}")
-                lines += [f"  - `{n}`: {p}" for n, p in sorted(found, key=lambda x: natural(x[0]))[:MAX_PROBLEMS]]
+                lines += [f"  - {inert(n)}: {inert(p)}" for n, p in sorted(found, key=lambda x: natural(x[0]))[:MAX_PROBLEMS]]
                 if len(found) > MAX_PROBLEMS:
                     lines.append(f"  - … {len(found) - MAX_PROBLEMS} more")
         lines.append("")
     return "\n".join(lines)
 
 
-MAX_POLICY_LINES = 60
+def failed_markdown(stack: str, status: int, unreadable: str | None, errors: Sequence[tuple[str, str]]) -> str:
+    """The summary of a preview that failed (``status``, not 0) or whose JSON could not be read (``unreadable``
+    says why): it says so in its first line, and lists the preview's errors, (node id or "", message)."""
+    why = [f"exit status {status}"] if status else []
+    why += [unreadable] if unreadable else []
+    lines = [f"### Fleet change{f' — {inert(stack)}' if stack else ''}: the preview FAILED ({'; '.join(why)})", "",
+             "This summary cannot say what the change does to the fleet: the preview did not plan all of it.", ""]
+    if errors:
+        lines.append(f"**The preview's errors** ({len(errors)}):")
+        lines += [f"- {inert(node) + ': ' if node else ''}{inert(message)}" for node, message in errors[:MAX_PROBLEMS]]
+        if len(errors) > MAX_PROBLEMS:
+            lines.append(f"- … {len(errors) - MAX_PROBLEMS} more (see the job's log)")
+    else:
+        lines.append("**The preview's errors:** none was found in its JSON or its log (see the job's log).")
+    lines.append("")
+    return "\n".join(lines)
+
+
+POLICY_LEVELS = ("mandatory", "advisory")
+PACK_LINE = re.compile(r" {4}(\S+) \S+@v\S+.*")
+"""A policy pack's line in the CLI's ``Policies:`` block: ``    ❌ llmgw-fleet@v0.1.0 (local: ...)``."""
+VIOLATION_LINE = re.compile(r" {8}- \[(mandatory|advisory)\](?: \[severity: [^]]*\])?  (\S+)(?:  \(\S+: (.*)\))?")
+"""A violation's first line: ``        - [mandatory]  release-verified  (pulumi-python:dynamic/llmgw:AgentInstall: gpu-01)``;
+a stack-level violation names no resource. The CLI indents each line of the violation's message (the rule's
+description, then what the rule reported) by ten spaces, so nothing a message holds can make a line of this
+shape."""
+MESSAGE_INDENT = " " * 10
+
+
+@dataclass
+class RuleViolations:
+    """One rule's violations in a policy run: the resources it names, and what it reported of them."""
+
+    level: str
+    rule: str
+    count: int = 0
+    ids: list[str] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
+    """Distinct, in the order reported, each without the resource's name it starts with."""
+
+
+def policy_violations(block: Sequence[str]) -> tuple[bool, dict[tuple[str, str], RuleViolations]]:
+    """(a pack says it failed, each rule's violations by (level, rule)) from the lines of a ``Policies:`` block."""
+    failed_pack = False
+    rules: dict[tuple[str, str], RuleViolations] = {}
+    current: tuple[RuleViolations, str | None, list[str]] | None = None
+
+    def done() -> None:
+        if current is None:
+            return
+        rule, name, message = current
+        said = " ".join(message[1:]) or " ".join(message)  # the rule's description first, then what it reported
+        if name and said.startswith(f"{name}: "):
+            said = said.removeprefix(f"{name}: ")
+        if said and said not in rule.messages:
+            rule.messages.append(said)
+
+    for line in block:
+        violation = VIOLATION_LINE.fullmatch(line)
+        if current is not None and line.startswith(MESSAGE_INDENT):
+            current[2].append(line.strip())
+            continue
+        done()
+        current = None
+        if violation:
+            level, name, resource = violation.groups()
+            rule = rules.setdefault((level, name), RuleViolations(level, name))
+            rule.count += 1
+            if resource is not None and resource not in rule.ids:
+                rule.ids.append(resource)
+            current = (rule, resource, [])
+        elif PACK_LINE.fullmatch(line) and line.split()[0] == "\u274c":
+            failed_pack = True
+    done()
+    return failed_pack, rules
 
 
 def policy_verdict(cli_output: str) -> str:
     """The ``Policies:`` block of a `pulumi preview --policy-pack` run, as Markdown (a preview's JSON holds no
-    policy results): each pack's verdict and every violation, under the resource it names."""
+    policy results): the verdict, then one line per rule violated, mandatory and advisory apart, with the
+    resources it names folded and what it reported of them."""
     lines = printable(cli_output, keep="\n").splitlines()
     start = next((i for i, line in enumerate(lines) if line.strip() == "Policies:"), None)
     if start is None:
@@ -153,14 +260,24 @@ def policy_verdict(cli_output: str) -> str:
         if line and not line.startswith(" "):
             break
         block.append(line)
-    while block and not block[-1].strip():
-        block.pop()
-    failed = any("\u274c" in line or "[mandatory]" in line for line in block)
-    shown = block[:MAX_POLICY_LINES]
-    if len(block) > MAX_POLICY_LINES:
-        shown.append(f"    ... {len(block) - MAX_POLICY_LINES} more lines")
+    failed_pack, rules = policy_violations(block)
+    failed = failed_pack or any(level == "mandatory" for level, _ in rules)
     verdict = "a mandatory rule is violated" if failed else "no mandatory rule is violated"
-    violations = sum(1 for line in block if "[advisory]" in line or "[mandatory]" in line)
-    return "\n".join([f"**Policies: {verdict}** ({violations} violations)", "",
-                      "<details><summary>the policy pack's report</summary>", "", "```",
-                      *(line.replace("`", "'") for line in shown), "```", "", "</details>"])
+    out = [f"**Policies: {verdict}** ({sum(r.count for r in rules.values())} violations)", ""]
+    for level in POLICY_LEVELS:
+        violated = sorted((r for r in rules.values() if r.level == level), key=lambda r: r.rule)
+        if violated:
+            out.append(f"{level.capitalize()} rules violated:")
+            out += [_rule_line(r) for r in violated]
+            out.append("")
+    if failed_pack and not any(r.level == "mandatory" for r in rules.values()):
+        out += ["A policy pack failed without a violation this summary could read: see the job's log.", ""]
+    return "\n".join(out).rstrip("\n")
+
+
+def _rule_line(rule: RuleViolations) -> str:
+    ids = sorted(rule.ids, key=natural)
+    said = inert(rule.messages[0]) if rule.messages else "(no message)"
+    others = f" (and {len(rule.messages) - 1} other messages: see the job's log)" if len(rule.messages) > 1 else ""
+    where = f"{len(ids)} nodes: {fold_ids(ids)}" if len(ids) > 1 else fold_ids(ids) if ids else "the stack"
+    return f"- {inert(rule.rule)} ({rule.count}): {said}{others} — on {where}"

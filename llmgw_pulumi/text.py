@@ -8,9 +8,16 @@ our own (``  fix: ...``). ``printable`` is applied where node text enters the
 operator's side: the parsers of what scripts print (``facts``), the stderr
 of a failed script (``providers._glue.raise_for``), and, as a last net, every
 error message (``errors.LlmgwError``) and log record (``providers._diagnostics``).
+
+In Markdown (the pull-request summary, llmgw_pulumi.review_markdown) such text
+must also stay text: ``inert`` shows it as a code span, in which neither
+CommonMark nor GitHub makes a link, an image, HTML, emphasis, a block, a
+mention or an issue reference of anything.
 """
 
 from __future__ import annotations
+
+import re
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -41,3 +48,31 @@ def printable(text: str, keep: str = "") -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() or c in keep else _escape(c) for c in text)
+
+
+INERT_LIMIT = 300
+"""The most characters of one value ``inert`` shows; the rest are counted."""
+
+
+def inert(text: object, limit: int = INERT_LIMIT) -> str:
+    """``text`` as a Markdown code span, so that nothing it holds takes effect: shown, never rendered.
+
+    The text is made printable first (one line: a newline is shown as ``\\n``),
+    and cut to ``limit`` characters, the rest counted. The span's fence is one
+    backtick longer than the longest run of backticks in the text, so the text
+    cannot close it; a text that starts or ends with a backtick or a space is
+    padded with a space on each side, which CommonMark strips. In a code span
+    GitHub links no ``@mention``, ``#123`` or commit hash either. A ``|`` still
+    ends a table cell (GFM splits a table's rows before it reads code spans):
+    a table row escapes it (``review_markdown``).
+    """
+    shown = printable(str(text))
+    more = len(shown) - limit
+    if more > 0:
+        shown = shown[:limit]
+    if not shown.strip(" "):
+        shown = shown or " "  # empty, or only spaces: shown as the spaces (CommonMark strips none of them)
+    elif shown[0] in "` " or shown[-1] in "` ":
+        shown = f" {shown} "
+    fence = "`" * (1 + max((len(run) for run in re.findall("`+", shown)), default=0))
+    return f"{fence}{shown}{fence}" + (f"… ({more} more characters)" if more > 0 else "")

@@ -1,11 +1,13 @@
 """Reviewing a fleet change (issue 20) under the real CLI, on real hosts: the summary of real previews checked
 against what the following `up` did (restarts the control plane saw, serials, files), the policy pack failing,
-warning and passing previews, and the CI example's own commands (examples/ci/*.sh) run as the workflow runs them."""
+warning and passing previews, the CI example's own commands (examples/ci/*.sh) run as the workflow runs them, and
+what a node prints shown as text in the summary, read with a CommonMark parser (issue 36)."""
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import time
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 
 from llmgw_pulumi import review, review_markdown
 from tests.conftest import NEXT_RELEASE, RELEASE, REPO, ssh, stack_config
+from tests.unit.test_review_inert import MARKER, PARSER, assert_marker_only_in_code, kinds, leaves
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
@@ -129,8 +132,8 @@ def test_the_summary_of_a_real_preview_says_what_the_up_then_does(cluster, hosts
     assert previewed.returncode == 0, previewed.stdout + previewed.stderr
     summary = (stack.work_dir / "out" / "summary.md").read_text()
     print("\n" + summary)
-    assert row(summary, "onboarded") == [new.hostname]
-    assert row(summary, f"agent upgraded {RELEASE} → {NEXT_RELEASE}") == [up_.hostname]
+    assert row(summary, f"onboarded: agent `{RELEASE}`, no fabric, host key trusted on first use") == [new.hostname]
+    assert row(summary, f"agent upgraded `{RELEASE}` → `{NEXT_RELEASE}`") == [up_.hostname]
     assert row(summary, "config changed") == [cfg.hostname]
     assert "+ mgmt_addr: 10.1.0.9" in summary
     assert row(summary, "certificate re-issued (key lost)") == [key.hostname]
@@ -143,7 +146,9 @@ def test_the_summary_of_a_real_preview_says_what_the_up_then_does(cluster, hosts
     assert then == sorted([cfg.hostname, drift.hostname], key=review.natural) and outside == [key.hostname]
     assert f"the canaries, in any order: `{up_.hostname}`" in summary and f"**without a rollout** (1): `{key.hostname}`" in summary
     assert "**Policies: no mandatory rule is violated**" in summary  # the pack ran; host keys unpinned: advisory
-    assert f"[advisory]  host-keys-pinned  (pulumi-python:dynamic/llmgw:NodeIdentity: {new.hostname})" in summary
+    advisory = summary.split("Advisory rules violated:\n")[1].splitlines()
+    pinned = next(line for line in advisory if line.startswith("- `host-keys-pinned` ("))  # one line for the rule
+    assert new.hostname in expand(pinned.split(" — on ")[1]), pinned
     problems = summary.split("**Standing problems:**")[1].split("**Policies")[0]
     assert f"engines and hardware (1 nodes): `{idle.hostname}`" in problems and "/opt/none/bin/vllm" in problems
 
@@ -279,10 +284,9 @@ def test_on_13_nodes_the_summary_of_a_bump_under_rollout_names_the_restarts_in_t
     print("\n" + summary)
     bumped = [n for n in ids if n not in kept]
     others = sorted((n for n in bumped if n not in canaries), key=review.natural)
-    assert row(summary, f"agent upgraded {RELEASE} → {NEXT_RELEASE}") == sorted(bumped, key=review.natural)
+    assert row(summary, f"agent upgraded `{RELEASE}` → `{NEXT_RELEASE}`") == sorted(bumped, key=review.natural)
     assert row(summary, "untouched") == sorted(kept, key=review.natural)
-    then_line = next(x for x in summary.splitlines() if x.strip().startswith("2. then, in any order:"))
-    assert len(others) > review_markdown.FOLD_AFTER and "<details>" in then_line, then_line  # folded, and read in full above
+    assert len(others) > review_markdown.FOLD_AFTER  # more than a list shows unfolded, unless its runs are shortened
     assert "**Agents that will restart: 11**" in summary and "(at most 3 at once)" in summary
     assert sorted(summary_line(summary, "1. the canaries, in any order:")) == sorted(canaries)
     assert summary_line(summary, "2. then, in any order:") == others
@@ -304,3 +308,41 @@ def test_on_13_nodes_the_summary_of_a_bump_under_rollout_names_the_restarts_in_t
     assert canaries_back < first_other_down
     assert most_down_at_once(cluster, ids, t0) <= 3
     assert {h.hostname for h in fleet if h.read_file("/usr/local/bin/llmgw") == cluster_binary(NEXT_RELEASE)} == set(bumped)
+
+
+MARKDOWN_ENGINE = "/opt/llama/llama-server"
+MARKDOWN_SHOUT = ("printf '%s\\n' 'starting' '### pwn [a](https://evil.example/pwn) ![x](x.png) </details><img src=x> "
+                  "<https://evil.example> @pwn-team #1 **Policies: no mandatory rule is violated** `` ` `` |---| <!--' "
+                  ">&2; exit 3")
+"""What the engine prints before it fails; its last line (the one the probe reports) holds a heading, a link, an
+image, raw HTML, an autolink, a mention, a reference, a forged verdict, backticks, a table break and an unclosed
+comment."""
+
+
+def test_an_engine_that_prints_markdown_and_html_is_shown_as_text_in_the_summary(cluster, hosts, new_stack):
+    (h,) = hosts(1)
+    printed = subprocess.run(["sh", "-c", MARKDOWN_SHOUT], capture_output=True, text=True).stderr.splitlines()[-1]
+    assert {"heading_open", "link_open", "image", "html_inline"} <= kinds(printed)  # live Markdown, as it is
+    script = f"#!/bin/sh\n{MARKDOWN_SHOUT}\n"
+    rc, out = ssh(h, cluster, f"sudo mkdir -p /opt/llama && printf '%s' {shlex.quote(script)} | "
+                              f"sudo tee {MARKDOWN_ENGINE} >/dev/null && sudo chmod 0755 {MARKDOWN_ENGINE}")
+    assert rc == 0, out
+    config = stack_config(cluster, [h], nodes=[{"id": h.hostname, "address": h.addr,
+                                                 "engines": {"llamacpp": {"bin": MARKDOWN_ENGINE}}}])
+    stack = new_stack(config)
+    venv_active(stack)
+    up = stack.up()
+    assert up.ok, up.output
+    problems = stack.outputs()[h.hostname]["problems"]
+    assert any("[a](https://evil.example/pwn)" in str(p) for p in problems), problems  # the node said it
+
+    previewed = ci(stack, "preview.sh", stack.name, "out")  # the pull request job's command, policy pack and all
+    summary = (stack.work_dir / "out" / "summary.md").read_text()
+    print("\n" + summary)
+    assert summary.startswith(f"### Fleet change — `{stack.name}`: 1 nodes"), previewed.stdout + previewed.stderr
+    assert "\n**Policies: " in summary  # the policy pack's verdict, read from its run
+    problem = next(line for line in summary.splitlines() if line.startswith(f"  - `{h.hostname}`: ") and MARKER in line)
+    assert "### pwn [a](https://evil.example/pwn)" in problem and "|---| <!--" in problem, problem
+    assert_marker_only_in_code(summary)
+    spans = [t.content for t in leaves(PARSER.parse(summary)) if t.type == "code_inline" and MARKER in t.content]
+    assert any("</details><img src=x>" in s and "@pwn-team" in s for s in spans), spans

@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from llmgw_pulumi import fleet_rules, review
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "review" / "change.json"
@@ -184,14 +186,16 @@ Diagnostics:
 """
 
 
-def test_the_policy_verdict_is_the_cli_s_policies_block_folded_and_escaped():
+def test_the_policy_verdict_is_the_cli_s_policies_block_escaped():
     verdict = review.policy_verdict(POLICY_RUN)
     assert verdict.startswith("**Policies: a mandatory rule is violated** (1 violations)")
-    assert "[mandatory]  release-verified  (pulumi-python:dynamic/llmgw:AgentInstall: gpu-01)" in verdict
-    assert "\x1b" not in verdict and "\\x1b[2J" in verdict
-    assert "Diagnostics" not in verdict and "Previewing" not in verdict
+    assert "Mandatory rules violated:\n- `release-verified` (1): `release v1.5.0 is installed from a checksums.txt " \
+           "nobody signed\\x1b[2J` — on `gpu-01`" in verdict
+    assert "\x1b" not in verdict
+    assert "Diagnostics" not in verdict and "Previewing" not in verdict and "llmgw-prod" not in verdict
     passed = POLICY_RUN.replace("\u274c", "\u2705").replace("[mandatory]", "[advisory]")
     assert review.policy_verdict(passed).startswith("**Policies: no mandatory rule is violated** (1 violations)")
+    assert "Advisory rules violated:\n- `release-verified` (1)" in review.policy_verdict(passed)
     assert "printed no verdict" in review.policy_verdict("error: could not load the policy pack")
 
 
@@ -220,3 +224,181 @@ def test_the_policy_sdk_s_props_become_plain_values_that_compare_with_the_record
     assert props["servers"] != ["cp1:7443"]  # the SDK's list is a proxy: the reason for plain()
     assert fleet_rules.plain(props, UnknownValueError) == {
         "servers": ["cp1:7443"], "nested": {"hcas": ["mlx5_0", review.UNKNOWN]}, "hostname": review.UNKNOWN}
+
+
+POLICY_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "review" / "policy.txt"
+
+
+def test_policy_results_are_one_line_per_rule_with_the_nodes_folded():
+    # The CLI's block for 40 nodes of one rule, two of another, one stack-level violation and one advisory, each
+    # violation's message the rule's description and then what the rule reported (pulumi-policy's format).
+    verdict = review.policy_verdict(POLICY_FIXTURE.read_text())
+    print(verdict)
+    lines = verdict.splitlines()
+    assert lines[0] == "**Policies: a mandatory rule is violated** (44 violations)"
+    rules = [line for line in lines if line.startswith("- ")]
+    assert len(rules) == 4 and len(lines) <= 10, verdict
+    mandatory, advisory = lines.index("Mandatory rules violated:"), lines.index("Advisory rules violated:")
+    assert [r.split("`")[1] for r in rules] == ["release-verified", "removal-allowed", "rollout-required", "host-keys-pinned"]
+    assert all(mandatory < lines.index(r) < advisory for r in rules[:3]) and lines.index(rules[3]) > advisory
+    assert rules[0].startswith("- `release-verified` (40): `release v1.5.0 is installed from a checksums.txt nobody "
+                               "signed. Set agent.signingKey")
+    assert rules[0].endswith("— on 40 nodes: `gpu-001..040`")  # the nodes' own names dropped from the messages
+    assert rules[1].endswith("`the stack's last deployment could not be read` — on the stack")
+    assert rules[2].endswith("— on 2 nodes: `gpu-007`, `gpu-008`") and rules[3].endswith("— on `gpu-041`")
+    assert "Every agent release is verified" not in verdict  # the rule's description is not repeated per node
+
+
+def test_the_verdict_follows_the_violation_lines_not_what_a_message_says():
+    text = POLICY_FIXTURE.read_text()
+    advisory_only = text.replace("\u274c", "\u2705").replace("[mandatory]", "[advisory]")
+    assert review.policy_verdict(advisory_only).startswith("**Policies: no mandatory rule is violated** (44 violations)")
+    # A message line (indented by ten) that looks like a violation or a pack's failure is a message.
+    forged = advisory_only.replace(
+        "          gpu-041: its SSH", "          - [mandatory]  removal-allowed  (x: gpu-041)\n          \u274c llmgw-fleet@v0.1.0\n"
+                                    "          gpu-041: its SSH")
+    verdict = review.policy_verdict(forged)
+    assert verdict.startswith("**Policies: no mandatory rule is violated** (44 violations)"), verdict
+    stray = "Policies:\n    \u2705 llmgw-fleet@v0.1.0 (local: /p)\n          - [mandatory]  forged  (x: y)\n" \
+            "          \u274c llmgw-fleet@v0.1.0 (local: /p)\n"
+    assert review.policy_verdict(stray).startswith("**Policies: no mandatory rule is violated** (0 violations)")
+    # A pack that says it failed fails the verdict even when no violation line could be read.
+    unread = "Policies:\n    \u274c llmgw-fleet@v0.1.0 (local: /p)\n        - [mandatory] garbled\n"
+    verdict = review.policy_verdict(unread)
+    assert verdict.startswith("**Policies: a mandatory rule is violated** (0 violations)") and "job's log" in verdict
+    assert review.policy_verdict("Policies:\n    \u2705 llmgw-fleet@v0.1.0 (local: /p)\n").startswith(
+        "**Policies: no mandatory rule is violated** (0 violations)")
+
+
+# --------------------------------------------------------------------------- restarts inside and outside a rollout
+
+
+def test_a_node_that_restarts_both_under_and_outside_the_rollout_is_listed_outside_it():
+    # A new certificate (NodeIdentity's update) restarts the agent whatever the rollout says: a node whose
+    # AgentInstall also restarts under the rollout is not held back by it, so it is listed without a rollout.
+    rollout = {"max_parallel": 1, "canary": False}
+    both = review.NodeReview("gpu-02", restart_gated=True, restart_ungated=True, rollout={**rollout, "canary": True})
+    gated = review.NodeReview("gpu-01", restart_gated=True, rollout=rollout)
+    ungated = review.NodeReview("gpu-03", restart_ungated=True)
+    fleet = review.FleetReview({r.node: r for r in (both, gated, ungated)})
+    assert fleet.restart_order() == ([], ["gpu-01"], ["gpu-02", "gpu-03"], 1)
+    summary = review.markdown(fleet)
+    assert "**Agents that will restart: 3**" in summary  # the two outside the rollout count too
+    assert "1. then, in any order: `gpu-01`" in summary and "**without a rollout** (2): `gpu-02`, `gpu-03`" in summary
+    assert "canaries" not in summary
+
+
+def test_a_warning_about_a_node_is_kept_printable():
+    data = preview()
+    urn = next(s["urn"] for s in data["steps"] if s["urn"].endswith("EngineCheck::node14"))
+    data["diagnostics"].append({"urn": urn, "severity": "warning",
+                                "message": "warning: sglang \x1b]0;owned\x07 failed\u202e to start\n"})
+    problems = review.review(data, NOW).nodes["node14"].problems
+    assert problems[-1] == "sglang \\x1b]0;owned\\x07 failed\\u202e to start", problems
+    assert all(p.isprintable() for p in problems)
+
+
+# --------------------------------------------------------------------------- onboarding
+
+
+def created(data: dict[str, Any], node: str, op: str = "create", agent: dict[str, Any] | None = None,
+            connection: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The steps of a preview that onboards ``node``: node10's resources, as their refresh read them, created anew
+    under another name, with AgentInstall's and the connection's inputs changed."""
+    steps = []
+    for s in data["steps"]:
+        if s["op"] == "refresh" and s["urn"].endswith("::node10"):
+            new = copy.deepcopy(s.get("newState") or {})
+            inputs = new.setdefault("inputs", {}) or {}
+            new["inputs"] = inputs
+            if "connection" in inputs:
+                inputs["connection"] = {**inputs["connection"], **(connection or {})}
+            if s["urn"].endswith("AgentInstall::node10"):
+                inputs.update(agent or {})
+            steps.append({"op": op, "urn": s["urn"].replace("::node10", f"::{node}"), "newState": new})
+    return steps
+
+
+def test_onboarding_rows_say_the_version_the_fabric_and_how_host_keys_are_trusted():
+    data = preview()
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIESlTIP8BcEDr5XyyOQxwycPBVvJVjqJMrqxni4S7nbt"
+    east = {"fabrics": [{"name": "ib-east", "hcas": ["mlx5_0", "mlx5_1"]}]}
+    for node in ("gpu-20", "gpu-21", "gpu-22"):
+        data["steps"] += created(data, node, agent=east, connection={"host_key": key})
+    data["steps"] += created(data, "gpu-30", agent={"version": "v1.5.0"},
+                             connection={"jump": [{"address": "deploy@bastion", "host_key": key}]})
+    data["steps"] += created(data, "gpu-31", op="create-replacement",
+                             agent={"version": "v1.6.0-dev", "binary_path": "/build/llmgw",
+                                    "fabrics": [{"name": "ib-east", "hcas": ["mlx5_0"]}, {"name": "ib-west", "hcas": ["mlx5_1"]}]},
+                             connection={"host_key": key, "jump": [{"address": "deploy@bastion"}]})
+    fleet = review.review(data, NOW)
+    assert fleet.nodes["gpu-20"].version == "v1.4.2" and fleet.nodes["gpu-20"].fabrics == ("ib-east",)
+    assert fleet.nodes["gpu-20"].host_keys == ("pinned",) and not fleet.nodes["gpu-20"].local_build
+    assert fleet.nodes["gpu-30"].host_keys == ("trusted on first use", "pinned")
+    assert fleet.nodes["gpu-31"].replaced and fleet.nodes["gpu-31"].local_build
+    assert not fleet.nodes["node10"].version and not fleet.nodes["node10"].host_keys  # read for onboarded nodes only
+    rows = [line for line in review.markdown(fleet).splitlines() if line.startswith("| onboarded")]
+    assert rows == [
+        "| onboarded: agent `v1.4.2`, fabric `ib-east`, host key pinned | 3 | `gpu-20..22` |",
+        "| onboarded: agent `v1.5.0`, no fabric, host key trusted on first use, jump host keys pinned | 1 | `gpu-30` |",
+        "| onboarded again (another machine): agent `v1.6.0-dev` (a local build), fabrics `ib-east`, `ib-west`, "
+        "host key pinned, jump host keys trusted on first use | 1 | `gpu-31` |",
+    ]
+
+
+# --------------------------------------------------------------------------- a failed preview
+
+
+def run_review(tmp_path: Path, preview_json: str | None, *args: str, log: str | None = None) -> tuple[int, str]:
+    argv = [str(tmp_path / "preview.json"), *args]
+    if preview_json is not None:
+        (tmp_path / "preview.json").write_text(preview_json)
+    if log is not None:
+        (tmp_path / "preview.log").write_text(log)
+        argv += ["--preview-log", str(tmp_path / "preview.log")]
+    (tmp_path / "policy.txt").write_text(POLICY_RUN)
+    out = io.StringIO()
+    status = review.main([*argv, "--policy", str(tmp_path / "policy.txt")], stdout=out)
+    return status, out.getvalue()
+
+
+def test_a_failed_preview_says_so_first_lists_its_errors_and_fails(tmp_path):
+    data = preview()
+    urn = next(s["urn"] for s in data["steps"] if s["urn"].endswith("NodeIdentity::node12"))
+    data["diagnostics"] += [
+        {"urn": urn, "severity": "error", "message": "error: node12: sudo: a password is required\n"},
+        {"urn": data["steps"][0]["urn"], "severity": "error", "message": "error: an unhandled error occurred\n"},
+    ]
+    log = ("error: preview failed: 1 error occurred\n    error: node12: sudo: a password is required\n"
+           "Updating (test): no error here\n")
+    status, summary = run_review(tmp_path, json.dumps(data), "--preview-status", "255", log=log)
+    print(summary)
+    lines = summary.splitlines()
+    assert status == 1
+    assert lines[0] == "### Fleet change — `test`: the preview FAILED (exit status 255)"
+    errors = [line for line in lines if line.startswith("- ")]
+    assert errors[:3] == ["- `node12`: `node12: sudo: a password is required`", "- `an unhandled error occurred`",
+                          "- `preview failed: 1 error occurred`"], errors  # the log's copy of node12's error once
+    assert "nodes" not in summary.split("**Policies")[0] and "untouched" not in summary
+    assert "**Policies: a mandatory rule is violated**" in summary  # the policy run is still judged
+
+    # The same JSON without the status: its errors fail it; a status that is not 0 fails a JSON without errors.
+    assert run_review(tmp_path, json.dumps(data))[0] == 1
+    status, summary = run_review(tmp_path, json.dumps(preview()), "--preview-status", "3")
+    assert status == 1 and summary.startswith("### Fleet change — `test`: the preview FAILED (exit status 3)\n")
+    assert "none was found in its JSON or its log" in summary
+    # Without either, the same files make the usual summary.
+    status, summary = run_review(tmp_path, json.dumps(preview()), "--preview-status", "0", log=log)
+    assert status == 0 and summary.startswith("### Fleet change — `test`: 5 nodes") and "FAILED" not in summary
+
+
+@pytest.mark.parametrize("written", [None, "", "  \n", "Previewing update (test):\nerror: no stack named 'x'\n", "[1, 2]"],
+                         ids=["missing", "empty", "blank", "not JSON", "not a preview"])
+def test_a_preview_whose_json_cannot_be_read_failed(tmp_path, capsys, written):
+    status, summary = run_review(tmp_path, written, "--preview-status", "0",
+                                 log="error: no stack named 'x' found\nerror: no stack named 'x' found\n")
+    assert status == 2
+    first = summary.splitlines()[0]
+    assert first.startswith("### Fleet change: the preview FAILED (the preview") and "0 nodes" not in summary, first
+    assert summary.count("- `no stack named 'x' found`") == 1, summary
+    assert "run `pulumi preview --json | python -m llmgw_pulumi.review`" in capsys.readouterr().err
