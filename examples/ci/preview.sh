@@ -30,18 +30,23 @@ if [ -z "${PULUMI_CONFIG_PASSPHRASE+set}" ] && [ -z "${PULUMI_CONFIG_PASSPHRASE_
 fi
 # The CLI writes the state's encryption salt into the config file it read; each preview gets a fresh copy.
 fresh() { if [ -n "$config" ]; then python3 -m llmgw_pulumi.ci review-config "$stack" "$config"; fi; }
-status=0
+verdict=0
 fresh
 if [ -n "$policy" ] && [ -f "$policy" ]; then
-  pulumi preview "$@" --policy-pack "$pack" --policy-pack-config "$policy" > "$out/policy.txt" 2>&1 || status=$?
+  pulumi preview "$@" --policy-pack "$pack" --policy-pack-config "$policy" > "$out/policy.txt" 2>&1 || verdict=$?
 else
-  pulumi preview "$@" --policy-pack "$pack" > "$out/policy.txt" 2>&1 || status=$?
+  pulumi preview "$@" --policy-pack "$pack" > "$out/policy.txt" 2>&1 || verdict=$?
 fi
+previewed=0
 fresh
-pulumi preview "$@" --json --diff --show-sames > "$out/preview.json" 2> "$out/preview.log" || status=$?
-python3 -m llmgw_pulumi.review "$out/preview.json" --policy "$out/policy.txt" > "$out/summary.md" || status=$?
-if [ "$status" != 0 ]; then
-  { echo; echo "**The preview failed** (exit $status): see the job's log."; } >> "$out/summary.md"
-  cat "$out/policy.txt" "$out/preview.log" >&2
-fi
-exit "$status"
+pulumi preview "$@" --json --diff --show-sames > "$out/preview.json" 2> "$out/preview.log" || previewed=$?
+# The summary says in its first line when the preview failed, and lists its errors; it exits non-zero then.
+summary=0
+python3 -m llmgw_pulumi.review "$out/preview.json" --policy "$out/policy.txt" \
+  --preview-status "$previewed" --preview-log "$out/preview.log" > "$out/summary.md" || summary=$?
+for status in "$previewed" "$summary" "$verdict"; do
+  if [ "$status" != 0 ]; then
+    cat "$out/policy.txt" "$out/preview.log" >&2
+    exit "$status"
+  fi
+done

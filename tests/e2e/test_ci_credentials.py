@@ -88,7 +88,7 @@ def test_a_pull_request_s_job_previews_with_read_access_to_the_state_alone(clust
     assert job.returncode != 0, job.stdout + job.stderr  # a mandatory rule is violated
     summary = (checkout / "out" / "summary.md").read_text()
     print("\n" + summary)
-    assert f"agent upgraded {RELEASE} → {NEXT_RELEASE}" in summary and fleet[0].hostname in summary
+    assert f"agent upgraded `{RELEASE}` → `{NEXT_RELEASE}`" in summary and fleet[0].hostname in summary
     assert "release-verified" in summary and "mandatory" in summary, summary
     assert "no mandatory rule is violated" not in summary
 
@@ -101,7 +101,7 @@ def test_a_pull_request_s_job_previews_with_read_access_to_the_state_alone(clust
     assert [h.passive_tcp_opens() for h in fleet] == opens, "the pull request's job reached a node"
     assert job.returncode == 0, job.stdout + job.stderr
     summary = (checkout / "out" / "summary.md").read_text()
-    assert f"agent upgraded {RELEASE} → {NEXT_RELEASE}" in summary
+    assert f"agent upgraded `{RELEASE}` → `{NEXT_RELEASE}`" in summary
     assert "**Policies: no mandatory rule is violated**" in summary, summary
 
 
