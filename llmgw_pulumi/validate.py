@@ -82,7 +82,21 @@ def address(value: object) -> Problem:
         pass
     if _HOSTNAME.fullmatch(value) and not re.fullmatch(r"[0-9.]+", value):
         return None
+    host, _, port_text = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host and _PORT.fullmatch(port_text) and address(host) is None:
+        return (f"{value!r} holds a port: an address is a host alone",
+                f"give the address as {host}, without a port (a node's SSH port is its own setting, port)")
     return f"{value!r} is not an IP address or a DNS name", "write e.g. 10.0.0.12 or gpu01.example.net"
+
+
+def _is_ipv6(value: str) -> bool:
+    try:
+        ipaddress.IPv6Address(value)
+    except ValueError:
+        return False
+    return _scope_ok(value)
 
 
 def port(value: object) -> Problem:
@@ -110,6 +124,11 @@ def server(value: object) -> Problem:
             return f"{host!r} is not an IPv6 address", "write an IPv6 server as [addr]:port"
     else:
         host, sep, portpart = value.rpartition(":")
+        if _is_ipv6(value) or _is_ipv6(host):
+            # '2001:db8::10:7443' is itself an IPv6 address: which colon starts the port cannot be told.
+            bracketed = f"[{host}]:{portpart}" if _is_ipv6(host) and _PORT.fullmatch(portpart) else f"[{value}]:7443"
+            return (f"{value!r} is an IPv6 address without brackets: its port cannot be told from the address",
+                    f"write it in brackets, as {bracketed}")
         if not sep:
             return f"{value!r} has no port", f"add the control plane's port, e.g. {value}:7443"
         if not host:

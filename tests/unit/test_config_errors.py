@@ -126,6 +126,27 @@ def test_a_wrong_type_in_a_node_list_file_is_written_in_the_file(tmp_path: Path)
     assert problem.startswith("is a string") and "hcas: [mlx5_0]" in fix and "pulumi config" not in fix
 
 
+# --------------------------------------------------------------------------- IPv6 servers
+
+
+@pytest.mark.parametrize("server,bracketed", [("2001:db8::10:7443", "[2001:db8::10]:7443"), ("::1:7443", "[::1]:7443"),
+                                              ("2001:db8::10", "[2001:db8::10]:7443")])
+def test_an_ipv6_server_without_brackets_is_refused_with_the_bracketed_form(server: str, bracketed: str) -> None:
+    _, _, problem, fix = one(problems(changed(servers=["cp1.example.net:7443", server])), "servers[1]")
+    assert "IPv6" in problem and bracketed in fix
+
+
+def test_an_ipv6_server_in_brackets_is_taken() -> None:
+    assert stack_config.parse(changed(servers=["[2001:db8::10]:7443"])).nodes[0].settings.servers == (
+        "[2001:db8::10]:7443",)
+
+
+@pytest.mark.parametrize("field", ["address", "mgmtAddr"])
+def test_a_node_address_with_a_port_says_to_give_the_port_apart(field: str) -> None:
+    _, _, problem, fix = one(problems(with_node(0, **{field: "10.0.0.11:22"})), field)
+    assert "port" in problem and "10.0.0.11," in fix
+
+
 # --------------------------------------------------------------------------- misspelled names
 
 
