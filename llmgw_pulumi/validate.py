@@ -239,11 +239,21 @@ def _host_key_words(value: object) -> tuple[str, str] | None:
     return words[0], words[1]
 
 
+_FINGERPRINT = re.compile(r"\A(SHA256:[A-Za-z0-9+/]{43}=?|(MD5:)?[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){15})\Z")
+"""A host key's fingerprint as `ssh-keygen -l` and ssh print it: SHA256:<base64>, or MD5 in hex pairs."""
+
+
 def host_key(value: object) -> Problem:
     # Whitespace (a .pub file's tab or newline) only separates words, which are normalised; anything else is refused.
     if isinstance(value, str) and _unprintable(" ".join(value.split())):
         return ("contains a control character",
                 "paste the node's host key as its .pub file has it: 'ssh-ed25519 AAAAC3...'")
+    if isinstance(value, str) and _FINGERPRINT.fullmatch(value.strip()):
+        return ("is a fingerprint of a host key, not the key: a fingerprint cannot be checked against what the node "
+                "presents",
+                "give the public key line instead, 'ssh-ed25519 AAAAC3...': the node's "
+                "/etc/ssh/ssh_host_ed25519_key.pub, or `ssh-keyscan -t ed25519 ADDRESS` without its first word, "
+                "after checking that `ssh-keygen -lf` of it prints this fingerprint")
     if _host_key_words(value) is None:
         return ("is not an SSH public key",
                 "paste the node's /etc/ssh/ssh_host_ed25519_key.pub (a trailing comment is dropped), "

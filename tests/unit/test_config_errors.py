@@ -177,6 +177,20 @@ def test_an_empty_key_in_llmgw_nodes_is_quoted() -> None:
     assert where == "node gpu-02" and fix
 
 
+# --------------------------------------------------------------------------- host-key fingerprints
+
+
+@pytest.mark.parametrize("fingerprint", FINGERPRINTS)
+def test_a_fingerprint_given_as_host_key_says_what_to_give_instead(fingerprint: str) -> None:
+    _, _, problem, fix = one(problems(with_node(0, hostKey=fingerprint)), "hostKey")
+    assert "fingerprint" in problem and "ssh-keyscan -t ed25519" in fix and "ssh-ed25519 AAAA" in fix
+
+
+def test_a_jump_hosts_fingerprint_is_named_too() -> None:
+    found = problems(with_node(0, jump=[{"address": "deploy@bastion", "hostKey": FINGERPRINTS[0]}]))
+    assert "fingerprint" in one(found, "jump[0].host_key")[2]
+
+
 # --------------------------------------------------------------------------- every problem at once
 
 
