@@ -29,7 +29,9 @@ file in one pass. Reading secrets and local files happens in program.py.
 
 from __future__ import annotations
 
+import difflib
 import re
+import shlex
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -302,16 +304,37 @@ def _signer(value: Any, has_ca_key: bool, p: Problems) -> SignerConfig | None:
                         timeout_seconds=raw.get("timeoutSeconds"), max_parallel=raw.get("maxParallel"))
 
 
+def misspelled_namespaces(keys: Collection[str], namespace: str = NAMESPACE) -> list[tuple[str, str, str]]:
+    """(key, problem, fix) for each config key (``namespace:key``, of any namespace) whose namespace is not
+    ``namespace`` but nearly is (``llmwg:agent``, ``lmgw:nodes``): Pulumi keeps it, and this program never reads it."""
+    found = []
+    for full in sorted(keys):
+        space, sep, key = full.partition(":")
+        # Nearly the namespace, or somewhat near it for a key this project has (``llm:servers``).
+        near_enough = 0.6 if key.split(".")[0] in SCHEMA else 0.8
+        if not sep or space == namespace or not difflib.get_close_matches(space, [namespace], n=1, cutoff=near_enough):
+            continue
+        meant = f"{namespace}:{key}"
+        near = "" if key.split(".")[0] in SCHEMA else f" ({validate.did_you_mean(key.split('.')[0], SCHEMA)})"
+        found.append((full, f"is not read: its namespace {space!r} is not {namespace!r}",
+                      f"did you mean {meant}?{near} Move it: `pulumi config get {shlex.quote(full)}`, "
+                      f"`pulumi config set {shlex.quote(meant)} ...` (--path for a structured value, --secret for a "
+                      f"secret), then `pulumi config rm {shlex.quote(full)}`"))
+    return found
+
+
 def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: Collection[str] = (),
-          has_agent: bool = False, has_ca_key: bool = False, origins: Sequence[str] = ()) -> StackSpec:
+          has_agent: bool = False, has_ca_key: bool = False, origins: Sequence[str] = (),
+          other_keys: Collection[str] = ()) -> StackSpec:
     """``config``: the llmgw:* keys without their namespace, values as YAML data.
 
     ``secret_keys``: other keys the stack holds as secrets, by name only (their
     values are not read, so they cannot appear in a message). ``has_agent``: an
     ssh-agent is there to log in with, so no key need be configured. ``origins``: where each node
     was written, when not in llmgw:nodes (``file line N``, from llmgw_pulumi.node_list), named in its problems.
+    ``other_keys``: the stack's config keys of other namespaces (``ns:key``), to find a misspelled ``llmgw``.
     """
-    everyone: list[tuple[str, str, str, str]] = []
+    everyone: list[tuple[str, str, str, str]] = [("llmgw", *found) for found in misspelled_namespaces(other_keys)]
     top = Problems("llmgw", Spelling.STACK_CONFIG, config_key=f"{NAMESPACE}:")
     _unknown_keys({**config, **dict.fromkeys(secret_keys)}, SCHEMA, "", "a setting of this project", top)
     # A setting held as a secret is not read: say so, rather than that it is missing.

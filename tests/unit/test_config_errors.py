@@ -150,6 +150,22 @@ def test_a_node_address_with_a_port_says_to_give_the_port_apart(field: str) -> N
 # --------------------------------------------------------------------------- misspelled names
 
 
+@pytest.mark.parametrize("key,meant", [("llmwg:agent", "llmgw:agent"), ("lmgw:nodes", "llmgw:nodes"),
+                                       ("llmgw2:servers", "llmgw:servers"), ("llm:servers", "llmgw:servers")])
+def test_a_key_under_a_misspelled_namespace_is_named_with_the_namespace_meant(key: str, meant: str) -> None:
+    where, _, problem, fix = one(problems(GOOD, other_keys=[key, "aws:region", "pulumi:tags"]), key)
+    assert where == "llmgw" and "namespace" in problem and f"did you mean {meant}?" in fix
+
+
+def test_keys_of_other_namespaces_are_left_alone() -> None:
+    assert stack_config.parse(GOOD, other_keys=["aws:region", "pulumi:tags", "gcp:project", "llm:x"]).nodes
+
+
+def test_a_misspelled_key_under_a_misspelled_namespace_names_both() -> None:
+    _, _, _, fix = one(problems(GOOD, other_keys=["llmwg:severs"]), "llmwg:severs")
+    assert "llmgw:severs" in fix and "servers" in fix.replace("severs", "")
+
+
 def test_a_misspelled_llmgw_key_is_named_with_the_nearest_one() -> None:
     _, _, problem, fix = one(problems(changed(severs=["cp1:7443"])), "severs")
     assert "did you mean servers?" in fix
@@ -192,5 +208,12 @@ def test_a_jump_hosts_fingerprint_is_named_too() -> None:
 
 
 # --------------------------------------------------------------------------- every problem at once
+
+
+def test_three_unrelated_mistakes_are_reported_in_one_run() -> None:
+    config = changed(servers="cp1:7443")
+    config["nodes"][1]["hostKey"] = FINGERPRINTS[0]
+    found = problems(config, other_keys=["llmwg:agent"])
+    assert {p[1] for p in found} == {"servers", "hostKey", "llmwg:agent"}
 
 

@@ -68,6 +68,12 @@ def test_a_misspelled_nested_key_is_an_error(stack_config: None) -> None:
     assert problems == [("llmgw", "ssh.wiat", "is not an ssh setting", "did you mean wait?")]
 
 
+def test_a_key_under_a_misspelled_namespace_is_an_error(stack_config: None) -> None:
+    problems = problems_of({**STACK, "llmwg:agent": json.dumps({"version": "v1.4.3"}), "aws:region": "eu-west-1"})
+    assert [(p[0], p[1]) for p in problems] == [("llmgw", "llmwg:agent")]
+    assert "did you mean llmgw:agent?" in problems[0][3]
+
+
 def test_a_string_where_a_list_belongs_is_named_as_a_string(stack_config: None) -> None:
     # `pulumi config set llmgw:servers cp1:7443` stores a plain string.
     problems = problems_of({**STACK, "llmgw:servers": "cp1:7443"})
