@@ -31,6 +31,7 @@ if _TYPE_CHECKING:  # what a type checker sees; at run time, _PUBLIC's modules a
     from .node import ConnectionArgs as ConnectionArgs
     from .node import Node as Node
     from .node import NodeArgs as NodeArgs
+    from .node import check_node_args as check_node_args
     from .node import node_settings as node_settings
     from .providers.agent import AgentInstall as AgentInstall
     from .providers.agent import AgentInstallArgs as AgentInstallArgs
@@ -48,6 +49,8 @@ _PUBLIC = {
     "Discovery": ".agent_settings", "Fabric": ".agent_settings", "BinarySource": ".agent_settings",
     # every setting of a node, described (for schemas in other languages)
     "node_settings": ".node", "SettingInfo": ".schema",
+    # every problem of a node's settings at once, nothing registered
+    "check_node_args": ".node",
     "ClientCertificate": ".providers.certificate", "ClientCertificateArgs": ".providers.certificate",
     "NodeIdentity": ".providers.identity", "NodeIdentityArgs": ".providers.identity",
     "AgentInstall": ".providers.agent", "AgentInstallArgs": ".providers.agent",

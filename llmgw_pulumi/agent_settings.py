@@ -21,6 +21,7 @@ from .schema import (
     collect_fields,
     collect_one,
     is_unknown,
+    key_shown,
     names,
     setting,
 )
@@ -36,11 +37,19 @@ def _on_node(what: str) -> Callable[[Any], validate.Problem]:
     return lambda value: validate.abs_path(value, what, on_node=True)
 
 
+SERVERS_EXAMPLE = ["cp1.example.net:7443"]
+FABRIC_EXAMPLE = {"name": "ib-east", "hcas": ["mlx5_0"]}
+ENGINES_EXAMPLE = {"vllm": {"bin": "/opt/vllm/bin/vllm"}}
+
+
 def collect_servers(servers: Any, problems: Problems, where: str) -> None:
     """Control planes as host:port, in failover order, each once."""
     if is_unknown(servers) and not isinstance(servers, (list, tuple)):
         return
-    if not isinstance(servers, (list, tuple)) or not servers:
+    if servers is not None and not isinstance(servers, (list, tuple)):
+        problems.wrong_type(where, servers, "a list of host:port", SERVERS_EXAMPLE)
+        return
+    if not servers:
         problems.add(where, "is empty or missing", 'list the control planes as host:port, e.g. ["cp1.example.net:7443"]')
         return
     for i, s in enumerate(servers):
@@ -56,12 +65,11 @@ FABRIC_SCHEMA: Schema = {"name": None, "hcas": None}
 def collect_fabric(fab: Any, problems: Problems, where: str) -> None:
     """One fabric: {name, hcas}."""
     if not isinstance(fab, Mapping):
-        if not is_unknown(fab):
-            problems.add(where, "is not a {name, hcas} mapping", "write each fabric as {name: ib-east, hcas: [mlx5_0]}")
+        problems.wrong_type(where, fab, "a {name, hcas} mapping", FABRIC_EXAMPLE)
         return
     for key in fab:
         if key not in FABRIC_SCHEMA:
-            problems.add(f"{where}.{key}", "is not a fabric setting", validate.did_you_mean(str(key), FABRIC_SCHEMA))
+            problems.add(f"{where}.{key_shown(key)}", "is not a fabric setting", validate.did_you_mean(str(key), FABRIC_SCHEMA))
     if fab.get("name") in (None, ""):
         problems.add(f"{where}.name", "is missing: HCAs were given without a fabric",
                      "name the InfiniBand fabric these HCAs are cabled to; it cannot be discovered")
@@ -69,7 +77,9 @@ def collect_fabric(fab: Any, problems: Problems, where: str) -> None:
         problems.check(f"{where}.name", fab.get("name"), validate.fabric_name)
     hcas = fab.get("hcas")
     if not is_unknown(hcas):
-        if not isinstance(hcas, (list, tuple)) or not hcas:
+        if hcas is not None and not isinstance(hcas, (list, tuple)):
+            problems.wrong_type(f"{where}.hcas", hcas, "a list of HCA names", ["mlx5_0", "mlx5_1"])
+        elif not hcas:
             problems.add(f"{where}.hcas", "is empty: a fabric without HCAs",
                          "list the node's HCAs on this fabric, e.g. [mlx5_0, mlx5_1]")
         else:
@@ -82,7 +92,7 @@ def collect_fabrics(fabrics: Any, problems: Problems, where: str) -> None:
     if is_unknown(fabrics) and not isinstance(fabrics, (list, tuple)):
         return
     if not isinstance(fabrics, (list, tuple)):
-        problems.add(where, "is not a list", "write fabrics as a list of {name, hcas}")
+        problems.wrong_type(where, fabrics, "a list of {name, hcas} mappings", [FABRIC_EXAMPLE])
         return
     seen: set[str] = set()
     for i, fab in enumerate(fabrics):
@@ -98,15 +108,19 @@ def collect_engines(engines: Any, problems: Problems, where: str = "engines") ->
     if is_unknown(engines) and not isinstance(engines, Mapping):
         return
     if not isinstance(engines, Mapping):
-        problems.add(where, "is not a mapping",
-                     "write engines as {llamacpp: {bin: PATH}, vllm: {bin: PATH}, sglang: {python: PATH}}")
+        problems.wrong_type(where, engines, "a mapping of engine to {bin: PATH} (sglang: {python: PATH})",
+                            ENGINES_EXAMPLE)
         return
     for name, conf in engines.items():
         if name not in ENGINE_KEYS:
-            problems.add(f"{where}.{name}", "is not an engine the agent knows", f"use one of {', '.join(ENGINE_KEYS)}")
+            problems.add(f"{where}.{key_shown(name)}", "is not an engine the agent knows", f"use one of {', '.join(ENGINE_KEYS)}")
             continue
         key = ENGINE_KEYS[name]
-        if not isinstance(conf, Mapping) or set(conf) - {key}:
+        if not isinstance(conf, Mapping):
+            problems.wrong_type(f"{where}.{name}", conf, f"a {{{key}: PATH}} mapping",
+                                {key: conf if isinstance(conf, str) and conf else "/absolute/path"})
+            continue
+        if set(conf) - {key}:
             problems.add(f"{where}.{name}", f"must be {{{key}: PATH}}", f"write engines.{name}.{key}: /absolute/path")
             continue
         problems.check(f"{where}.{name}.{key}", conf.get(key), _on_node(f"{name} executable"))

@@ -30,20 +30,23 @@ chosen by a hash of the node id (see ``llmgw_pulumi.shards``); give
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import InitVar, dataclass, field
 from typing import Any, NamedTuple
 
 import pulumi
+from pulumi.output import Unknown
 
 from .agent_settings import AgentSettings, BinarySource
 from .boundary import pulumi_errors
 from .call_stack import recorded_frames
+from .errors import ConfigError
 from .providers.agent import AgentInstall, AgentInstallArgs
 from .providers.certificate import ClientCertificate, ClientCertificateArgs
 from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
-from .schema import SettingInfo, declared_in, describe_args
+from .schema import Problems, SettingInfo, collect_fields, declared_in, describe_args
 from .shards import PACKAGE, provider_for
 from .specs import KEY_ORIGIN_NODE, CertificateSpec, Connection, EngineCheckSpec, NodeRollout, Rollout
 
@@ -102,10 +105,69 @@ class NodeArgs:
                             f"comes from), not {type(self.binary).__name__}: give "
                             f"binary=BinarySource(version='v1.4.2', release_url='https://...')")
 
+    def problems(self) -> list[ConfigError]:
+        """Every problem of these settings at once (``check_node_args``); nothing is registered."""
+        return check_node_args(self)
+
 
 LEGACY_BINARY_FIELDS = ("version", "release_url", "binary_path", "binary_sha256", "release_sha256", "signing_key",
                         "release_ca", "fetch")
 """NodeArgs' keyword arguments of 0.1.0 for what is now ``binary``, in the order of its InitVars."""
+
+
+def _as_inputs(value: Any) -> Any:
+    """``value`` as its resource's check sees it: dataclasses as mappings by input name, sequences as lists, None
+    left out, and an Output as a value not known yet (checked by the resource, once it is known)."""
+    if isinstance(value, pulumi.Output):
+        return Unknown()  # type: ignore[no-untyped-call]  # the SDK does not annotate it
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {}
+        for f in dataclasses.fields(value):
+            v = getattr(value, f.name)
+            if v is not None and f.metadata.get("to_input") and not isinstance(v, pulumi.Output):
+                v = f.metadata["to_input"](v)
+            if v is not None:
+                out[f.name] = _as_inputs(v)
+        return out
+    if isinstance(value, Mapping):
+        return {k: _as_inputs(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_as_inputs(v) for v in value]
+    return value
+
+
+def check_node_args(args: NodeArgs) -> list[ConfigError]:
+    """Every problem of one node's settings, each a ConfigError naming the node, the field (as NodeArgs spells
+    it: ``settings.servers``, ``connection.host_key``) and the fix: what the node's four resources would refuse,
+    one resource at a time, found here at once and before anything is registered. A value that is a pulumi
+    Output is checked by its resource, once it is known."""
+    node = args.node_id if isinstance(args.node_id, str) and args.node_id else "node"
+    found: list[tuple[str, str, str]] = []
+
+    def check(prefix: str, collect: Callable[[Any, Problems], None], props: Any, rename: Mapping[str, str] = {}) -> None:
+        problems = Problems(node)
+        collect(props, problems)
+        for name, problem, fix in problems:
+            name = rename.get(name, prefix + name)
+            if (name, problem, fix) not in found:
+                found.append((name, problem, fix))
+
+    key_origin = args.key_origin or KEY_ORIGIN_NODE
+    certificate = {"node_id": args.node_id, "pki_dir": args.pki_dir, "validity_hours": args.validity_hours,
+                   "renew_before_hours": args.renew_before_hours, "key_origin": key_origin,
+                   "connection": args.connection if key_origin == KEY_ORIGIN_NODE else None, "signer": args.signer,
+                   "ca_key_passphrase": args.ca_key_passphrase}
+    check("", CertificateSpec.collect, _as_inputs(certificate))
+    if key_origin != KEY_ORIGIN_NODE:  # the identity and the agent reach the node in any case
+        check("", Connection.collect, _as_inputs({"connection": args.connection}).get("connection"))
+    check("settings.", AgentSettings.collect, _as_inputs(args.settings) if args.settings is not None else None)
+    check("binary.", BinarySource.collect, _as_inputs(args.binary))
+    check("", lambda props, problems: collect_fields(EngineCheckSpec, props, problems, only=("fail_on_problems",)),
+          _as_inputs({"fail_on_problems": args.fail_on_engine_problems}),
+          rename={"fail_on_problems": "fail_on_engine_problems"})
+    if args.rollout is not None:
+        check("rollout.", lambda props, problems: collect_fields(Rollout, props, problems), _as_inputs(args.rollout))
+    return [ConfigError(node, name, problem, fix) for name, problem, fix in found]
 
 
 def node_settings() -> list[SettingInfo]:

@@ -45,7 +45,7 @@ import yaml
 from . import stack_config, validate
 from .schema import Schema
 
-NAMESPACE = "llmgw"
+NAMESPACE = stack_config.NAMESPACE
 CONFIG_KEY = "inventory"
 """llmgw:inventory, as the issue asked for it (the file is called a node list file here)."""
 KINDS = {".yaml": "yaml", ".yml": "yaml", ".csv": "csv"}

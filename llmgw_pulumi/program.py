@@ -26,7 +26,7 @@ from .errors import ConfigError, LlmgwError
 from .node import Node, NodeArgs, engine_problems
 from .specs import Rollout
 
-CONFIG_NAMESPACE = "llmgw"
+CONFIG_NAMESPACE = stack_config.NAMESPACE
 
 
 def config_keys(namespace: str = CONFIG_NAMESPACE) -> list[str]:
@@ -38,9 +38,14 @@ def config_keys(namespace: str = CONFIG_NAMESPACE) -> list[str]:
     and ``CONFIG``, the map the language host, the Automation API or the test
     mocks set (``set_all_config``; not exported, hence both).
     """
-    keys = set(pulumi.runtime.get_config_env()) | set(runtime_config.CONFIG.get())
     prefix = f"{namespace}:"
-    return sorted(k[len(prefix):] for k in keys if k.startswith(prefix))
+    return sorted(k[len(prefix):] for k in all_config_keys() if k.startswith(prefix))
+
+
+def all_config_keys() -> set[str]:
+    """Every key set in this stack's config, with its namespace (``llmgw:servers``, ``aws:region``): a misspelled
+    namespace (``llmwg:agent``) is found among them (stack_config.misspelled_namespaces)."""
+    return set(pulumi.runtime.get_config_env()) | set(runtime_config.CONFIG.get())
 
 
 def _read_config() -> tuple[dict[str, Any], list[str], dict[str, pulumi.Output[str]]]:
@@ -271,7 +276,8 @@ def resolve() -> Registration:
     # node_list.parse: stack_config.parse with llmgw:inventory's rows, node ids checked across the project's stacks.
     spec = node_list.parse(raw, Path.cwd(), pulumi.get_stack(), has_secret_key=stack_config.SECRET_KEY in secrets,
                            secret_keys=secret_names, has_agent=bool(os.environ.get("SSH_AUTH_SOCK")),
-                           has_ca_key=stack_config.CA_KEY in secrets)
+                           has_ca_key=stack_config.CA_KEY in secrets,
+                           other_keys=[k for k in all_config_keys() if not k.startswith(f"{CONFIG_NAMESPACE}:")])
     stack_agent = functools.cache(lambda: agent_inputs(spec.agent))  # once, and only when a node uses it
     agents = {n.node_id: agent_inputs(n.agent) if n.agent else stack_agent() for n in spec.nodes}
     pki_dir = os.path.abspath(os.path.expanduser(spec.pki_dir)) if spec.pki_dir else None

@@ -21,7 +21,8 @@ of its settings, each declared once with ``setting(...)``:
 What reads the table: the provider's ``check`` (``collect_fields`` with
 ``Problems(node)``), the stack-config reader (the same collectors, with
 ``Problems(node, Spelling.STACK_CONFIG)``: a bad value has the same problem and
-fix in both, each under its own name for the field), ``config_schema`` (every
+fix in both, each under its own name for the field; a value of the wrong type has the same problem, and a fix
+in the reader's own terms, ``Problems.wrong_type``), ``config_schema`` (every
 stack-config key), ``build`` (typed values from inputs; ``boundary.to_inputs`` the way back),
 ``defaults``, ``replace_keys``, ``agent_yaml_entries`` and ``describe``.
 
@@ -33,10 +34,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
+import shlex
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Self, cast
+
+import yaml
 
 from . import validate
 from .errors import ConfigError
@@ -81,6 +86,42 @@ class Spelling(enum.Enum):
     STACK_CONFIG = "stack config"
 
 
+def kind_of(value: object) -> str:
+    """What a value is, as an operator reads it in a message: "a string ('cp1:7443')", "a list", "a mapping"."""
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (true or false)"
+    if isinstance(value, str):
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        return f"a string ({shown!r})" if value else "an empty string"
+    if isinstance(value, (int, float)):
+        return f"a number ({value!r})"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if value is None:
+        return "empty"
+    return f"a {type(value).__name__}"
+
+
+def _leaves(example: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """(path below the setting, value) of each single value of ``example``: '[0]', '[0].id', '.user'."""
+    if isinstance(example, Mapping):
+        for k, v in example.items():
+            yield from _leaves(v, f"{path}.{k}")
+    elif isinstance(example, (list, tuple)):
+        for i, v in enumerate(example):
+            yield from _leaves(v, f"{path}[{i}]")
+    else:
+        yield path, example
+
+
+def flow_yaml(example: Any) -> str:
+    """``example`` as YAML on one line: [cp1:7443], {id: gpu-01, address: 10.0.0.11}."""
+    text = str(yaml.safe_dump(example, default_flow_style=True, sort_keys=False, width=10_000))
+    return text.removesuffix("\n...\n").strip()  # a single value ends its document with '...'
+
+
 @dataclass
 class Problems:
     """Collects (field, problem, fix) triples for one node, read in one spelling; unknown values are skipped."""
@@ -88,6 +129,10 @@ class Problems:
     node: str
     spelling: Spelling = Spelling.INPUTS
     items: list[tuple[str, str, str]] = field(default_factory=list)
+    config_key: str | None = None
+    """How `pulumi config set --path` names what is read, up to where a field's name follows: 'llmgw:' for the
+    stack's settings, 'llmgw:nodes[2].' for a node's; None when the values are not in the stack's config (a node
+    list file, a resource's inputs)."""
 
     @property
     def in_stack_config(self) -> bool:
@@ -102,6 +147,33 @@ class Problems:
 
     def add(self, name: str, problem: str, fix: str) -> None:
         self.items.append((name, problem, fix))
+
+    def wrong_type(self, name: str, value: object, wants: str, example: Any) -> None:
+        """``name`` is ``value``, which is not what it must be (``wants``: 'a list of host:port'): say what it is,
+        and how to write it as ``example`` (a string given for a list of strings: its own words, listed)."""
+        if is_unknown(value):
+            return
+        if isinstance(value, str) and value.strip() and isinstance(example, list) and example \
+                and all(isinstance(e, str) for e in example):
+            example = re.split(r"[\s,]+", value.strip())
+        self.add(name, f"is {kind_of(value)}, not {wants}", self.how_to_write(name, example))
+
+    def how_to_write(self, name: str, example: Any) -> str:
+        """The fix that gives ``name`` the value ``example``: `pulumi config` commands for the stack's config, a YAML
+        line for a node list file, a Python value for inputs."""
+        if self.spelling is Spelling.INPUTS:
+            return f"pass it as {example!r}"
+        leaf = re.split(r"[.\]]", name)[-1] or name
+        if self.config_key is None:
+            return f"write it as {leaf}: {flow_yaml(example)}"
+        key = self.config_key + name
+        if key.endswith("]"):  # a list's item: `pulumi config` can neither retype it nor remove it in place
+            return f"in the stack's settings file, write {key} as {flow_yaml(example)}"
+        sets = [f"`pulumi config set --path {shlex.quote(key + below)} {shlex.quote(str(v))}`"
+                for below, v in _leaves(example)]
+        nested = any(c in key.partition(":")[2] for c in ".[")
+        first = f"`pulumi config rm --path {shlex.quote(key)}`, then " if nested else ""
+        return f"{first}{', '.join(sets)} (in the stack's file: {leaf}: {flow_yaml(example)})"
 
     def __iter__(self) -> Iterator[tuple[str, str, str]]:
         return iter(self.items)
@@ -119,6 +191,11 @@ def raise_problems(collect: Callable[[Mapping[str, Any], Problems], None], props
     collect(props, problems)
     problems.raise_first()
     return problems.node
+
+
+def key_shown(key: object) -> str:
+    """A key as a field's name in a message: as written, or quoted when it is empty, not text or not printable."""
+    return key if isinstance(key, str) and key and key.isprintable() and key.strip() == key else repr(key)
 
 
 # --------------------------------------------------------------------------- declaring a setting
@@ -209,17 +286,17 @@ def collect_one(cls: type, name: str, props: Mapping[str, Any], problems: Proble
 def nested_settings(cls: type, name: str | None = None) -> Collect:
     """The collector of a mapping of ``cls``'s settings: unknown keys with the nearest one, then each setting.
     ``name``: what a setting of it is called in messages (default: the class's name, lower case)."""
-    what = f"a {name or cls.__name__.lower()} setting"
+    called = name or cls.__name__.lower()
+    what = f"a {called} setting"
 
     def collect(value: Any, problems: Problems, where: str) -> None:
-        if not isinstance(value, Mapping):
-            if not is_unknown(value):
-                problems.add(where, "is not a mapping", "write it as key: value pairs")
-            return
         known = names(cls, problems.spelling).values()
+        if not isinstance(value, Mapping):
+            problems.wrong_type(where, value, f"a mapping of {called} settings", {k: "..." for k in list(known)[:1]})
+            return
         for k in value:
             if k not in known:
-                problems.add(f"{where}.{k}", f"is not {what}", validate.did_you_mean(str(k), known))
+                problems.add(f"{where}.{key_shown(k)}", f"is not {what}", validate.did_you_mean(str(k), known))
         collect_fields(cls, value, problems, prefix=f"{where}.")
 
     return collect

@@ -87,11 +87,15 @@ def _collect_jump(value: Any, problems: Problems, where: str) -> None:
     if is_unknown(hops) and not isinstance(hops, (list, tuple)):
         return
     if not isinstance(hops, (list, tuple)):
-        problems.add(where, "is not a list of jump hosts", "write jump: deploy@bastion, or a list of user@host[:port]")
+        problems.wrong_type(where, hops, "a list of jump hosts (user@host[:port])",
+                            ["deploy@bastion.example.net"] if problems.in_stack_config
+                            else [{"address": "deploy@bastion.example.net"}])
         return
     for i, h in enumerate(hops):
         if not isinstance(h, Mapping):
-            problems.add(f"{where}[{i}]", "is not a jump host", "write each jump host as user@host[:port]")
+            problems.wrong_type(f"{where}[{i}]", h, "a jump host (user@host[:port])",
+                                "deploy@bastion.example.net" if problems.in_stack_config
+                                else {"address": "deploy@bastion.example.net"})
             continue
         collect_fields(Hop, h, problems, prefix=f"{where}[{i}].", spelling=Spelling.INPUTS)  # named as inputs
 
@@ -138,8 +142,12 @@ class Connection:
     def collect(props: object, problems: Problems, prefix: str = "connection") -> None:
         if is_unknown(props) and not isinstance(props, Mapping):
             return
-        if not isinstance(props, Mapping):
+        if props is None:
             problems.add(prefix, "is missing", "give the node's SSH connection: host, user and private key")
+            return
+        if not isinstance(props, Mapping):
+            problems.wrong_type(prefix, props, "a connection (ConnectionArgs: host, user, private key...)",
+                                {"host": "10.0.0.11", "user": "deploy"})
             return
         collect_fields(Connection, props, problems, prefix=f"{prefix}.")
 
@@ -272,7 +280,7 @@ def collect_canaries(value: Any, problems: Problems, where: str) -> None:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)):
-        problems.add(where, "is not a list of node ids", "write canary: [gpu-01], the ids of the nodes to update first")
+        problems.wrong_type(where, value, "a list of node ids (the nodes to update first)", ["gpu-01"])
         return
     for i, node in enumerate(value):
         problems.check(f"{where}[{i}]", node, validate.node_id)

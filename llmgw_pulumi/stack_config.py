@@ -29,7 +29,9 @@ file in one pass. Reading secrets and local files happens in program.py.
 
 from __future__ import annotations
 
+import difflib
 import re
+import shlex
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +39,19 @@ from typing import Any
 from . import signer_interface, validate
 from .agent_settings import FABRIC_SCHEMA, AgentSettings, BinarySource, collect_fabric
 from .errors import StackConfigError as StackConfigError  # raised by parse; its home is errors
-from .schema import Problems, Schema, Spelling, build, collect_fields, collect_one, config_schema, renamed
+from .schema import (
+    Problems,
+    Schema,
+    Spelling,
+    build,
+    collect_fields,
+    collect_one,
+    config_schema,
+    flow_yaml,
+    key_shown,
+    kind_of,
+    renamed,
+)
 from .specs import (
     CertificateSpec,
     Connection,
@@ -101,6 +115,8 @@ CA_KEY = "caKey"
 """The CA key of signer caKey, read as a secret (`pulumi config set --secret llmgw:caKey < ca-key.pem`)."""
 SECRET_KEYS = (SECRET_KEY, PASSPHRASE_KEY, CA_PASSPHRASE_KEY, CA_KEY)
 """The settings read as secrets; any other setting held as a secret is refused, unread."""
+NAMESPACE = "llmgw"
+"""The stack config's namespace: ``llmgw:servers``."""
 TOP_KEYS = set(SCHEMA)
 NODE_KEYS = set(NODE_SCHEMA)
 
@@ -160,14 +176,26 @@ def _unknown_keys(given: Mapping[str, Any], valid: Collection[str], where: str, 
     """A problem for each key of ``given`` that is not one of ``valid``, with the nearest valid one."""
     for key in given:
         if key not in valid:
-            p.add(f"{where}.{key}" if where else str(key), f"is not {what}", validate.did_you_mean(str(key), valid))
+            shown = key_shown(key)
+            p.add(f"{where}.{shown}" if where else shown, f"is not {what}", validate.did_you_mean(str(key), valid))
+
+
+MAPPING_EXAMPLES: dict[str, Any] = {
+    "agent": {"version": "v1.4.2", "releaseUrl": "https://releases.example.net/llmgw"},
+    "ssh": {"user": "deploy", "privateKeyPath": "~/.ssh/id_ed25519"},
+    "certificate": {"validityHours": 8760},
+    "rollout": {"maxParallel": 2},
+    "signer": {"kind": "command", "ca": "/srv/llmgw/ca.pem", "command": ["/usr/local/bin/llmgw-sign"]},
+}
+"""How each mapping of the stack config is written, for the fix of one given as something else."""
+NODE_EXAMPLE = {"id": "gpu-01", "address": "10.0.0.11"}
 
 
 def _mapping(value: Any, name: str, p: Problems) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        p.add(name, "is not a mapping", "write it as key: value pairs")
+        p.wrong_type(name, value, f"a mapping of {name} settings", MAPPING_EXAMPLES[name.rpartition(".")[2]])
         return {}
     return value
 
@@ -276,17 +304,38 @@ def _signer(value: Any, has_ca_key: bool, p: Problems) -> SignerConfig | None:
                         timeout_seconds=raw.get("timeoutSeconds"), max_parallel=raw.get("maxParallel"))
 
 
+def misspelled_namespaces(keys: Collection[str], namespace: str = NAMESPACE) -> list[tuple[str, str, str]]:
+    """(key, problem, fix) for each config key (``namespace:key``, of any namespace) whose namespace is not
+    ``namespace`` but nearly is (``llmwg:agent``, ``lmgw:nodes``): Pulumi keeps it, and this program never reads it."""
+    found = []
+    for full in sorted(keys):
+        space, sep, key = full.partition(":")
+        # Nearly the namespace, or somewhat near it for a key this project has (``llm:servers``).
+        near_enough = 0.6 if key.split(".")[0] in SCHEMA else 0.8
+        if not sep or space == namespace or not difflib.get_close_matches(space, [namespace], n=1, cutoff=near_enough):
+            continue
+        meant = f"{namespace}:{key}"
+        near = "" if key.split(".")[0] in SCHEMA else f" ({validate.did_you_mean(key.split('.')[0], SCHEMA)})"
+        found.append((full, f"is not read: its namespace {space!r} is not {namespace!r}",
+                      f"did you mean {meant}?{near} Move it: `pulumi config get {shlex.quote(full)}`, "
+                      f"`pulumi config set {shlex.quote(meant)} ...` (--path for a structured value, --secret for a "
+                      f"secret), then `pulumi config rm {shlex.quote(full)}`"))
+    return found
+
+
 def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: Collection[str] = (),
-          has_agent: bool = False, has_ca_key: bool = False, origins: Sequence[str] = ()) -> StackSpec:
+          has_agent: bool = False, has_ca_key: bool = False, origins: Sequence[str] = (),
+          other_keys: Collection[str] = ()) -> StackSpec:
     """``config``: the llmgw:* keys without their namespace, values as YAML data.
 
     ``secret_keys``: other keys the stack holds as secrets, by name only (their
     values are not read, so they cannot appear in a message). ``has_agent``: an
     ssh-agent is there to log in with, so no key need be configured. ``origins``: where each node
     was written, when not in llmgw:nodes (``file line N``, from llmgw_pulumi.node_list), named in its problems.
+    ``other_keys``: the stack's config keys of other namespaces (``ns:key``), to find a misspelled ``llmgw``.
     """
-    everyone: list[tuple[str, str, str, str]] = []
-    top = Problems("llmgw", Spelling.STACK_CONFIG)
+    everyone: list[tuple[str, str, str, str]] = [("llmgw", *found) for found in misspelled_namespaces(other_keys)]
+    top = Problems("llmgw", Spelling.STACK_CONFIG, config_key=f"{NAMESPACE}:")
     _unknown_keys({**config, **dict.fromkeys(secret_keys)}, SCHEMA, "", "a setting of this project", top)
     # A setting held as a secret is not read: say so, rather than that it is missing.
     unread = [key for key in secret_keys if key in SCHEMA and key not in SECRET_KEYS]
@@ -316,7 +365,13 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
     raw_nodes = config.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         if "nodes" not in unread:
-            everyone.append(("llmgw", "nodes", "is empty or missing", "list the nodes to onboard: - {id: gpu-01, address: 10.0.0.11}"))
+            nodes = Problems("llmgw", Spelling.STACK_CONFIG, config_key=f"{NAMESPACE}:")
+            if raw_nodes is not None and not isinstance(raw_nodes, list):
+                nodes.wrong_type("nodes", raw_nodes, "a list of nodes", [NODE_EXAMPLE])
+            else:
+                nodes.add("nodes", "is empty or missing",
+                          f"list the nodes to onboard: {nodes.how_to_write('nodes', [NODE_EXAMPLE])}")
+            everyone += [("llmgw", *item) for item in nodes]
         raw_nodes = []
     valid: list[tuple[Mapping[str, Any], BinarySource | None]] = []
 
@@ -329,10 +384,15 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
         # An invalid id (newlines, quotes...) would make a confusing label: use the position instead.
         good_id = isinstance(raw, Mapping) and validate.node_id(raw.get("id")) is None
         p = Problems((f"{where(i)} (node {raw['id']})" if origins else f"node {raw['id']}") if good_id else where(i),
-                     Spelling.STACK_CONFIG)
+                     Spelling.STACK_CONFIG, config_key=None if origins else f"{NAMESPACE}:nodes[{i}].")
         if not isinstance(raw, Mapping):
-            p.add("", "is not a mapping", "write each node as {id: ..., address: ...}")
-            everyone += [(p.node, *item) for item in p]
+            if origins:  # a node list file's entry
+                everyone.append((p.node, "entry", f"is {kind_of(raw)}, not a mapping of node settings",
+                                 f"write each node as - {flow_yaml(NODE_EXAMPLE)}"))
+            else:
+                entry = Problems("llmgw", Spelling.STACK_CONFIG, config_key=f"{NAMESPACE}:")
+                entry.wrong_type(f"nodes[{i}]", raw, "a mapping of node settings", NODE_EXAMPLE)
+                everyone += [("llmgw", *item) for item in entry]
             continue
         node_id, addr = raw.get("id"), raw.get("address")
         if isinstance(node_id, str):
@@ -348,7 +408,7 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
         node_agent = _check_node(raw, p, agent)
         everyone += [(p.node, *item) for item in p]
         valid.append((raw, node_agent))
-    rollout_problems = Problems("llmgw", Spelling.STACK_CONFIG)
+    rollout_problems = Problems("llmgw", Spelling.STACK_CONFIG, config_key=f"{NAMESPACE}:")
     rollout = _rollout(config.get("rollout"), [raw.get("id") for raw, _ in valid], rollout_problems)
     everyone += [("llmgw", *item) for item in rollout_problems]
     if everyone:

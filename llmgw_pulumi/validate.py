@@ -82,7 +82,21 @@ def address(value: object) -> Problem:
         pass
     if _HOSTNAME.fullmatch(value) and not re.fullmatch(r"[0-9.]+", value):
         return None
+    host, _, port_text = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host and _PORT.fullmatch(port_text) and address(host) is None:
+        return (f"{value!r} holds a port: an address is a host alone",
+                f"give the address as {host}, without a port (a node's SSH port is its own setting, port)")
     return f"{value!r} is not an IP address or a DNS name", "write e.g. 10.0.0.12 or gpu01.example.net"
+
+
+def _is_ipv6(value: str) -> bool:
+    try:
+        ipaddress.IPv6Address(value)
+    except ValueError:
+        return False
+    return _scope_ok(value)
 
 
 def port(value: object) -> Problem:
@@ -110,6 +124,11 @@ def server(value: object) -> Problem:
             return f"{host!r} is not an IPv6 address", "write an IPv6 server as [addr]:port"
     else:
         host, sep, portpart = value.rpartition(":")
+        if _is_ipv6(value) or _is_ipv6(host):
+            # '2001:db8::10:7443' is itself an IPv6 address: which colon starts the port cannot be told.
+            bracketed = f"[{host}]:{portpart}" if _is_ipv6(host) and _PORT.fullmatch(portpart) else f"[{value}]:7443"
+            return (f"{value!r} is an IPv6 address without brackets: its port cannot be told from the address",
+                    f"write it in brackets, as {bracketed}")
         if not sep:
             return f"{value!r} has no port", f"add the control plane's port, e.g. {value}:7443"
         if not host:
@@ -220,11 +239,21 @@ def _host_key_words(value: object) -> tuple[str, str] | None:
     return words[0], words[1]
 
 
+_FINGERPRINT = re.compile(r"\A(SHA256:[A-Za-z0-9+/]{43}=?|(MD5:)?[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){15})\Z")
+"""A host key's fingerprint as `ssh-keygen -l` and ssh print it: SHA256:<base64>, or MD5 in hex pairs."""
+
+
 def host_key(value: object) -> Problem:
     # Whitespace (a .pub file's tab or newline) only separates words, which are normalised; anything else is refused.
     if isinstance(value, str) and _unprintable(" ".join(value.split())):
         return ("contains a control character",
                 "paste the node's host key as its .pub file has it: 'ssh-ed25519 AAAAC3...'")
+    if isinstance(value, str) and _FINGERPRINT.fullmatch(value.strip()):
+        return ("is a fingerprint of a host key, not the key: a fingerprint cannot be checked against what the node "
+                "presents",
+                "give the public key line instead, 'ssh-ed25519 AAAAC3...': the node's "
+                "/etc/ssh/ssh_host_ed25519_key.pub, or `ssh-keyscan -t ed25519 ADDRESS` without its first word, "
+                "after checking that `ssh-keygen -lf` of it prints this fingerprint")
     if _host_key_words(value) is None:
         return ("is not an SSH public key",
                 "paste the node's /etc/ssh/ssh_host_ed25519_key.pub (a trailing comment is dropped), "

@@ -1,8 +1,10 @@
 """What an operator types and reads: `pulumi config set`, and what `pulumi up` shows under each node's resources."""
 
 import re
+import shlex
 
 import pytest
+import yaml
 
 from llmgw_pulumi.shards import SHARDS_ENV
 from tests.conftest import ssh, stack_config, up_while
@@ -113,3 +115,37 @@ def test_a_config_error_is_shown_once_with_its_fix_and_no_traceback(cluster, new
     shown = [m for m in errors if SHARDS_ENV in m]
     assert len(shown) == 1 and "fix: set the environment variable" in shown[0], errors
     assert not any("Traceback" in m or "unhandled exception" in m for m in errors), errors
+
+
+PROBLEM = re.compile(r"^  (llmgw|node \S+): (\S+): (.*)\n    fix: (.*)$", re.MULTILINE)
+"""One entry of the stack config's list of problems: where, field, problem, fix."""
+
+
+def test_the_fix_of_a_wrong_type_is_a_command_that_fixes_it(cluster, new_stack):
+    # No node is reached: the config errors stop the program before it registers anything.
+    config = stack_config(cluster, [], nodes=[{"id": "gpu-x", "address": "127.0.0.1",
+                                               "fabric": {"name": "ib-east", "hcas": ["mlx5_0"]}}])
+    stack = new_stack(config)
+    # As an operator types them: a plain string where a list belongs, at the top and nested, and a namespace typo.
+    stack.config_set("llmgw:servers", cluster.control_plane.address)
+    stack.config_set("llmgw:nodes[0].fabric.hcas", "mlx5_0", path=True)
+    stack.config_set("llmwg:rollout", "fast")
+    refused = stack.preview()
+    assert not refused.ok
+    (error,) = [d["message"] for d in refused.diagnostics("error")]
+    found = {field: (where, problem, fix) for where, field, problem, fix in PROBLEM.findall(error)}
+    assert set(found) == {"servers", "fabric.hcas", "llmwg:rollout"}, error  # every mistake, in one run
+    assert found["servers"][1].startswith("is a string") and found["fabric.hcas"][0] == "node gpu-x", error
+    assert "did you mean llmgw:rollout?" in found["llmwg:rollout"][2], error
+
+    # Each command of the two fixes, run as printed, sets the value right.
+    commands = [c for field in ("servers", "fabric.hcas") for c in re.findall(r"`(pulumi config [^`]*)`", found[field][2])]
+    assert len(commands) == 3, commands  # servers: set; hcas: rm, then set
+    for command in commands:
+        stack.cli(*shlex.split(command)[1:], "--stack", stack.name)
+    stack.cli("config", "rm", "llmwg:rollout", "--stack", stack.name)
+    stored = yaml.safe_load(stack.config_path.read_text())["config"]
+    assert stored["llmgw:servers"] == [cluster.control_plane.address]
+    assert stored["llmgw:nodes"][0]["fabric"]["hcas"] == ["mlx5_0"]
+    fixed = stack.preview()
+    assert fixed.ok, fixed.output

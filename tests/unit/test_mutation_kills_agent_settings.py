@@ -32,10 +32,19 @@ def found(collect: Callable[[Any, Problems, str], None], value: Any, where: str,
 # --------------------------------------------------------------------------- control planes
 
 
-@pytest.mark.parametrize("servers", [[], None, "cp1:7443", 5, {"cp1": 7443}])
+@pytest.mark.parametrize("servers", [[], None])
 def test_control_planes_are_a_list_that_is_not_empty(servers: Any) -> None:
     assert found(agent_settings.collect_servers, servers, "servers") == [
         ("servers", "is empty or missing", 'list the control planes as host:port, e.g. ["cp1.example.net:7443"]')]
+
+
+@pytest.mark.parametrize("servers,kind,example", [
+    ("cp1:7443", "a string ('cp1:7443')", "['cp1:7443']"), ("cp1:7443, cp2:7443", "a string ('cp1:7443, cp2:7443')",
+                                                            "['cp1:7443', 'cp2:7443']"),
+    (5, "a number (5)", "['cp1.example.net:7443']"), ({"cp1": 7443}, "a mapping", "['cp1.example.net:7443']")])
+def test_control_planes_of_another_type_say_what_they_are(servers: Any, kind: str, example: str) -> None:
+    assert found(agent_settings.collect_servers, servers, "servers") == [
+        ("servers", f"is {kind}, not a list of host:port", f"pass it as {example}")]
 
 
 def test_control_planes_not_known_yet_are_checked_when_they_are() -> None:
@@ -59,9 +68,10 @@ def test_each_control_plane_is_checked_by_its_place_and_listed_once() -> None:
 def test_a_fabric_is_a_mapping_of_a_name_and_hcas() -> None:
     assert found(agent_settings.collect_fabric, {"name": "ib-east", "hcas": ["mlx5_0"]}, "fabrics[0]") == []
     assert found(agent_settings.collect_fabric, UNKNOWN, "fabrics[0]") == []
-    for fab in ("ib-east", ["ib-east"], 5):
+    for fab, kind in (("ib-east", "a string ('ib-east')"), (["ib-east"], "a list"), (5, "a number (5)")):
         assert found(agent_settings.collect_fabric, fab, "fabrics[1]") == [
-            ("fabrics[1]", "is not a {name, hcas} mapping", "write each fabric as {name: ib-east, hcas: [mlx5_0]}")]
+            ("fabrics[1]", f"is {kind}, not a {{name, hcas}} mapping",
+             "pass it as {'name': 'ib-east', 'hcas': ['mlx5_0']}")]
 
 
 def test_a_fabrics_unknown_key_is_named_with_the_nearest_one() -> None:
@@ -79,11 +89,19 @@ def test_hcas_without_a_fabric_name_are_refused(name: Any) -> None:
          "name the InfiniBand fabric these HCAs are cabled to; it cannot be discovered")]
 
 
-@pytest.mark.parametrize("hcas", [None, [], "mlx5_0", 5])
+@pytest.mark.parametrize("hcas", [None, []])
 def test_a_fabric_without_hcas_is_refused(hcas: Any) -> None:
     fab = {"name": "ib-east"} if hcas is None else {"name": "ib-east", "hcas": hcas}
     assert found(agent_settings.collect_fabric, fab, "fabrics[0]") == [
         ("fabrics[0].hcas", "is empty: a fabric without HCAs", "list the node's HCAs on this fabric, e.g. [mlx5_0, mlx5_1]")]
+
+
+@pytest.mark.parametrize("hcas,kind,example", [("mlx5_0", "a string ('mlx5_0')", "['mlx5_0']"),
+                                               ("mlx5_0 mlx5_1", "a string ('mlx5_0 mlx5_1')", "['mlx5_0', 'mlx5_1']"),
+                                               (5, "a number (5)", "['mlx5_0', 'mlx5_1']")])
+def test_hcas_of_another_type_say_what_they_are(hcas: Any, kind: str, example: str) -> None:
+    assert found(agent_settings.collect_fabric, {"name": "ib-east", "hcas": hcas}, "fabrics[0]") == [
+        ("fabrics[0].hcas", f"is {kind}, not a list of HCA names", f"pass it as {example}")]
 
 
 def test_a_fabrics_name_and_hcas_are_each_checked_by_their_place() -> None:
@@ -98,11 +116,13 @@ def test_fabrics_are_a_list_each_fabric_once() -> None:
     assert found(agent_settings.collect_fabrics, [east, west], "fabrics") == []
     assert found(agent_settings.collect_fabrics, UNKNOWN, "fabrics") == []
     assert found(agent_settings.collect_fabrics, east, "nodes[0].fabrics") == [
-        ("nodes[0].fabrics", "is not a list", "write fabrics as a list of {name, hcas}")]
+        ("nodes[0].fabrics", "is a mapping, not a list of {name, hcas} mappings",
+         "pass it as [{'name': 'ib-east', 'hcas': ['mlx5_0']}]")]
     assert found(agent_settings.collect_fabrics, [east, west, {**east, "hcas": ["mlx5_2"]}], "fabrics") == [
         ("fabrics[2].name", "fabric 'ib-east' is listed twice", "list each fabric once")]
     assert found(agent_settings.collect_fabrics, [east, "ib-west", east], "fabrics") == [
-        ("fabrics[1]", "is not a {name, hcas} mapping", "write each fabric as {name: ib-east, hcas: [mlx5_0]}"),
+        ("fabrics[1]", "is a string ('ib-west'), not a {name, hcas} mapping",
+         "pass it as {'name': 'ib-east', 'hcas': ['mlx5_0']}"),
         ("fabrics[2].name", "fabric 'ib-east' is listed twice", "list each fabric once")]
 
 
@@ -115,8 +135,8 @@ def test_engines_are_a_mapping_of_the_engines_the_agent_knows() -> None:
     assert found(agent_settings.collect_engines, ok, "engines") == []
     assert found(agent_settings.collect_engines, UNKNOWN, "engines") == []
     assert found(agent_settings.collect_engines, ["vllm"], "nodes[0].engines") == [
-        ("nodes[0].engines", "is not a mapping",
-         "write engines as {llamacpp: {bin: PATH}, vllm: {bin: PATH}, sglang: {python: PATH}}")]
+        ("nodes[0].engines", "is a list, not a mapping of engine to {bin: PATH} (sglang: {python: PATH})",
+         "pass it as {'vllm': {'bin': '/opt/vllm/bin/vllm'}}")]
     assert found(agent_settings.collect_engines, {"ollama": {"bin": "/opt/o"}, **ok}, "engines") == [
         ("engines.ollama", "is not an engine the agent knows", "use one of llamacpp, vllm, sglang")]
 
@@ -126,11 +146,11 @@ def test_every_engine_is_checked_after_one_that_is_refused() -> None:
     assert found(agent_settings.collect_engines, {"ollama": {"bin": "/opt/o"}, "vllm": {"bin": "vllm"}}, "engines") == [
         ("engines.ollama", "is not an engine the agent knows", "use one of llamacpp, vllm, sglang"), relative]
     assert found(agent_settings.collect_engines, {"llamacpp": "/opt/l", "vllm": {"bin": "vllm"}}, "engines") == [
-        ("engines.llamacpp", "must be {bin: PATH}", "write engines.llamacpp.bin: /absolute/path"), relative]
+        ("engines.llamacpp", "is a string ('/opt/l'), not a {bin: PATH} mapping",
+         "pass it as {'bin': '/opt/l'}"), relative]
 
 
-@pytest.mark.parametrize("conf", ["/opt/sglang/bin/python", {"bin": "/opt/sglang/bin/python"},
-                                  {"python": "/opt/sglang/bin/python", "bin": "/x"}])
+@pytest.mark.parametrize("conf", [{"bin": "/opt/sglang/bin/python"}, {"python": "/opt/sglang/bin/python", "bin": "/x"}])
 def test_each_engine_has_its_one_key(conf: Any) -> None:
     assert found(agent_settings.collect_engines, {"sglang": conf}, "engines") == [
         ("engines.sglang", "must be {python: PATH}", "write engines.sglang.python: /absolute/path")]

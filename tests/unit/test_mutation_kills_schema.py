@@ -32,9 +32,11 @@ def _nested(cls: type, value: Any, spelling: Spelling = Spelling.INPUTS, where: 
     return problems.items
 
 
-@pytest.mark.parametrize("value", ["/usr/bin/nvidia-smi", ["nvidia_smi"], 5])
-def test_nested_settings_that_are_not_a_mapping_are_refused(value: Any) -> None:
-    assert _nested(Discovery, value) == [("settings.discovery", "is not a mapping", "write it as key: value pairs")]
+@pytest.mark.parametrize("value,kind", [("/usr/bin/nvidia-smi", "a string ('/usr/bin/nvidia-smi')"),
+                                        (["nvidia_smi"], "a list"), (5, "a number (5)")])
+def test_nested_settings_that_are_not_a_mapping_are_refused(value: Any, kind: str) -> None:
+    assert _nested(Discovery, value) == [("settings.discovery", f"is {kind}, not a mapping of discovery settings",
+                                          "pass it as {'nvidia_smi': '...'}")]
 
 
 def test_nested_settings_not_known_yet_are_checked_when_they_are() -> None:

@@ -29,13 +29,16 @@ PKI_DIR_MISSING = ("pki_dir", "is missing", "give the PKI directory (pkiDir) hol
                    "or another signer (llmgw:signer)")
 CONNECTION_FOR_THE_KEY = ("connection", "is missing: the node makes its key pair (keyOrigin node), so it must be reached",
                           "pass ClientCertificateArgs.connection, or key_origin='operator' to make the key here")
-NOT_JUMP_LIST = ("is not a list of jump hosts", "write jump: deploy@bastion, or a list of user@host[:port]")
+NOT_JUMP_LIST = "not a list of jump hosts (user@host[:port])"
+JUMP_LIST_FIX = "pass it as [{'address': 'deploy@bastion.example.net'}]"
 BAD_PORT = ("0 is not a TCP port", "use a whole number from 1 to 65535")
 BAD_HOST_KEY = ("is not an SSH public key", "paste the node's /etc/ssh/ssh_host_ed25519_key.pub (a trailing comment is "
                 "dropped), or a known_hosts line without the host: 'ssh-ed25519 AAAAC3...'")
 BAD_ID_FIX = "use 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit"
 """validate.py's words (test_validate_messages says them all); here they only show which check ran."""
-NOT_JUMP = ("is not a jump host", "write each jump host as user@host[:port]")
+NOT_JUMP = "not a jump host (user@host[:port])"
+NOT_CONNECTION = "not a connection (ConnectionArgs: host, user, private key...)"
+CONNECTION_FIX = "pass it as {'host': '10.0.0.11', 'user': 'deploy'}"
 
 KEY_MARK = " ".join(("PRIVATE", "KEY"))
 """A private key's BEGIN-line marker, written so that no file here looks like it holds a key."""
@@ -51,13 +54,22 @@ def found(collect: Callable[[Mapping[str, Any], Problems], None], props: Mapping
 # --------------------------------------------------------------------------- the connection
 
 
-@pytest.mark.parametrize("given", [None, "10.0.0.11", ["10.0.0.11"], 22])
-def test_a_connection_that_is_not_a_mapping_is_missing(given: Any) -> None:
-    assert found(specs.IdentitySpec.collect, {"node_id": "gpu-01", "connection": given, **CERTS}) == [
+def test_a_connection_not_given_is_missing() -> None:
+    assert found(specs.IdentitySpec.collect, {"node_id": "gpu-01", "connection": None, **CERTS}) == [
         ("connection", *CONNECTION_MISSING)]
     problems = Problems("gpu-01")
-    specs.Connection.collect(given, problems, "jump[0]")  # under the name it is given
+    specs.Connection.collect(None, problems, "jump[0]")  # under the name it is given
     assert problems.items == [("jump[0]", *CONNECTION_MISSING)]
+
+
+@pytest.mark.parametrize("given,kind", [("10.0.0.11", "a string ('10.0.0.11')"), (["10.0.0.11"], "a list"),
+                                        (22, "a number (22)")])
+def test_a_connection_that_is_not_a_mapping_says_what_it_is(given: Any, kind: str) -> None:
+    assert found(specs.IdentitySpec.collect, {"node_id": "gpu-01", "connection": given, **CERTS}) == [
+        ("connection", f"is {kind}, {NOT_CONNECTION}", CONNECTION_FIX)]
+    problems = Problems("gpu-01")
+    specs.Connection.collect(given, problems, "jump[0]")  # under the name it is given
+    assert problems.items == [("jump[0]", f"is {kind}, {NOT_CONNECTION}", CONNECTION_FIX)]
 
 
 def test_an_unknown_connection_is_checked_when_it_is_known() -> None:
@@ -96,20 +108,26 @@ def _with_jump(jump: Any) -> dict[str, Any]:
     return {"node_id": "gpu-01", **CERTS, "connection": {**CONN, "jump": jump}}
 
 
-@pytest.mark.parametrize("jump", ["deploy@bastion", {"address": "deploy@bastion"}, 5])
-def test_jump_hosts_as_inputs_are_a_list(jump: Any) -> None:
-    assert found(specs.IdentitySpec.collect, _with_jump(jump)) == [("connection.jump", *NOT_JUMP_LIST)]
+@pytest.mark.parametrize("jump,kind", [("deploy@bastion", "a string ('deploy@bastion')"),
+                                       ({"address": "deploy@bastion"}, "a mapping"), (5, "a number (5)")])
+def test_jump_hosts_as_inputs_are_a_list(jump: Any, kind: str) -> None:
+    assert found(specs.IdentitySpec.collect, _with_jump(jump)) == [
+        ("connection.jump", f"is {kind}, {NOT_JUMP_LIST}", JUMP_LIST_FIX)]
 
 
-@pytest.mark.parametrize("hop", ["deploy@bastion", 5, ["deploy@bastion"]])
-def test_each_jump_host_input_is_a_mapping(hop: Any) -> None:
+@pytest.mark.parametrize("hop,kind", [("deploy@bastion", "a string ('deploy@bastion')"), (5, "a number (5)"),
+                                      (["deploy@bastion"], "a list")])
+def test_each_jump_host_input_is_a_mapping(hop: Any, kind: str) -> None:
     assert found(specs.IdentitySpec.collect, _with_jump([{"address": "ok@bastion"}, hop])) == [
-        ("connection.jump[1]", *NOT_JUMP)]
+        ("connection.jump[1]", f"is {kind}, {NOT_JUMP}",
+         "pass it as {'address': 'deploy@bastion.example.net'}")]
 
 
 def test_every_jump_host_is_checked_after_one_that_is_not_a_mapping() -> None:
     assert found(specs.IdentitySpec.collect, _with_jump([5, {"address": "deploy@bastion", "host_key": "nonsense"}])) == [
-        ("connection.jump[0]", *NOT_JUMP), ("connection.jump[1].host_key", *BAD_HOST_KEY)]
+        ("connection.jump[0]", f"is a number (5), {NOT_JUMP}",
+         "pass it as {'address': 'deploy@bastion.example.net'}"),
+        ("connection.jump[1].host_key", *BAD_HOST_KEY)]
 
 
 def test_each_jump_host_input_is_checked_as_a_hop_named_as_inputs() -> None:
@@ -131,12 +149,13 @@ def test_the_stack_config_gives_jump_hosts_as_text_a_list_of_it_or_mappings() ->
     assert jump(["deploy@bastion", {"address": "deploy@b2:2222", "hostKey": CONN_KEY}]) == []
     assert jump([{"address": "deploy@b2", "hostKey": "nonsense"}]) == [
         ("jump[0].host_key", *BAD_HOST_KEY)]
-    assert jump(5) == [("jump", *NOT_JUMP_LIST)]
-    assert jump([5]) == [("jump[0]", *NOT_JUMP)]
+    assert jump(5) == [("jump", f"is a number (5), {NOT_JUMP_LIST}", "write it as jump: [deploy@bastion.example.net]")]
+    assert jump([5]) == [("jump[0]", f"is a number (5), {NOT_JUMP}", "write it as jump[0]: deploy@bastion.example.net")]
     # As inputs the same text is not a list: only the stack config spells jump hosts as text.
     problems = Problems("gpu-01")
     specs._collect_jump("deploy@bastion", problems, "jump")
-    assert problems.items == [("jump", *NOT_JUMP_LIST)]
+    assert problems.items == [("jump", f"is a string ('deploy@bastion'), {NOT_JUMP_LIST}",
+                               "pass it as [{'address': 'deploy@bastion.example.net'}]")]
 
 
 
@@ -192,7 +211,7 @@ def test_a_key_made_on_the_node_needs_the_connection(origin: str | None) -> None
     assert found(specs.CertificateSpec.collect, props) == [CONNECTION_FOR_THE_KEY]
     assert found(specs.CertificateSpec.collect, {**props, "connection": CONN}) == []
     assert found(specs.CertificateSpec.collect, {**props, "connection": "10.0.0.11"}) == [
-        ("connection", *CONNECTION_MISSING)]
+        ("connection", f"is a string ('10.0.0.11'), {NOT_CONNECTION}", CONNECTION_FIX)]
     assert found(specs.CertificateSpec.collect, {**props, "connection": {**CONN, "port": 0}}) == [
         ("connection.port", *BAD_PORT)]
 
@@ -273,7 +292,7 @@ def test_an_agents_rollout_is_a_mapping_of_rollout_settings() -> None:
     assert found(specs.AgentSpec.collect, {**AGENT, "rollout": {"max_parallel": 0}}) == [
         ("rollout.max_parallel", "0 is not a whole number above 0", "give how many agents may restart at once, e.g. 2")]
     assert found(specs.AgentSpec.collect, {**AGENT, "rollout": "fast"}) == [
-        ("rollout", "is not a mapping", "write it as key: value pairs")]
+        ("rollout", "is a string ('fast'), not a mapping of rollout settings", "pass it as {'max_parallel': '...'}")]
 
 
 def test_an_agent_checks_its_id_and_connection_first() -> None:
@@ -291,8 +310,8 @@ def _canaries(value: Any) -> list[tuple[str, str, str]]:
 
 def test_canaries_are_node_ids_each_once() -> None:
     assert _canaries("gpu-01") == [] and _canaries(["gpu-01", "gpu-02"]) == [] and _canaries(UNKNOWN) == []
-    assert _canaries(5) == [("rollout.canary", "is not a list of node ids",
-                             "write canary: [gpu-01], the ids of the nodes to update first")]
+    assert _canaries(5) == [("rollout.canary", "is a number (5), not a list of node ids (the nodes to update first)",
+                             "write it as canary: [gpu-01]")]
     assert _canaries(["gpu-01", "gpu-01"]) == [("rollout.canary", "lists a node twice", "list each canary once")]
     assert _canaries(["gpu-01", "GPU 02"]) == [
         ("rollout.canary[1]", "'GPU 02' is not a valid DNS label", BAD_ID_FIX)]

@@ -68,6 +68,19 @@ def test_a_misspelled_nested_key_is_an_error(stack_config: None) -> None:
     assert problems == [("llmgw", "ssh.wiat", "is not an ssh setting", "did you mean wait?")]
 
 
+def test_a_key_under_a_misspelled_namespace_is_an_error(stack_config: None) -> None:
+    problems = problems_of({**STACK, "llmwg:agent": json.dumps({"version": "v1.4.3"}), "aws:region": "eu-west-1"})
+    assert [(p[0], p[1]) for p in problems] == [("llmgw", "llmwg:agent")]
+    assert "did you mean llmgw:agent?" in problems[0][3]
+
+
+def test_a_string_where_a_list_belongs_is_named_as_a_string(stack_config: None) -> None:
+    # `pulumi config set llmgw:servers cp1:7443` stores a plain string.
+    problems = problems_of({**STACK, "llmgw:servers": "cp1:7443"})
+    assert [(p[1], p[2].split(",")[0]) for p in problems] == [("servers", "is a string ('cp1:7443')")]
+    assert "pulumi config set --path 'llmgw:servers[0]' cp1:7443" in problems[0][3]
+
+
 def test_keys_passed_in_the_environment_are_read_too(stack_config: None, monkeypatch: pytest.MonkeyPatch) -> None:
     # The language host hands the config to the program as PULUMI_CONFIG (JSON).
     monkeypatch.setenv("PULUMI_CONFIG", json.dumps({"llmgw:certificat": "{}"}))

@@ -46,7 +46,7 @@ BAD = [
     ("node id too long", ("nodes", 0, "id"), "a" * 64, "nodes[0]", "id", "not a valid DNS label"),
     ("node id missing", ("nodes", 0, "id"), DELETE, "nodes[0]", "id", "missing"),
     ("servers empty", ("servers",), [], "llmgw", "servers", "empty"),
-    ("servers not a list", ("servers",), "cp1:7443", "llmgw", "servers", "empty"),
+    ("servers not a list", ("servers",), "cp1:7443", "llmgw", "servers", "not a list of host:port"),
     ("server without a port", ("servers",), ["cp1.example.net"], "llmgw", "servers[0]", "has no port"),
     ("server with a bad port", ("servers",), ["cp1.example.net:99999"], "llmgw", "servers[0]", "no valid port"),
     ("server with spaces", ("servers",), ["cp1 example:7443"], "llmgw", "servers[0]", "spaces"),
@@ -268,7 +268,7 @@ def test_rollout_is_parsed_and_a_single_canary_may_be_one_id():
     ({"maxParallel": True}, "rollout.maxParallel", "True is not a whole number above 0"),
     ({"canary": ["gpu-99"]}, "rollout.canary", "'gpu-99' is not a node of this stack"),
     ({"canary": ["gpu-01", "gpu-01"]}, "rollout.canary", "lists a node twice"),
-    ({"canary": {"id": "gpu-01"}}, "rollout.canary", "is not a list of node ids"),
+    ({"canary": {"id": "gpu-01"}}, "rollout.canary", "is a mapping, not a list of node ids (the nodes to update first)"),
     ({"canarys": ["gpu-01"]}, "rollout.canarys", "is not a rollout setting"),
 ])
 def test_bad_rollout_names_the_field_and_the_fix(rollout, field, words):
