@@ -25,7 +25,7 @@ STACK = {
     "llmgw:servers": json.dumps(["cp1.example.net:7443"]),
     "llmgw:agent": json.dumps({"version": "v1.4.2", "releaseUrl": "https://releases.example.net/llmgw",
                                 "sha256": {"amd64": "ab" * 32}}),
-    "llmgw:sshPrivateKey": "-----BEGIN OPENSSH " + "PRIVATE KEY-----\nK\n",
+    "llmgw:sshPrivateKey": "the SSH key's text",
     "llmgw:nodes": json.dumps([{"id": "gpu-01", "address": "10.0.0.11"}]),
 }
 
@@ -74,7 +74,7 @@ def test_without_a_passphrase_the_input_is_absent_as_before(monitor: Any) -> Any
     return nodes["gpu-01"].engine_check.urn.apply(check)
 
 
-PLAIN = {"caKeyPassphrase": PASSPHRASE, "sshKeyPassphrase": PASSPHRASE, "caKey": "-----BEGIN PRIVATE KEY-----\nC\n",
+PLAIN = {"caKeyPassphrase": PASSPHRASE, "sshKeyPassphrase": PASSPHRASE, "caKey": "the CA key's text",
          "sshPrivateKey": STACK["llmgw:sshPrivateKey"]}
 """A value for each of stack_config.SECRET_KEYS, as an operator might set it without --secret."""
 

@@ -11,7 +11,7 @@ import pytest
 from llmgw_pulumi import child_env, program
 
 CONFIDENTIAL = {
-    "PULUMI_CONFIG": '{"llmgw:caKey": "-----BEGIN PRIVATE KEY-----"}',
+    "PULUMI_CONFIG": '{"llmgw:caKey": "the CA key\'s text"}',
     "PULUMI_CONFIG_SECRET_KEYS": '["llmgw:caKey"]',
     "PULUMI_CONFIG_PASSPHRASE": "the stack's passphrase",
     "PULUMI_CONFIG_PASSPHRASE_FILE": "/root/passphrase",

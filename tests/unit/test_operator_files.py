@@ -34,7 +34,7 @@ def home(tmp_path: Path) -> Path:
 
 def key_file(where: Path, mode: int = 0o600) -> Path:
     path = where / "id_ed25519"
-    path.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nK\n-----END OPENSSH PRIVATE KEY-----\n")
+    path.write_text("the key's text: only the file's mode and owner are read\n")
     path.chmod(mode)
     return path
 

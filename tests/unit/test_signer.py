@@ -126,7 +126,7 @@ def test_a_token_that_refuses_the_pin_is_an_error_quoting_the_signer(token: Toke
 def test_the_signer_gets_the_csr_on_stdin_and_the_request_in_its_environment_not_argv(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # What the language host hands the program in confidence: the stack's decrypted config, and its passphrase.
-    monkeypatch.setenv("PULUMI_CONFIG", '{"llmgw:caKey": "-----BEGIN PRIVATE KEY-----"}')
+    monkeypatch.setenv("PULUMI_CONFIG", '{"llmgw:caKey": "the CA key\'s text"}')
     monkeypatch.setenv("PULUMI_CONFIG_PASSPHRASE", "the stack's passphrase")
     monkeypatch.setenv("PKCS11_PIN_FOR_THE_SIGNER", "1234")
     seen = tmp_path / "seen"
