@@ -22,13 +22,13 @@ set -- --stack "$stack" --non-interactive
 config=
 if [ -z "${PULUMI_CONFIG_PASSPHRASE+set}" ] && [ -z "${PULUMI_CONFIG_PASSPHRASE_FILE:-}" ]; then
   config=$(mktemp -d)/Pulumi.$stack.yaml
-  python3 -m llmgw_pulumi.ci review-config "$stack" "$config"
   PULUMI_CONFIG_PASSPHRASE=$(python3 -c 'from llmgw_pulumi.ci import REVIEW_PASSPHRASE; print(REVIEW_PASSPHRASE)')
   PULUMI_FALLBACK_TO_STATE_SECRETS_MANAGER=true
   export PULUMI_CONFIG_PASSPHRASE PULUMI_FALLBACK_TO_STATE_SECRETS_MANAGER
   set -- "$@" --config-file "$config"
 fi
-# The CLI writes the state's encryption salt into the config file it read; each preview gets a fresh copy.
+# The CLI writes the state's encryption salt into the config file it read; each preview gets a fresh copy
+# (a config holding a secret is refused here, before the first preview).
 fresh() { if [ -n "$config" ]; then python3 -m llmgw_pulumi.ci review-config "$stack" "$config"; fi; }
 verdict=0
 fresh
