@@ -27,6 +27,7 @@ import pulumi
 from . import stack_config
 from .agent_settings import FABRIC_SCHEMA, AgentSettings, BinarySource, Fabric
 from .schema import settings_of
+from .signer_interface import SignerSpec
 from .specs import CertificateSpec, Connection, EngineCheckSpec, Rollout
 
 OUTPUT_CAPABLE = ("address", "hostKey")
@@ -180,8 +181,8 @@ def declared_settings() -> tuple[Declared, ...]:
             cls = sections[key]
             declared.append(Declared(key, None, _class_doc(cls), _from_class(cls, sub, f"{key}."), name=_pascal(key)))
         elif key == "signer":
-            declared.append(_from_schema(key, sub, "How certificates are signed: {kind: pkiDir|caKey|command, ca, "
-                                         "command, timeoutSeconds, maxParallel} (docs/operations.md, Signers).", ""))
+            declared.append(Declared(key, None, _class_doc(SignerSpec), _from_class(SignerSpec, sub, f"{key}."),
+                                     name="Signer"))
         elif sub is None:
             declared += _from_class(CertificateSpec, {key: None}, "")
     docs = _module_docs(stack_config)

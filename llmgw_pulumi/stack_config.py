@@ -96,7 +96,7 @@ SSH_SCHEMA: Schema = {**parts_schema(SSH_PART), "privateKeyPath": None}
 CERTIFICATE_SCHEMA: Schema = parts_schema(CERTIFICATE_PART)
 ROLLOUT_SCHEMA: Schema = config_schema(Rollout)
 NODE_SCHEMA: Schema = {"id": None, **parts_schema(*NODE_PARTS), "fabric": FABRIC_SCHEMA, "agent": AGENT_SCHEMA}
-SIGNER_SCHEMA: Schema = {"kind": None, "ca": None, "command": None, "timeoutSeconds": None, "maxParallel": None}
+SIGNER_SCHEMA: Schema = config_schema(signer_interface.SignerSpec)
 SCHEMA: Schema = {
     "pkiDir": None, "signer": SIGNER_SCHEMA, "caKey": None, "servers": None, "agent": AGENT_SCHEMA,
     "ssh": SSH_SCHEMA, "sshPrivateKey": None, "sshKeyPassphrase": None, "caKeyPassphrase": None,
