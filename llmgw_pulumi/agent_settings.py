@@ -141,7 +141,9 @@ class Fabric:
     """An InfiniBand fabric the node is cabled to, and its HCAs on it (never guessed: SPEC step 6)."""
 
     name: str
+    """The fabric's name, as the control plane knows it."""
     hcas: Sequence[str]
+    """The node's HCAs cabled to it (mlx5_0, ...)."""
 
 
 def _fabrics(fabrics: Sequence[Mapping[str, Any]]) -> tuple[Fabric, ...]:
@@ -231,7 +233,7 @@ def _fetch(value: object) -> validate.Problem:
 
 @dataclass(frozen=True)
 class BinarySource(FromProps):
-    """Where /usr/local/bin/llmgw comes from (SPEC step 5).
+    """Where the agent binary (/usr/local/bin/llmgw on the node) comes from: a release, or a local build.
 
     A release tag is downloaded from ``release_url`` (by the node, or with
     ``fetch: operator`` by the operator's side, which pushes it) and must have

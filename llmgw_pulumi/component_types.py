@@ -26,7 +26,8 @@ import pulumi
 
 from . import stack_config
 from .agent_settings import FABRIC_SCHEMA, AgentSettings, BinarySource, Fabric
-from .schema import settings_of
+from .schema import REQUIRED, settings_of
+from .signer_interface import SignerSpec
 from .specs import CertificateSpec, Connection, EngineCheckSpec, Rollout
 
 OUTPUT_CAPABLE = ("address", "hostKey")
@@ -57,6 +58,8 @@ class Declared:
     """A list of mappings of ``children`` (``fabrics``, ``jump``)."""
     name: str = ""
     """For a mapping: the name of its type."""
+    default: Any = None
+    """Its default (None: none, or the setting is not given); ``schema.REQUIRED`` when it must be given."""
 
 
 def _attribute_docs(cls: type) -> dict[str, str]:
@@ -126,19 +129,29 @@ def _setting(owner: type, name: str, key: str, tp: Any, sub: Any, path: str,
              f: dataclasses.Field[Any] | None = None) -> Declared:
     # The declaration's doc (schema.setting(doc=...)); else the attribute docstring (plain dataclasses: Fabric).
     doc = (f.metadata.get("doc") if f is not None else "") or _attribute_docs(owner).get(name, "")
+    default = _default(f) if f is not None else None
     nested = f.metadata.get("nested") if f is not None else None
     plain = _plain(tp)
     item = typing.get_args(plain)[0] if typing.get_origin(plain) is list else None
     if nested is not None or dataclasses.is_dataclass(plain):
         cls = typing.cast(type, nested or plain)
-        return Declared(key, None, doc, _from_class(cls, sub or _keys_of(cls), f"{path}{key}."), name=cls.__name__)
+        return Declared(key, None, doc, _from_class(cls, sub or _keys_of(cls), f"{path}{key}."), name=cls.__name__,
+                        default=None if dataclasses.is_dataclass(default) else default)
     if item is not None and dataclasses.is_dataclass(item):
         item = typing.cast(type, item)
         item_schema = sub[0] if isinstance(sub, list) else _keys_of(item)
         return Declared(key, None, doc, _from_class(item, item_schema, f"{path}{key}[]."), many=True, name=item.__name__)
     if isinstance(sub, Mapping):  # a mapping declared by its schema only (engines): its leaves are text (paths)
         return _from_schema(key, sub, doc, path)
-    return Declared(key, plain, doc)
+    return Declared(key, plain, doc, default=default)
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return REQUIRED
 
 
 def _keys_of(cls: type) -> dict[str, None]:
@@ -146,8 +159,13 @@ def _keys_of(cls: type) -> dict[str, None]:
         dict.fromkeys(typing.get_type_hints(cls))
 
 
+_LEAF_DOC = "An absolute path on the node."
+"""A mapping declared by its schema only is the engines: a mapping per engine, of paths on the node."""
+
+
 def _from_schema(key: str, schema: Mapping[str, Any], doc: str, path: str) -> Declared:
-    children = tuple(_from_schema(k, sub, "", f"{path}{key}.") if isinstance(sub, Mapping) else Declared(k, str, "")
+    children = tuple(_from_schema(k, sub, f"The {k} engine on the node.", f"{path}{key}.") if isinstance(sub, Mapping)
+                     else Declared(k, str, _LEAF_DOC)
                      for k, sub in schema.items())
     return Declared(key, None, doc, children, name=_pascal(f"{path}{key}"))
 
@@ -180,8 +198,8 @@ def declared_settings() -> tuple[Declared, ...]:
             cls = sections[key]
             declared.append(Declared(key, None, _class_doc(cls), _from_class(cls, sub, f"{key}."), name=_pascal(key)))
         elif key == "signer":
-            declared.append(_from_schema(key, sub, "How certificates are signed: {kind: pkiDir|caKey|command, ca, "
-                                         "command, timeoutSeconds, maxParallel} (docs/operations.md, Signers).", ""))
+            declared.append(Declared(key, None, _class_doc(SignerSpec), _from_class(SignerSpec, sub, f"{key}."),
+                                     name="Signer"))
         elif sub is None:
             declared += _from_class(CertificateSpec, {key: None}, "")
     docs = _module_docs(stack_config)

@@ -11,10 +11,12 @@ from __future__ import annotations
 import datetime as dt
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from . import validate
+from .schema import setting
 from .text import printable
 
 KIND_PKI_DIR, KIND_CA_KEY, KIND_COMMAND = "pkiDir", "caKey", "command"
@@ -96,16 +98,63 @@ class Signer(Protocol):
         ...
 
 
+def _kind(value: object) -> validate.Problem:
+    if value not in KINDS:
+        return f"{printable(str(value))!r} is not a signer", f"use one of {', '.join(KINDS)}"
+    return None
+
+
+def _ca(value: object) -> validate.Problem:
+    if not isinstance(value, str) or "-----BEGIN CERTIFICATE-----" not in value:
+        return ("is missing or not a PEM certificate",
+                "give the CA certificate (ca.pem) as a path on this machine or as its PEM text")
+    return None
+
+
+def _command(value: object) -> validate.Problem:
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(a, str) and a for a in value):
+        return ("is not a list of arguments",
+                "give the signer as an argv list, e.g. [/usr/local/bin/llmgw-sign, --profile, node]")
+    if not os.path.isabs(value[0]):
+        return (f"{printable(value[0])!r} is not an absolute path",
+                "give the signer program's absolute path, so no $PATH decides which program signs")
+    return None
+
+
+def _timeout(value: object) -> validate.Problem:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 3600:
+        return "is not a number of seconds between 0 and 3600", "e.g. 60"
+    return None
+
+
+def _max_parallel(value: object) -> validate.Problem:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or int(value) != value or not 1 <= value <= 64:
+        return "is not a whole number from 1 to 64", "e.g. 4"
+    return None
+
+
 @dataclass(frozen=True)
 class SignerSpec:
-    """``llmgw:signer`` as a ClientCertificate's ``signer`` input (never holding a secret)."""
+    """How node certificates are signed: with the CA key in pkiDir (the default), with the CA key held as the
+    secret llmgw:caKey, or by a program of yours.
 
-    kind: str = KIND_PKI_DIR
-    ca_pem: str | None = None
-    """The CA certificate (PEM text) for caKey and command; pkiDir reads ca.pem from its directory."""
-    command: tuple[str, ...] = ()
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
-    max_parallel: int = DEFAULT_MAX_PARALLEL
+    ``llmgw:signer`` in the stack config; a ClientCertificate's ``signer`` input, where ``ca_pem`` holds the
+    certificate's text. It never holds a secret."""
+
+    kind: str = setting("kind", _kind, default=KIND_PKI_DIR,
+                        doc="pkiDir: ca.pem and ca-key.pem in pkiDir on this machine; caKey: the CA key held as the "
+                            "secret llmgw:caKey; command: a program of yours signs (an HSM, Vault, step-ca).")
+    ca_pem: str | None = setting("ca", _ca, default=None,
+                                 doc="The CA certificate, for caKey and command: a path on this machine or its PEM "
+                                     "text (pkiDir reads ca.pem from its directory).")
+    command: tuple[str, ...] = setting("command", _command, convert=tuple, default=(),
+                                       doc="For kind command: the signer program and its arguments, as a list; the "
+                                           "program's absolute path first. It reads the CSR on stdin and prints "
+                                           "the certificate.")
+    timeout_seconds: float = setting("timeoutSeconds", _timeout, convert=float, default=DEFAULT_TIMEOUT_SECONDS,
+                                     doc="How long one signing may take, in seconds (at most 3600).")
+    max_parallel: int = setting("maxParallel", _max_parallel, convert=int, default=DEFAULT_MAX_PARALLEL,
+                                doc="How many certificates are signed at once (1 to 64).")
 
     @classmethod
     def from_input(cls, value: Mapping[str, Any] | None) -> SignerSpec:
@@ -118,34 +167,27 @@ class SignerSpec:
 
 
 def problems(value: object) -> list[tuple[str, str, str]]:
-    """What is wrong with a ``signer`` input: (field, problem, fix), field names as in llmgw:signer."""
+    """What is wrong with a ``signer`` input: (field, problem, fix), field names as in llmgw:signer. Each value is
+    checked by its setting's validator; what depends on the kind (which settings it needs or refuses) here."""
     if value is None:
         return []
     if not isinstance(value, Mapping):
         return [("signer", "is not a mapping", "write it as {kind: command, ca: ..., command: [...]}")]
     out = []
+
+    def check(name: str, key: str, validator: Callable[[Any], validate.Problem], default: object) -> None:
+        bad = validator(value.get(name, default))
+        if bad:
+            out.append((f"signer.{key}", *bad))
+
     kind = value.get("kind", KIND_PKI_DIR)
-    if kind not in KINDS:
-        out.append(("signer.kind", f"{printable(str(kind))!r} is not a signer", f"use one of {', '.join(KINDS)}"))
+    check("kind", "kind", _kind, KIND_PKI_DIR)
     if kind in (KIND_CA_KEY, KIND_COMMAND):
-        ca = value.get("ca_pem")
-        if not isinstance(ca, str) or "-----BEGIN CERTIFICATE-----" not in ca:
-            out.append(("signer.ca", "is missing or not a PEM certificate",
-                        "give the CA certificate (ca.pem) as a path on this machine or as its PEM text"))
-    command = value.get("command")
+        check("ca_pem", "ca", _ca, None)
     if kind == KIND_COMMAND:
-        if not isinstance(command, (list, tuple)) or not command or not all(isinstance(a, str) and a for a in command):
-            out.append(("signer.command", "is not a list of arguments",
-                        "give the signer as an argv list, e.g. [/usr/local/bin/llmgw-sign, --profile, node]"))
-        elif not os.path.isabs(command[0]):
-            out.append(("signer.command", f"{printable(command[0])!r} is not an absolute path",
-                        "give the signer program's absolute path, so no $PATH decides which program signs"))
-    elif command:
+        check("command", "command", _command, None)
+    elif value.get("command"):
         out.append(("signer.command", f"is given, but the signer is {kind}", "set signer.kind: command, or remove it"))
-    timeout = value.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout <= 3600:
-        out.append(("signer.timeoutSeconds", "is not a number of seconds between 0 and 3600", "e.g. 60"))
-    bound = value.get("max_parallel", DEFAULT_MAX_PARALLEL)
-    if not isinstance(bound, (int, float)) or isinstance(bound, bool) or int(bound) != bound or not 1 <= bound <= 64:
-        out.append(("signer.maxParallel", "is not a whole number from 1 to 64", "e.g. 4"))
+    check("timeout_seconds", "timeoutSeconds", _timeout, DEFAULT_TIMEOUT_SECONDS)
+    check("max_parallel", "maxParallel", _max_parallel, DEFAULT_MAX_PARALLEL)
     return out

@@ -107,7 +107,9 @@ def _any_secret(value: object, problems: Problems, where: str) -> None:
 
 @dataclass(frozen=True)
 class Connection:
-    """How to reach a node over SSH (``ConnectionArgs``). ``private_key`` is secret; it is never shown in repr.
+    """How to reach a node over SSH.
+
+    ``ConnectionArgs``. ``private_key`` is secret; it is never shown in repr.
 
     Given to a resource or to Node, any value may be a pulumi Output.
     """
@@ -186,11 +188,14 @@ def _certificate_signer(value: object, problems: Problems, where: str) -> None:
 
 @dataclass(frozen=True)
 class CertificateSpec(FromProps):
+    """The node's client certificate: how long it is valid, when it is renewed, and where its key pair is made."""
+
     node_id: str = setting("id", validate.node_id, replaces=True,
                            doc="The node's id: its certificate's CN, a DNS label. Another id is another node: replaced.")
     pki_dir: str | None = setting("pkiDir", lambda v: validate.abs_path(v, "PKI directory (holding ca.pem and ca-key.pem)"),
                                   default=None,
-                                  doc="The signer pkiDir's directory (the default signer); None with another signer.")
+                                  doc="The directory on this machine holding ca.pem and ca-key.pem, for the default signer "
+                                      "(pkiDir); not needed with another signer.")
     validity_hours: float = setting("validityHours", validate.hours, convert=float, default=DEFAULT_VALIDITY_HOURS,
                                     doc="How long a certificate issued to the node is valid, in hours.")
     renew_before_hours: float = setting("renewBeforeHours", validate.hours, convert=float,
@@ -307,7 +312,9 @@ def _rollout_directory() -> Any:
 
 @dataclass(frozen=True)
 class Rollout:
-    """How updates of running agents are spread (stack config ``llmgw:rollout``; see llmgw_pulumi.rollout).
+    """How updates of running agents are spread across the stack: how many restart at once, and which first.
+
+    Stack config ``llmgw:rollout``; see llmgw_pulumi.rollout.
 
     ``directory`` is the stack's coordination directory on the operator's machine
     (the program sets it); it is not a stack-config setting.

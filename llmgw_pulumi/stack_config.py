@@ -96,13 +96,12 @@ SSH_SCHEMA: Schema = {**parts_schema(SSH_PART), "privateKeyPath": None}
 CERTIFICATE_SCHEMA: Schema = parts_schema(CERTIFICATE_PART)
 ROLLOUT_SCHEMA: Schema = config_schema(Rollout)
 NODE_SCHEMA: Schema = {"id": None, **parts_schema(*NODE_PARTS), "fabric": FABRIC_SCHEMA, "agent": AGENT_SCHEMA}
-SIGNER_SCHEMA: Schema = {"kind": None, "ca": None, "command": None, "timeoutSeconds": None, "maxParallel": None}
+SIGNER_SCHEMA: Schema = config_schema(signer_interface.SignerSpec)
 SCHEMA: Schema = {
     "pkiDir": None, "signer": SIGNER_SCHEMA, "caKey": None, "servers": None, "agent": AGENT_SCHEMA,
     "ssh": SSH_SCHEMA, "sshPrivateKey": None, "sshKeyPassphrase": None, "caKeyPassphrase": None,
     "certificate": CERTIFICATE_SCHEMA,
-    **parts_schema(*TOP_PARTS), "rollout": ROLLOUT_SCHEMA, "nodes": [NODE_SCHEMA],
-    "inventory": None,  # a node list file (YAML or CSV) instead of llmgw:nodes: llmgw_pulumi.node_list
+    **parts_schema(*TOP_PARTS), "rollout": ROLLOUT_SCHEMA, "nodes": [NODE_SCHEMA], "inventory": None,
 }
 """Every setting of the llmgw namespace; anything else in a stack's config is refused by name."""
 SECRET_KEY = "sshPrivateKey"
@@ -115,6 +114,11 @@ CA_KEY = "caKey"
 """The CA key of signer caKey, read as a secret (`pulumi config set --secret llmgw:caKey < ca-key.pem`)."""
 SECRET_KEYS = (SECRET_KEY, PASSPHRASE_KEY, CA_PASSPHRASE_KEY, CA_KEY)
 """The settings read as secrets; any other setting held as a secret is refused, unread."""
+NODES_KEY = "nodes"
+"""The nodes to onboard: a list of mappings, each a node's settings (what a node does not give is the stack's)."""
+INVENTORY_KEY = "inventory"
+"""A node list file (YAML or CSV; a path relative to the project directory) that holds the nodes instead of
+llmgw:nodes: each row a node's settings."""
 NAMESPACE = "llmgw"
 """The stack config's namespace: ``llmgw:servers``."""
 TOP_KEYS = set(SCHEMA)
