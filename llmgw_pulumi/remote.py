@@ -57,16 +57,26 @@ def script_text(name: str) -> str:
     return resources.files(__package__).joinpath("scripts", name).read_text(encoding="utf-8")
 
 
+_EXIT_LINE = re.compile(r"^EXIT_([A-Z_]+)=(\d+)\b[ \t]*(?:#[ \t]*(\w+))?", re.M)
+
+
 def parse_exits(text: str) -> dict[str, int]:
     """``EXIT_NAME=N`` lines -> {NAME: N}."""
-    return {m[1]: int(m[2]) for m in re.finditer(r"^EXIT_([A-Z_]+)=(\d+)\b", text, re.M)}
+    return {m[1]: int(m[2]) for m in _EXIT_LINE.finditer(text)}
+
+
+def exit_errors(text: str) -> dict[int, str]:
+    """``EXIT_NAME=N  # ErrorClass`` lines -> {N: the name of the error class (llmgw_pulumi.errors) it means}."""
+    return {int(m[2]): m[3] for m in _EXIT_LINE.finditer(text) if m[3]}
 
 
 _CODES = parse_exits(script_text("exits.sh"))
+EXIT_ERRORS = exit_errors(script_text("exits.sh"))
+"""Each exit code -> the name of the error class that says what it means (llmgw_pulumi.errors)."""
 
 
 class Exit(IntEnum):
-    """How a script ended; the numbers are those of scripts/exits.sh."""
+    """How a script ended: the numbers of scripts/exits.sh (what each means: ``EXIT_ERRORS``)."""
 
     OK = 0
     RELEASE_FETCH = _CODES["RELEASE_FETCH"]
@@ -74,19 +84,16 @@ class Exit(IntEnum):
     AGENT_START = _CODES["AGENT_START"]
     WRITE = _CODES["WRITE"]
     BUSY = _CODES["BUSY"]
-    """Another change to the node held its lock for too long."""
     NO_KEYGEN = _CODES["NO_KEYGEN"]
     KEY_MISSING = _CODES["KEY_MISSING"]
     VERSION = _CODES["VERSION"]
-    """A release binary reports another version than the tag asked for."""
     UNSAFE_DIR = _CODES["UNSAFE_DIR"]
-    """A directory to install into is writable by a user other than root."""
     NO_LOCK = _CODES["NO_LOCK"]
-    """The node cannot take its lock (no flock, or a /run others can write): nothing was changed."""
     STALE = _CODES["STALE"]
-    """The node no longer holds what the plan was made from: nothing was changed (it is read again)."""
 
 
+if set(EXIT_ERRORS) != set(_CODES.values()):
+    raise ImportError(f"scripts/exits.sh names no error class for exit {sorted(set(_CODES.values()) - set(EXIT_ERRORS))}")
 if set(_CODES) != set(Exit.__members__) - {"OK"}:
     raise ImportError(f"scripts/exits.sh and remote.Exit name different exits: {sorted(set(_CODES) ^ set(Exit.__members__))}")
 

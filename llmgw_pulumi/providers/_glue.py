@@ -31,7 +31,7 @@ from .. import errors, facts, remote, sessions
 from ..boundary import pulumi_errors, to_inputs
 from ..desired import NodeFile
 from ..errors import LlmgwError
-from ..remote import Exit, Result
+from ..remote import EXIT_ERRORS, Exit, Result
 from ..schema import normalise as normalise  # the diff's, and the review's (fleet_review)
 from ..schema import replace_keys
 from ..sessions import Runner
@@ -267,19 +267,8 @@ def warn_state_kept(exc: Exception) -> None:
     log.warning("%s; its state is kept as it was", exc)
 
 
-_EXIT_ERRORS: dict[int, type[LlmgwError]] = {
-    Exit.RELEASE_FETCH: errors.ReleaseFetchError,
-    Exit.CHECKSUM: errors.ChecksumMismatchError,
-    Exit.AGENT_START: errors.AgentStartError,
-    Exit.WRITE: errors.NodeDiskFullError,
-    Exit.BUSY: errors.NodeBusyError,
-    Exit.NO_KEYGEN: errors.NoKeygenError,
-    Exit.KEY_MISSING: errors.NodeKeyMissingError,
-    Exit.VERSION: errors.ReleaseVersionError,
-    Exit.UNSAFE_DIR: errors.UnsafeDirectoryError,
-    Exit.NO_LOCK: errors.NodeLockUnavailableError,
-    Exit.STALE: errors.NodeChangedError,
-}
+_EXIT_ERRORS: dict[int, type[LlmgwError]] = {code: getattr(errors, name) for code, name in EXIT_ERRORS.items()}
+"""Each exit code's error, as scripts/exits.sh names it."""
 
 
 def raise_for(res: Any, node: str, doing: str) -> None:

@@ -86,6 +86,23 @@ def test_exit_codes_have_one_source():
     assert numbers == [], "an exit code is written as a number outside exits.sh"
 
 
+def test_each_exit_code_means_what_its_error_class_says():
+    text = remote.script_text("exits.sh")
+    assert remote.exit_errors(text) == remote.EXIT_ERRORS
+    assert sorted(remote.EXIT_ERRORS) == sorted(e.value for e in remote.Exit if e.name != "OK")
+    assert remote.EXIT_ERRORS[remote.Exit.STALE] == "NodeChangedError"
+    for code, name in remote.EXIT_ERRORS.items():
+        cls = getattr(errors, name)
+        assert issubclass(cls, errors.LlmgwError) and cls.__doc__ and cls.fix, (code, name)
+    # The meaning is the class's alone: no other comment or docstring beside a code repeats it.
+    assert re.findall(r"^EXIT_\w+=\d+\s*#\s*(.*)$", text, re.M) == list(remote.EXIT_ERRORS.values())
+
+
+def test_a_code_without_its_error_class_is_not_read_as_one():
+    assert remote.exit_errors("EXIT_A=71   # ReleaseFetchError\nEXIT_B=72\n") == {71: "ReleaseFetchError"}
+    assert remote.parse_exits("EXIT_A=71   # ReleaseFetchError\nEXIT_B=72\n") == {"A": 71, "B": 72}
+
+
 ALL_SCRIPTS = [*remote.SCRIPTS, "prelude.sh", "exits.sh"]
 
 
