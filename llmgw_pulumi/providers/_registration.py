@@ -10,6 +10,7 @@ at the timeout is stopped).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -88,10 +89,8 @@ def _run(argv: list[str], timeout: float) -> tuple[int | str, str, str]:
         try:
             status: int | str = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            try:
+            with contextlib.suppress(ProcessLookupError):  # it may have ended just now
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait()
             status = f"was stopped after {timeout:.1f} s"
         printed = []
