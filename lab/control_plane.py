@@ -10,7 +10,14 @@ the same CA. Then the line protocol of lab/doubles/llmgw.py:
 
 It refuses a stream whose node id differs from its certificate's common name
 (`REFUSED cn-mismatch`), and a standby refuses every stream (`REFUSED standby`).
-Every outcome is recorded in `events`, refusals included, for tests to assert on.
+
+`llmgw ctl nodes` asks it, over the same mutual TLS (any client certificate of
+the cluster CA), which nodes it has:
+
+    ctl: NODES                server: NODE <node id>   (one line per node with an accepted stream open now)
+                              server: END
+
+Every outcome is recorded in `events`, refusals and listings included, for tests to assert on.
 
 With `netns=` (a lab netns, e.g. `Lab.add_netns("cp", 3, segment="private")`) its
 listening socket is made in that network namespace while its threads stay here:
@@ -43,7 +50,8 @@ class Event(NamedTuple):
     """One thing that happened to a stream.
 
     outcome is one of: "accepted", "refused cn-mismatch", "refused standby",
-    "closed" (an accepted stream ended), "tls-failed <reason>", "protocol-error <what>".
+    "closed" (an accepted stream ended), "listed <n>" (`ctl nodes` got the n nodes connected then; node_id None,
+    cn the asker's), "tls-failed <reason>", "protocol-error <what>".
     node_id and cn are None when not known yet.
     """
 
@@ -208,6 +216,9 @@ class ControlPlane:
     def _stream(self, conn: ssl.SSLSocket, cn: str | None) -> None:
         with conn.makefile("rb") as reader:
             hello = reader.readline(256).decode(errors="replace").strip()
+            if hello == "NODES":
+                self._list(conn, cn)
+                return
             if not hello.startswith("HELLO ") or not hello[6:]:
                 self._record(None, cn, f"protocol-error expected HELLO, got {hello!r}")
                 return
@@ -227,6 +238,12 @@ class ControlPlane:
                 conn.sendall(b"PONG\n")
             if line:
                 self._record(node_id, cn, f"protocol-error got {line!r}")
+
+    def _list(self, conn: ssl.SSLSocket, cn: str | None) -> None:
+        """`ctl nodes`: the nodes with an accepted stream open now, one line each, then END."""
+        nodes = sorted(self.connected())
+        conn.sendall("".join(f"NODE {node}\n" for node in nodes).encode() + b"END\n")
+        self._record(None, cn, f"listed {len(nodes)}")
 
     def _refuse(self, conn: ssl.SSLSocket, node_id: str, cn: str | None, reason: str) -> None:
         self._record(node_id, cn, f"refused {reason}")

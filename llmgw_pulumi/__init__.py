@@ -41,12 +41,14 @@ if _TYPE_CHECKING:  # what a type checker sees; at run time, _PUBLIC's modules a
     from .providers.engines import EngineCheckArgs as EngineCheckArgs
     from .providers.identity import NodeIdentity as NodeIdentity
     from .providers.identity import NodeIdentityArgs as NodeIdentityArgs
+    from .registration import RegistrationCheck as RegistrationCheck
     from .schema import SettingInfo as SettingInfo
 
 _PUBLIC = {
     # the component, its resources and their Args
     "Node": ".node", "NodeArgs": ".node", "ConnectionArgs": ".node", "AgentSettings": ".agent_settings",
     "Discovery": ".agent_settings", "Fabric": ".agent_settings", "BinarySource": ".agent_settings",
+    "RegistrationCheck": ".registration",
     # every setting of a node, described (for schemas in other languages)
     "node_settings": ".node", "SettingInfo": ".schema",
     # every problem of a node's settings at once, nothing registered

@@ -26,6 +26,7 @@ import pulumi
 
 from . import stack_config
 from .agent_settings import FABRIC_SCHEMA, AgentSettings, BinarySource, Fabric
+from .registration import RegistrationCheck
 from .schema import REQUIRED, settings_of
 from .signer_interface import SignerSpec
 from .specs import CertificateSpec, Connection, EngineCheckSpec, Rollout
@@ -185,7 +186,8 @@ def declared_settings() -> tuple[Declared, ...]:
     fabric = _setting(AgentSettings, "fabrics", "fabric", Fabric, FABRIC_SCHEMA, "")
     declared.append(dataclasses.replace(fabric, doc="One fabric (instead of fabrics): " + fabric.doc))
     top = {k: v for k, v in stack_config.SCHEMA.items() if k not in {*stack_config.NODE_SCHEMA, "nodes", "inventory", *SECRETS}}
-    sections = {"agent": BinarySource, "ssh": Connection, "certificate": CertificateSpec, "rollout": Rollout}
+    sections = {"agent": BinarySource, "ssh": Connection, "certificate": CertificateSpec, "rollout": Rollout,
+                "registration": RegistrationCheck}
     agent_doc = _class_doc(BinarySource)
     for key in ("servers", "failOnEngineProblems"):
         declared = [d for d in declared if d.key != key]

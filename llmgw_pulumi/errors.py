@@ -47,6 +47,7 @@ The hierarchy (``__all__`` is this list; tests/unit/test_public_api.py keeps it 
     ├── NoKeygenError
     ├── NodeKeyMissingError
     ├── AgentStartError
+    ├── AgentNotRegisteredError     the control plane does not list the node (llmgw:registration)
     ├── EngineWillNotRunError
     ├── RolloutStoppedError
     └── RemoteCommandError          anything else a node's command did
@@ -62,7 +63,7 @@ __all__ = [
     "HostKeyChangedError", "AuthenticationError", "SudoUnavailableError", "ReleaseFetchError", "ChecksumMismatchError",
     "ReleaseSignatureError", "ReleaseVersionError", "UnsafeDirectoryError", "NodeDiskFullError", "NodeBusyError",
     "NodeLockUnavailableError", "NodeChangedError", "NoKeygenError", "NodeKeyMissingError", "AgentStartError", "EngineWillNotRunError",
-    "RolloutStoppedError", "RemoteCommandError",
+    "RolloutStoppedError", "RemoteCommandError", "AgentNotRegisteredError",
 ]
 
 
@@ -294,6 +295,15 @@ class AgentStartError(LlmgwError):
 
     fix = ("read the agent's journal on the node ('journalctl -u llmgw-agent'); "
            "the previous binary and config were restored")
+
+
+class AgentNotRegisteredError(LlmgwError):
+    """The agent runs, but the control plane did not list the node within llmgw:registration.timeoutSeconds."""
+
+    fix = ("check the agent's log on the node (`journalctl -u llmgw-agent`): a control plane that refuses the node's "
+           "certificate, or one it cannot reach, is named there; the control plane must accept the certificate "
+           "(issued by the CA it trusts, its CN the node id), and llmgw:registration.command must ask the control "
+           "plane the node uses (llmgw:servers); then run `pulumi up` again")
 
 
 class EngineWillNotRunError(LlmgwError):

@@ -46,6 +46,8 @@ from .providers.agent import AgentInstall, AgentInstallArgs
 from .providers.certificate import ClientCertificate, ClientCertificateArgs
 from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
+from .registration import RegistrationCheck
+from .registration import collect as collect_registration
 from .schema import Problems, SettingInfo, collect_fields, declared_in, describe_args
 from .shards import PACKAGE, provider_for
 from .specs import KEY_ORIGIN_NODE, CertificateSpec, Connection, EngineCheckSpec, NodeRollout, Rollout
@@ -83,6 +85,8 @@ class NodeArgs:
     """How updates of running agents are spread over the stack (see llmgw_pulumi.rollout); None: not gated."""
     ca_key_passphrase: pulumi.Input[str] | None = declared_in(CertificateSpec, "ca_key_passphrase", default=None)
     """The passphrase of an encrypted ca-key.pem (made a secret); None: the CA key is not encrypted."""
+    registration: RegistrationCheck | None = declared_in(RegistrationCheck, config="registration", default=None)
+    """The command that must list the node once its agent (re)started (llmgw_pulumi.registration); None: no check."""
     # The binary's fields as NodeArgs took them up to 0.1.0: a program written then keeps working (CHANGELOG 0.2.0).
     version: InitVar[pulumi.Input[str] | None] = None
     release_url: InitVar[pulumi.Input[str] | None] = None
@@ -167,6 +171,9 @@ def check_node_args(args: NodeArgs) -> list[ConfigError]:
           rename={"fail_on_problems": "fail_on_engine_problems"})
     if args.rollout is not None:
         check("rollout.", lambda props, problems: collect_fields(Rollout, props, problems), _as_inputs(args.rollout))
+    if args.registration is not None:
+        check("", lambda props, problems: collect_registration(props, problems, "registration"),
+              _as_inputs(args.registration))
     return [ConfigError(node, name, problem, fix) for name, problem, fix in found]
 
 
@@ -252,6 +259,7 @@ def _onboard(parent: pulumi.ComponentResource, name: str, args: NodeArgs, opts: 
         node_id=args.node_id, connection=conn, known_host_key=known_host_key,
         known_jump_host_keys=identity.jump_host_keys, hostname=identity.hostname,
         settings=args.settings, binary=args.binary, rollout=node_rollout(args.rollout, args.node_id),
+        registration=args.registration,
     ), child)
 
     check = EngineCheck(name, EngineCheckArgs(

@@ -363,6 +363,7 @@ def node_args(registration: Registration, n: stack_config.NodeConfig) -> NodeArg
         key_origin=n.key_origin,
         rollout=registration.rollout,
         ca_key_passphrase=registration.ca_key_passphrase,
+        registration=registration.spec.registration,
     )
 
 

@@ -22,6 +22,8 @@ from .agent_settings import Discovery as Discovery
 from .agent_settings import Fabric as Fabric
 from .agent_settings import collect_engines, engine_map
 from .agent_settings import engines_input as engines_input
+from .registration import RegistrationCheck
+from .registration import collect as collect_registration
 from .schema import FromProps as FromProps
 from .schema import Problems as Problems
 from .schema import Spelling as Spelling
@@ -356,6 +358,8 @@ class AgentSpec:
     binary: BinarySource
     hostname: str
     rollout: NodeRollout | None = None
+    registration: RegistrationCheck | None = None
+    """llmgw:registration: what must list the node once its agent (re)started; None: not checked."""
 
     @staticmethod
     def collect(props: Mapping[str, Any], problems: Problems) -> None:
@@ -365,6 +369,8 @@ class AgentSpec:
         BinarySource.collect(props, problems)
         if props.get("rollout") is not None:
             nested_settings(NodeRollout, "rollout")(props["rollout"], problems, "rollout")
+        if props.get("registration") is not None:
+            collect_registration(props["registration"], problems, "registration")
         problems.check("hostname", props.get("hostname"), lambda h: None if isinstance(h, str) and h else
                        ("is missing", "pass the hostname NodeIdentity read from the node"))
 
@@ -378,6 +384,7 @@ class AgentSpec:
             binary=build(BinarySource, props),
             hostname=props["hostname"],
             rollout=build(NodeRollout, props["rollout"]) if props.get("rollout") else None,
+            registration=build(RegistrationCheck, props["registration"]) if props.get("registration") else None,
         )
 
 

@@ -17,6 +17,7 @@ file in one pass. Reading secrets and local files happens in program.py.
       # an encrypted ca-key.pem: `pulumi config set --secret llmgw:caKeyPassphrase`
       llmgw:failOnEngineProblems: false
       llmgw:rollout: {maxParallel: 2, canary: [gpu-01]}   # how running agents are upgraded
+      llmgw:registration: {command: [llmgw, ctl, nodes, --server, "cp1.example.net:7443"], timeoutSeconds: 30}
       llmgw:nodes:
         - id: gpu-01
           address: 10.0.0.11
@@ -36,9 +37,10 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import signer_interface, validate
+from . import registration, signer_interface, validate
 from .agent_settings import FABRIC_SCHEMA, AgentSettings, BinarySource, collect_fabric
 from .errors import StackConfigError as StackConfigError  # raised by parse; its home is errors
+from .registration import RegistrationCheck
 from .schema import (
     Problems,
     Schema,
@@ -95,13 +97,15 @@ AGENT_SCHEMA: Schema = config_schema(BinarySource)
 SSH_SCHEMA: Schema = {**parts_schema(SSH_PART), "privateKeyPath": None}
 CERTIFICATE_SCHEMA: Schema = parts_schema(CERTIFICATE_PART)
 ROLLOUT_SCHEMA: Schema = config_schema(Rollout)
+REGISTRATION_SCHEMA: Schema = config_schema(RegistrationCheck)
 NODE_SCHEMA: Schema = {"id": None, **parts_schema(*NODE_PARTS), "fabric": FABRIC_SCHEMA, "agent": AGENT_SCHEMA}
 SIGNER_SCHEMA: Schema = config_schema(signer_interface.SignerSpec)
 SCHEMA: Schema = {
     "pkiDir": None, "signer": SIGNER_SCHEMA, "caKey": None, "servers": None, "agent": AGENT_SCHEMA,
     "ssh": SSH_SCHEMA, "sshPrivateKey": None, "sshKeyPassphrase": None, "caKeyPassphrase": None,
     "certificate": CERTIFICATE_SCHEMA,
-    **parts_schema(*TOP_PARTS), "rollout": ROLLOUT_SCHEMA, "nodes": [NODE_SCHEMA], "inventory": None,
+    **parts_schema(*TOP_PARTS), "rollout": ROLLOUT_SCHEMA, "registration": REGISTRATION_SCHEMA, "nodes": [NODE_SCHEMA],
+    "inventory": None,
 }
 """Every setting of the llmgw namespace; anything else in a stack's config is refused by name."""
 SECRET_KEY = "sshPrivateKey"
@@ -174,6 +178,8 @@ class StackSpec:
     """llmgw:rollout, when given (without its directory: the program adds it)."""
     signer: SignerConfig | None = None
     """llmgw:signer; None: pkiDir, the default."""
+    registration: RegistrationCheck | None = None
+    """llmgw:registration: the command that must list each node once its agent started; None: not checked."""
 
 
 def _unknown_keys(given: Mapping[str, Any], valid: Collection[str], where: str, what: str, p: Problems) -> None:
@@ -190,6 +196,7 @@ MAPPING_EXAMPLES: dict[str, Any] = {
     "certificate": {"validityHours": 8760},
     "rollout": {"maxParallel": 2},
     "signer": {"kind": "command", "ca": "/srv/llmgw/ca.pem", "command": ["/usr/local/bin/llmgw-sign"]},
+    "registration": {"command": registration.EXAMPLE_COMMAND},
 }
 """How each mapping of the stack config is written, for the fix of one given as something else."""
 NODE_EXAMPLE = {"id": "gpu-01", "address": "10.0.0.11"}
@@ -280,6 +287,18 @@ def _rollout(value: Any, node_ids: list[Any], p: Problems) -> Rollout | None:
     return built
 
 
+def _registration(value: Any, p: Problems) -> RegistrationCheck | None:
+    """llmgw:registration (see llmgw_pulumi.registration): None when not given, or not valid."""
+    if value is None:
+        return None
+    before = len(p.items)
+    registration.collect(value, p, "registration")
+    if len(p.items) > before or not isinstance(value, Mapping):
+        return None
+    built: RegistrationCheck = build(RegistrationCheck, renamed(RegistrationCheck, value))
+    return built
+
+
 def _signer(value: Any, has_ca_key: bool, p: Problems) -> SignerConfig | None:
     """llmgw:signer (see llmgw_pulumi.signer): None when not given."""
     if value is None:
@@ -362,6 +381,7 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
     _unknown_keys(cert, CERTIFICATE_SCHEMA, "certificate", "a certificate setting", top)
     CERTIFICATE_PART.collect(cert, top, "certificate.")
     check_renewal(cert, top, prefix="certificate.")
+    registration_check = _registration(config.get("registration"), top)
     everyone += [("llmgw", *item) for item in top if re.split(r"[.\[]", item[0])[0] not in unread]
     everyone += [("llmgw", key, f"is set as a secret, but only {', '.join(SECRET_KEYS[:-1])} and {SECRET_KEYS[-1]} are read as secrets",
                   f"set it again without --secret: `pulumi config set llmgw:{key} ...`") for key in unread]
@@ -426,4 +446,5 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
         nodes=tuple(_node(raw, node_agent, config, ssh, cert) for raw, node_agent in valid),
         rollout=rollout,
         signer=signer,
+        registration=registration_check,
     )

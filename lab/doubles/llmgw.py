@@ -12,6 +12,11 @@ What it does, as the onboarding contract (SPEC.md) needs it:
 - `llmgw ctl cert init-ca --dir PKI` and
   `llmgw ctl cert issue-client NODE --dir PKI --out DIR` (writes `DIR/NODE.pem`
   and `DIR/NODE-key.pem`) run lab/pki.py, which the built file carries inside.
+- `llmgw ctl nodes --server HOST:PORT --ca CA --cert CERT --key KEY` asks that
+  control plane (mutual TLS, with a client certificate of the cluster CA) which
+  nodes it has, and prints them as a table: a header line, then one line per
+  node whose stream the control plane accepted and holds open now, its node id
+  first. It exits 1, saying why on stderr, when it cannot ask.
 
 What it does not do: run, install or adopt engines; discover GPUs, fabrics or
 the management address (those keys of agent.yaml are accepted and ignored);
@@ -238,7 +243,39 @@ def pki() -> types.ModuleType:
     return module
 
 
+def ctl_nodes(args: argparse.Namespace) -> int:
+    """`ctl nodes`: the control plane's nodes, as a table whose first column is the node id."""
+    try:
+        host, port = parse_address("--server", args.server)
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=args.ca)
+        ctx.load_cert_chain(args.cert, args.key)
+        with socket.create_connection((host, port), timeout=TIMEOUT) as raw, \
+                ctx.wrap_socket(raw, server_hostname=host) as conn, conn.makefile("rb") as reader:
+            conn.sendall(b"NODES\n")
+            nodes = []
+            while (line := reader.readline(256).decode(errors="replace").rstrip("\n")) != "END":
+                if not line.startswith("NODE "):
+                    log(f"{args.server} answered {line!r} to NODES" if line else f"{args.server} closed the listing")
+                    return 1
+                nodes.append(line[5:])
+    except ConfigError as exc:
+        log(str(exc))
+        return 2
+    except ssl.SSLCertVerificationError as exc:
+        log(f"cannot trust {args.server}: certificate verify failed: {exc.verify_message}")
+        return 1
+    except (OSError, ssl.SSLError) as exc:
+        log(f"cannot ask {args.server}: {exc}")
+        return 1
+    print(f"{'NODE':<24} STREAM")
+    for node in nodes:
+        print(f"{node:<24} connected")
+    return 0
+
+
 def ctl(args: argparse.Namespace) -> int:
+    if args.ctl_command == "nodes":
+        return ctl_nodes(args)
     try:
         if args.cert_command == "init-ca":
             pki().init_ca(Path(args.dir))
@@ -264,7 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command")
     agent = commands.add_parser("agent", help="run the node agent")
     agent.add_argument("--config", required=True)
-    cert = commands.add_parser("ctl").add_subparsers(dest="ctl_command", required=True).add_parser("cert")
+    ctl_commands = commands.add_parser("ctl").add_subparsers(dest="ctl_command", required=True)
+    cert = ctl_commands.add_parser("cert")
+    nodes = ctl_commands.add_parser("nodes", help="list the nodes the control plane has")
+    for flag in ("--server", "--ca", "--cert", "--key"):
+        nodes.add_argument(flag, required=True)
     cert_commands = cert.add_subparsers(dest="cert_command", required=True)
     cert_commands.add_parser("init-ca").add_argument("--dir", required=True)
     issue = cert_commands.add_parser("issue-client")

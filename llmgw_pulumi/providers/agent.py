@@ -28,8 +28,9 @@ from pulumi.output import Unknown
 from .. import desired, facts, observed, plan, release, remote, rollout
 from ..errors import ConfigError
 from ..observed import OBSERVED_KEY, RENDERED_KEYS, STATE_VERSION, VERSION_KEY, Observed, Wanted
+from ..registration import RegistrationCheck
 from ..specs import NODE_REPLACE_KEYS, AgentSettings, AgentSpec, BinarySource, NodeRollout, build, is_unknown, names
-from . import _glue
+from . import _glue, _registration
 
 SETTINGS_KEYS = ("node_id", *names(AgentSettings))
 """The inputs agent.yaml is rendered from: the node id and AgentSettings' fields, each an input of its own."""
@@ -257,6 +258,7 @@ class AgentInstallProvider(_glue.ModuleProvider):
             return rollout.onboarding(spec.rollout, spec.node_id)  # first-time onboarding never waits
 
         computed = _install(spec, props, _glue.known_keys(props), binary, None, frozenset(), gate)
+        _registration.confirm(spec.node_id, spec.registration)  # the agent started: the control plane lists it
         return CreateResult(spec.node_id, _outputs(props, computed))
 
     @_glue.operator_errors
@@ -280,6 +282,7 @@ class AgentInstallProvider(_glue.ModuleProvider):
 
         computed = _install(spec, news, _glue.known_keys(news, olds), binary_wanted(spec, olds, changed), seen,
                             changed, gate)
+        _registration.confirm(spec.node_id, spec.registration)  # the agent (re)started: the control plane lists it
         return UpdateResult(_outputs(news, computed))
 
     @_glue.operator_errors
@@ -328,6 +331,9 @@ class AgentInstallArgs(_glue.OnboardedNodeArgs):
     rollout: pulumi.Input[NodeRollout] | None = None
     """This node's share of how updates of running agents are spread over the stack (llmgw_pulumi.rollout); never a
     change itself."""
+    registration: pulumi.Input[RegistrationCheck] | None = None
+    """What must list the node once its agent (re)started (llmgw_pulumi.registration): run after each create, and
+    each update that reached the node; never a change itself."""
 
 
 class AgentInstall(_glue.NodeResource, module="llmgw", name="AgentInstall"):

@@ -267,6 +267,59 @@ def test_agent_does_not_trust_a_control_plane_outside_the_cluster_ca(
     assert logged(log, f"cannot trust {impostor.address}: certificate verify failed"), log.read_text()
 
 
+def ctl_nodes(llmgw: Path, cp: ControlPlane, identity: tuple[Path, Path], ca: Path) -> subprocess.CompletedProcess[str]:
+    """`llmgw ctl nodes` against ``cp``, with the operator's client identity (certificate, key)."""
+    return subprocess.run([str(llmgw), "ctl", "nodes", "--server", cp.address, "--ca", str(ca),
+                           "--cert", str(identity[0]), "--key", str(identity[1])],
+                          capture_output=True, text=True, timeout=30, check=False)
+
+
+def test_ctl_nodes_lists_the_nodes_whose_streams_the_control_plane_accepted_and_holds(
+    tmp_path: Path, pki_dir: Path, llmgw: Path, node_env: dict[str, str],
+    processes: list[subprocess.Popen[bytes]], control_planes: list[ControlPlane],
+) -> None:
+    cp = start_control_plane(control_planes, pki_dir)
+    operator = pki.issue_client_cert(pki_dir, tmp_path / "operator", "operator")
+    ca = pki_dir / pki.CA_CERT
+    before = ctl_nodes(llmgw, cp, operator, ca)
+    assert before.returncode == 0, before.stderr
+    assert [line.split()[0] for line in before.stdout.splitlines()] == ["NODE"]  # the header, no node yet
+
+    good, _ = start_agent(processes, llmgw, agent_config(tmp_path, pki_dir, "node1", [cp.address], "node1"), node_env)
+    start_agent(processes, llmgw, agent_config(tmp_path, pki_dir, "node-a", [cp.address], "node-b"), node_env)
+    pki.init_ca(tmp_path / "other-pki", cn="another CA")
+    foreign = agent_config(tmp_path, tmp_path / "other-pki", "node3", [cp.address], "node3")
+    start_agent(processes, llmgw, foreign, node_env)
+    assert cp.wait_for({"node1"}, WAIT)
+    assert cp.wait_for_event(lambda e: e.outcome == "refused cn-mismatch", WAIT)
+
+    listing = ctl_nodes(llmgw, cp, operator, ca)
+    assert listing.returncode == 0, listing.stderr
+    assert [line.split()[0] for line in listing.stdout.splitlines()[1:]] == ["node1"]  # not node-b, nor node3
+    assert [e.cn for e in cp.events if e.outcome.startswith("listed")] == ["operator", "operator"]
+
+    good.terminate()  # its stream ends: the control plane does not list it any more
+    good.wait(timeout=10)
+    assert cp.wait_for_event(lambda e: e.outcome == "closed" and e.node_id == "node1", WAIT)
+    after = ctl_nodes(llmgw, cp, operator, ca)
+    assert after.returncode == 0 and after.stdout.splitlines()[1:] == [], after
+
+
+def test_ctl_nodes_needs_a_certificate_of_the_cluster_ca(
+    tmp_path: Path, pki_dir: Path, llmgw: Path, control_planes: list[ControlPlane],
+) -> None:
+    cp = start_control_plane(control_planes, pki_dir)
+    pki.init_ca(tmp_path / "other-pki", cn="another CA")
+    stranger = pki.issue_client_cert(tmp_path / "other-pki", tmp_path / "stranger", "operator")
+
+    refused = ctl_nodes(llmgw, cp, stranger, pki_dir / pki.CA_CERT)
+
+    assert refused.returncode == 1 and refused.stdout == "", refused
+    assert f"cannot ask {cp.address}: " in refused.stderr, refused.stderr  # an alert, or the connection closed
+    assert cp.wait_for_event(lambda e: e.outcome.startswith("tls-failed"), WAIT)
+    assert not [e for e in cp.events if e.outcome.startswith("listed")]
+
+
 def test_sigterm_stops_the_agent_cleanly_and_ends_its_stream(
     tmp_path: Path, pki_dir: Path, llmgw: Path, node_env: dict[str, str],
     processes: list[subprocess.Popen[bytes]], control_planes: list[ControlPlane],
