@@ -40,7 +40,7 @@ from pulumi.errors import InputPropertiesError
 from pulumi.output import Unknown
 
 from . import child_env, errors, program, rollout, specs, stack_config
-from .component_types import OUTPUT_CAPABLE, RENAMED, input_type
+from .component_types import OUTPUT_CAPABLE, RENAMED, Inventory, input_type, inventory_output
 from .component_types import SECRETS as SECRETS  # the names of the component's types, importable from here too
 from .component_types import declared_settings as declared_settings
 from .component_types import schema_descriptions as schema_descriptions
@@ -51,7 +51,13 @@ from .signer_interface import KIND_CA_KEY
 from .specs import Rollout
 
 PACKAGE_NAME = "llmgw"
-"""The package's name in the consumer's program (``@pulumi/llmgw``, ``.../sdks/llmgw``), and in the type token."""
+"""The package's name in Pulumi: the type token (``llmgw:index:Node``) and the SDK's directory (``sdks/llmgw``)."""
+NODEJS_PACKAGE = "llmgw-pulumi"
+"""The generated TypeScript SDK's npm name (``import * as llmgw from "llmgw-pulumi"``): this project's own, as on
+PyPI, never Pulumi's ``@pulumi`` scope."""
+GO_IMPORT_PATH = "llmgw-pulumi.invalid/sdk/go/llmgw"
+"""The generated Go SDK's import path. Not fetchable on purpose (``.invalid``): ``pulumi package add`` writes the
+SDK into the project and a ``replace`` directive pointing at it, so no module proxy is ever asked for it."""
 
 VIRTUALENV_ENV = "PULUMI_RUNTIME_VIRTUALENV"
 """Where the dynamic-provider plugin looks for its Python (a virtualenv), as the engine gives it the environment."""
@@ -226,8 +232,8 @@ class Node(pulumi.ComponentResource):
     """The llmgw agent version installed on the node."""
     problems: pulumi.Output[list[dict[str, str]]]
     """Engine and hardware problems found on the node, each with its problem and hint (and engine or HCA)."""
-    inventory: pulumi.Output[dict[str, Any]]
-    """What the node has: gpus [{index, name, memory_mib, uuid, pci_bus_id, compute_cap}], driver, cuda, hcas."""
+    inventory: pulumi.Output[Inventory]
+    """What the node has: its GPUs, driver and CUDA version, and InfiniBand HCAs."""
 
     def __init__(self, name: str, args: Mapping[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
         prepared = args if isinstance(args, Prepared) else prepare(name, args)
@@ -245,7 +251,7 @@ class Node(pulumi.ComponentResource):
         self.agent_version = parts.agent.version
         self.problems = check.problems.apply(lambda p: [{k: str(v) for k, v in i.items() if v is not None}
                                                         for i in p or []])
-        self.inventory = check.inventory.apply(lambda inv: inv or {})
+        self.inventory = check.inventory.apply(inventory_output)
         self.register_outputs({"hostname": self.hostname, "hostKey": self.host_key,
                                "certificateNotAfter": self.certificate_not_after, "agentVersion": self.agent_version,
                                "problems": self.problems, "inventory": self.inventory})

@@ -15,7 +15,7 @@ import (
 	"fmt"
 	"strings"
 
-	"example.com/pulumi-llmgw/sdk/go/llmgw"
+	"llmgw-pulumi.invalid/sdk/go/llmgw"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi/config"
 )

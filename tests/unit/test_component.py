@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import pulumi
 import pytest
 from pulumi.errors import InputPropertiesError
 
-from llmgw_pulumi import component, stack_config
+from llmgw_pulumi import component, component_types, stack_config
 from llmgw_pulumi.component_host import NodeProvider
 from llmgw_pulumi.schema import Spelling, names
 from llmgw_pulumi.shards import shard_name, shard_of
@@ -78,12 +79,40 @@ def test_the_secret_settings_are_secret_inputs_of_the_schema():
     assert all(props[key]["type"] == "string" for key in secret)
 
 
-def test_the_outputs_are_plain_values():
-    node = schema()["resources"]["llmgw:index:Node"]
-    outputs = node["properties"]
+def test_the_outputs_are_typed_values():
+    s = schema()
+    outputs = s["resources"]["llmgw:index:Node"]["properties"]
     assert set(outputs) == {"hostname", "hostKey", "certificateNotAfter", "agentVersion", "problems", "inventory"}
     assert outputs["problems"]["type"] == "array" and outputs["problems"]["items"]["type"] == "object"
-    assert all("$ref" not in p or p["$ref"] == "pulumi.json#/Any" for p in outputs.values()), outputs
+    assert all("$ref" not in p or p["$ref"] != "pulumi.json#/Any" for p in outputs.values()), outputs
+    inventory = s["types"][outputs["inventory"]["$ref"].removeprefix("#/types/")]
+    assert (set(inventory["properties"]), inventory["properties"]["hcas"]["items"]["type"]) == \
+        ({"gpus", "driver", "cuda", "hcas"}, "string")
+    gpu = s["types"][inventory["properties"]["gpus"]["items"]["$ref"].removeprefix("#/types/")]["properties"]
+    assert {k: p["type"] for k, p in gpu.items()} == {"index": "integer", "name": "string", "memoryMib": "integer",
+                                                      "uuid": "string", "pciBusId": "string", "computeCap": "string"}
+    assert all(p.get("description") for p in (*gpu.values(), *inventory["properties"].values()))
+
+
+def test_the_inventory_output_is_engine_checks_in_the_sdks_spelling():
+    read = {"gpus": [{"index": 0, "name": "NVIDIA H200", "memory_mib": 143771, "uuid": "GPU-1", "pci_bus_id":
+                      "00000000:18:00.0", "compute_cap": "9.0"}], "driver": "570.1", "cuda": "12.8", "hcas": ["mlx5_0"]}
+    assert component_types.inventory_output(read) == {
+        "gpus": [{"index": 0, "name": "NVIDIA H200", "memoryMib": 143771, "uuid": "GPU-1",
+                  "pciBusId": "00000000:18:00.0", "computeCap": "9.0"}],
+        "driver": "570.1", "cuda": "12.8", "hcas": ["mlx5_0"]}
+    assert component_types.inventory_output(None) == {"gpus": [], "driver": "", "cuda": "", "hcas": []}
+
+
+def test_the_sdks_have_this_projects_own_names():
+    language = schema()["language"]
+    assert language["nodejs"]["packageName"] == component.NODEJS_PACKAGE
+    assert not component.NODEJS_PACKAGE.startswith("@pulumi/")
+    assert language["go"]["importBasePath"] == component.GO_IMPORT_PATH
+    assert "example.com" not in component.GO_IMPORT_PATH and "pulumi/" not in component.GO_IMPORT_PATH
+    examples = Path(REPO, "examples")
+    assert f'from "{component.NODEJS_PACKAGE}"' in (examples / "typescript-vm" / "index.ts").read_text()
+    assert f'"{component.GO_IMPORT_PATH}"' in (examples / "go-vm" / "main.go").read_text()
 
 
 def test_bad_values_get_the_stack_configs_list_naming_the_node_field_and_fix():
@@ -162,3 +191,4 @@ def test_the_vm_options_and_the_shard_reach_the_four_resources(monitor: Recordin
         assert sorted(names) == sorted({shard_name(shard_of(n)) for n in ("gpu-01", "gpu-02")})
 
     return settle(vm.urn, node.problems, other.problems).apply(check)
+
