@@ -106,13 +106,16 @@ def parse(name: str, inputs: Mapping[str, Any]) -> Parsed:
     given = {spelled.get(k, k): v for k, v in inputs.items() if v is not None}
     secrets = {k: v if isinstance(v, pulumi.Output) else pulumi.Output.secret(v)
                for k, v in given.items() if k in SECRETS}
-    outputs = {k: v for k, v in given.items() if isinstance(v, pulumi.Output) and k not in SECRETS}
+    # An input holding an output anywhere (a list of servers, one of them another resource's) is one Output.
+    outputs = {k: v if isinstance(v, pulumi.Output) else pulumi.Output.from_input(v) for k, v in given.items()
+               if k in OUTPUT_CAPABLE and specs.is_unknown(_known(v))}
     problems: list[tuple[str, str, str, str]] = []
     for key, value in given.items():
         if key not in (*OUTPUT_CAPABLE, *SECRETS) and specs.is_unknown(_known(value)):
             problems.append((f"node {name}", key, "is another resource's output, which cannot be checked before the "
-                             "node is registered", f"give {key} as a plain value; only {' and '.join(OUTPUT_CAPABLE)} "
-                             "may be outputs (a VM's address and host key)"))
+                             "node is registered", f"give {key} as a plain value; only {', '.join(OUTPUT_CAPABLE[:-1])} "
+                             f"and {OUTPUT_CAPABLE[-1]} may be outputs (a VM's address and host key, the control "
+                             "plane's servers)"))
     top = {k: _known(v) for k, v in given.items() if k not in node_keys and k not in SECRETS}
     node = {k: _known(v) for k, v in given.items() if k in node_keys}
     try:
@@ -194,7 +197,10 @@ def node_args(parsed: Parsed) -> NodeArgs:
     replaced = {"host": parsed.outputs.get("address"), "host_key": parsed.outputs.get("hostKey")}
     # The spec types are typed for known values; in Args any of them may be a pulumi Output (as in node.Node).
     connection = dataclasses.replace(args.connection, **{k: v for k, v in replaced.items() if v is not None})  # type: ignore[arg-type]
-    return dataclasses.replace(args, connection=connection)
+    settings = args.settings
+    if "servers" in parsed.outputs and settings is not None:
+        settings = dataclasses.replace(settings, servers=parsed.outputs["servers"])
+    return dataclasses.replace(args, connection=connection, settings=settings)
 
 
 class Prepared(dict[str, Any]):

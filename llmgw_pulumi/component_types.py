@@ -30,8 +30,10 @@ from .schema import REQUIRED, settings_of
 from .signer_interface import SignerSpec
 from .specs import CertificateSpec, Connection, EngineCheckSpec, Rollout
 
-OUTPUT_CAPABLE = ("address", "hostKey")
-"""The inputs (besides the secrets) that may be another resource's outputs: what a VM's create tells."""
+OUTPUT_CAPABLE = ("address", "hostKey", "servers")
+"""The inputs (besides the secrets) that may be another resource's outputs: what a VM's create tells (its address
+and host key), and the control plane's servers (another stack's or resource's addresses). Each is checked by the
+resource it reaches, once it is known."""
 
 SECRETS = {stack_config.SECRET_KEY: "private_key", stack_config.PASSPHRASE_KEY: "passphrase",
            stack_config.CA_PASSPHRASE_KEY: "ca_key_passphrase", stack_config.CA_KEY: "ca_key"}

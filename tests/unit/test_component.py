@@ -68,8 +68,9 @@ def test_the_input_types_are_the_declared_ones_and_documented():
     # The docs are the declarations' (the spec's attribute docstrings).
     assert props["hostKey"]["description"].startswith("Pinned host key as 'TYPE BASE64'")
     assert "Seconds to keep retrying" in ssh["wait"]["description"]
-    # Only a VM's address and host key, and the secrets, may be other resources' outputs; the rest is plain.
-    assert {k for k, p in props.items() if not p.get("plain")} == {"address", "hostKey", *component.SECRETS}
+    # Only a VM's address and host key, the control plane's servers, and the secrets may be other resources'
+    # outputs; the rest is plain.
+    assert {k for k, p in props.items() if not p.get("plain")} == {"address", "hostKey", "servers", *component.SECRETS}
 
 
 def test_the_secret_settings_are_secret_inputs_of_the_schema():
@@ -151,6 +152,16 @@ def test_an_unknown_address_is_checked_later_and_kept_as_an_output():
     assert parsed.node.node_id == "gpu-01" and parsed.spec.pki_dir == "/pki"
 
 
+def test_servers_may_be_another_resources_output_checked_later():
+    servers = pulumi.Output.from_input(["cp1.example.net:7443"])
+    parsed = component.parse("gpu-01", {**GOOD, "servers": servers})
+    assert parsed.outputs == {"servers": servers}
+    assert parsed.node.node_id == "gpu-01"
+    # A list holding an output is one Output of the whole list.
+    held = component.parse("gpu-01", {**GOOD, "servers": ["cp1:7443", pulumi.Output.from_input("cp2:7443")]})
+    assert set(held.outputs) == {"servers"} and isinstance(held.outputs["servers"], pulumi.Output)
+
+
 def test_an_output_for_a_plain_setting_is_refused_by_name():
     with pytest.raises(InputPropertiesError) as caught:
         component.parse("gpu-01", {**GOOD, "pkiDir": pulumi.Output.from_input("/pki")})
@@ -192,3 +203,22 @@ def test_the_vm_options_and_the_shard_reach_the_four_resources(monitor: Recordin
 
     return settle(vm.urn, node.problems, other.problems).apply(check)
 
+
+@pulumi.runtime.test
+def test_servers_given_as_an_output_reach_the_agent_s_settings(monitor: RecordingMonitor, tmp_path):  # noqa: F811
+    from google.protobuf import json_format
+
+    control_plane = pulumi.CustomResource("command:local:Command", "cp", {"stdout": None})
+    key = tmp_path / "id_ed25519"
+    key.write_text("read only when a node is reached")
+    key.chmod(0o600)
+    servers = control_plane.urn.apply(lambda _: ["cp-from-another-stack.example.net:7443"])
+    node = component.Node("gpu-01", {**GOOD, "servers": servers, "ssh": {**GOOD["ssh"], "privateKeyPath": str(key)}})
+
+    def check(_: Any) -> None:
+        given = [json_format.MessageToDict(r.object) for r in monitor.of_type(NODE_TYPES) if r.name == "gpu-01"]
+        with_servers = [g for g in given if "cp-from-another-stack.example.net:7443" in json.dumps(g)]
+        assert len(with_servers) == 1, given  # the AgentInstall, whose agent.yaml names them
+        assert "cp1:7443" not in json.dumps(given)
+
+    return settle(control_plane.urn, node.problems).apply(check)
