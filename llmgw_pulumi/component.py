@@ -40,7 +40,7 @@ from pulumi.errors import InputPropertiesError
 from pulumi.output import Unknown
 
 from . import child_env, errors, program, rollout, specs, stack_config
-from .component_types import OUTPUT_CAPABLE, RENAMED, input_type
+from .component_types import OUTPUT_CAPABLE, RENAMED, Inventory, input_type, inventory_output
 from .component_types import SECRETS as SECRETS  # the names of the component's types, importable from here too
 from .component_types import declared_settings as declared_settings
 from .component_types import schema_descriptions as schema_descriptions
@@ -51,7 +51,13 @@ from .signer_interface import KIND_CA_KEY
 from .specs import Rollout
 
 PACKAGE_NAME = "llmgw"
-"""The package's name in the consumer's program (``@pulumi/llmgw``, ``.../sdks/llmgw``), and in the type token."""
+"""The package's name in Pulumi: the type token (``llmgw:index:Node``) and the SDK's directory (``sdks/llmgw``)."""
+NODEJS_PACKAGE = "llmgw-pulumi"
+"""The generated TypeScript SDK's npm name (``import * as llmgw from "llmgw-pulumi"``): this project's own, as on
+PyPI, never Pulumi's ``@pulumi`` scope."""
+GO_IMPORT_PATH = "llmgw-pulumi.invalid/sdk/go/llmgw"
+"""The generated Go SDK's import path. Not fetchable on purpose (``.invalid``): ``pulumi package add`` writes the
+SDK into the project and a ``replace`` directive pointing at it, so no module proxy is ever asked for it."""
 
 VIRTUALENV_ENV = "PULUMI_RUNTIME_VIRTUALENV"
 """Where the dynamic-provider plugin looks for its Python (a virtualenv), as the engine gives it the environment."""
@@ -100,13 +106,16 @@ def parse(name: str, inputs: Mapping[str, Any]) -> Parsed:
     given = {spelled.get(k, k): v for k, v in inputs.items() if v is not None}
     secrets = {k: v if isinstance(v, pulumi.Output) else pulumi.Output.secret(v)
                for k, v in given.items() if k in SECRETS}
-    outputs = {k: v for k, v in given.items() if isinstance(v, pulumi.Output) and k not in SECRETS}
+    # An input holding an output anywhere (a list of servers, one of them another resource's) is one Output.
+    outputs = {k: v if isinstance(v, pulumi.Output) else pulumi.Output.from_input(v) for k, v in given.items()
+               if k in OUTPUT_CAPABLE and specs.is_unknown(_known(v))}
     problems: list[tuple[str, str, str, str]] = []
     for key, value in given.items():
         if key not in (*OUTPUT_CAPABLE, *SECRETS) and specs.is_unknown(_known(value)):
             problems.append((f"node {name}", key, "is another resource's output, which cannot be checked before the "
-                             "node is registered", f"give {key} as a plain value; only {' and '.join(OUTPUT_CAPABLE)} "
-                             "may be outputs (a VM's address and host key)"))
+                             "node is registered", f"give {key} as a plain value; only {', '.join(OUTPUT_CAPABLE[:-1])} "
+                             f"and {OUTPUT_CAPABLE[-1]} may be outputs (a VM's address and host key, the control "
+                             "plane's servers)"))
     top = {k: _known(v) for k, v in given.items() if k not in node_keys and k not in SECRETS}
     node = {k: _known(v) for k, v in given.items() if k in node_keys}
     try:
@@ -188,7 +197,10 @@ def node_args(parsed: Parsed) -> NodeArgs:
     replaced = {"host": parsed.outputs.get("address"), "host_key": parsed.outputs.get("hostKey")}
     # The spec types are typed for known values; in Args any of them may be a pulumi Output (as in node.Node).
     connection = dataclasses.replace(args.connection, **{k: v for k, v in replaced.items() if v is not None})  # type: ignore[arg-type]
-    return dataclasses.replace(args, connection=connection)
+    settings = args.settings
+    if "servers" in parsed.outputs and settings is not None:
+        settings = dataclasses.replace(settings, servers=parsed.outputs["servers"])
+    return dataclasses.replace(args, connection=connection, settings=settings)
 
 
 class Prepared(dict[str, Any]):
@@ -226,8 +238,8 @@ class Node(pulumi.ComponentResource):
     """The llmgw agent version installed on the node."""
     problems: pulumi.Output[list[dict[str, str]]]
     """Engine and hardware problems found on the node, each with its problem and hint (and engine or HCA)."""
-    inventory: pulumi.Output[dict[str, Any]]
-    """What the node has: gpus [{index, name, memory_mib, uuid, pci_bus_id, compute_cap}], driver, cuda, hcas."""
+    inventory: pulumi.Output[Inventory]
+    """What the node has: its GPUs, driver and CUDA version, and InfiniBand HCAs."""
 
     def __init__(self, name: str, args: Mapping[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
         prepared = args if isinstance(args, Prepared) else prepare(name, args)
@@ -245,7 +257,7 @@ class Node(pulumi.ComponentResource):
         self.agent_version = parts.agent.version
         self.problems = check.problems.apply(lambda p: [{k: str(v) for k, v in i.items() if v is not None}
                                                         for i in p or []])
-        self.inventory = check.inventory.apply(lambda inv: inv or {})
+        self.inventory = check.inventory.apply(inventory_output)
         self.register_outputs({"hostname": self.hostname, "hostKey": self.host_key,
                                "certificateNotAfter": self.certificate_not_after, "agentVersion": self.agent_version,
                                "problems": self.problems, "inventory": self.inventory})

@@ -29,7 +29,8 @@ class NodeProvider(ComponentProvider):
     def __init__(self) -> None:
         version = __version__ if __version__[:1].isdigit() and "+" not in __version__ else "0.0.0"
         super().__init__([component.Node], component.PACKAGE_NAME, version=version)
-        self.schema = json.dumps(component.schema_descriptions(json.loads(self.schema or "{}")))
+        self.schema = json.dumps(component.schema_descriptions(json.loads(self.schema or "{}"), component.NODEJS_PACKAGE,
+                                                               component.GO_IMPORT_PATH))
 
     def construct(self, name: str, resource_type: str, inputs: Any,
                   options: pulumi.ResourceOptions | None = None) -> ConstructResult:

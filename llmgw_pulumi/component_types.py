@@ -31,8 +31,10 @@ from .schema import REQUIRED, settings_of
 from .signer_interface import SignerSpec
 from .specs import CertificateSpec, Connection, EngineCheckSpec, Rollout
 
-OUTPUT_CAPABLE = ("address", "hostKey")
-"""The inputs (besides the secrets) that may be another resource's outputs: what a VM's create tells."""
+OUTPUT_CAPABLE = ("address", "hostKey", "servers")
+"""The inputs (besides the secrets) that may be another resource's outputs: what a VM's create tells (its address
+and host key), and the control plane's servers (another stack's or resource's addresses). Each is checked by the
+resource it reaches, once it is known."""
 
 SECRETS = {stack_config.SECRET_KEY: "private_key", stack_config.PASSPHRASE_KEY: "passphrase",
            stack_config.CA_PASSPHRASE_KEY: "ca_key_passphrase", stack_config.CA_KEY: "ca_key"}
@@ -239,10 +241,11 @@ def input_type() -> type:
                        inputs=(*OUTPUT_CAPABLE, *SECRETS))
 
 
-def schema_descriptions(schema: dict[str, Any]) -> dict[str, Any]:
+def schema_descriptions(schema: dict[str, Any], nodejs_package: str, go_import_path: str) -> dict[str, Any]:
     """The package schema with each input property documented from its declaration (the analyzer reads
-    docs from source, which generated types do not have), and the secret settings (``SECRETS``) marked
-    ``secret``: the analyzer has no way to say so, and an SDK then keeps them secret wherever they are given."""
+    docs from source, which generated types do not have), the secret settings (``SECRETS``) marked
+    ``secret`` (the analyzer has no way to say so, and an SDK then keeps them secret wherever they are given),
+    and the SDKs' own names: the npm package and the Go import path."""
     def walk(props: dict[str, Any], settings: Sequence[Declared]) -> None:
         by_key = {d.key: d for d in settings}
         for key, prop in props.items():
@@ -257,6 +260,9 @@ def schema_descriptions(schema: dict[str, Any]) -> dict[str, Any]:
                 if target is not None:
                     walk(target.get("properties", {}), d.children)
 
+    language = schema.setdefault("language", {})
+    language.setdefault("nodejs", {})["packageName"] = nodejs_package
+    language.setdefault("go", {})["importBasePath"] = go_import_path
     for resource in schema.get("resources", {}).values():
         inputs = resource.get("inputProperties", {})
         walk(inputs, declared_settings())
@@ -264,3 +270,48 @@ def schema_descriptions(schema: dict[str, Any]) -> dict[str, Any]:
             if key in inputs:
                 inputs[key]["secret"] = True
     return schema
+
+
+# --------------------------------------------------------------------------- the component's outputs
+# Spelled in camelCase here: the SDKs' own spelling, which the component provider passes through unchanged for
+# the items of a list (it maps only the first level of an output's names).
+
+
+class Gpu(TypedDict):
+    """One GPU, as nvidia-smi reports it on the node."""
+
+    index: int
+    """Its index, as `nvidia-smi -i` takes it."""
+    name: str
+    """Its product name (NVIDIA H200)."""
+    memoryMib: int
+    """Its memory, in MiB."""
+    uuid: str
+    """Its UUID (GPU-...)."""
+    pciBusId: str
+    """Its PCI bus id (00000000:18:00.0)."""
+    computeCap: str
+    """Its compute capability (9.0)."""
+
+
+class Inventory(TypedDict):
+    """What the node has, as read on it when it was onboarded or last refreshed."""
+
+    gpus: list[Gpu]
+    """Its GPUs; empty on a node without any (or without nvidia-smi)."""
+    driver: str
+    """The NVIDIA driver's version; empty without GPUs."""
+    cuda: str
+    """The CUDA version the driver supports; empty without GPUs."""
+    hcas: list[str]
+    """Its InfiniBand HCAs (mlx5_0, ...)."""
+
+
+def inventory_output(inventory: Mapping[str, Any] | None) -> Inventory:
+    """EngineCheck's ``inventory`` output (snake_case, llmgw_pulumi.facts) as the component's ``Inventory``."""
+    given = inventory or {}
+    gpus = [typing.cast(Gpu, {key: gpu.get(_snake(key)) for key in Gpu.__annotations__})
+            for gpu in given.get("gpus") or []]
+    return Inventory(gpus=gpus, driver=str(given.get("driver") or ""), cuda=str(given.get("cuda") or ""),
+                     hcas=[str(h) for h in given.get("hcas") or []])
+

@@ -306,12 +306,13 @@ def nested_settings(cls: type, name: str | None = None) -> Collect:
 
 
 def build(cls: type, props: Mapping[str, Any], **given: Any) -> Any:
-    """``cls`` from validated inputs (input names); absent values take the field's default."""
+    """``cls`` from validated inputs (input names); absent values take the field's default. A value not known
+    yet is kept as it is: it is converted (and checked) by the resource it reaches, once it is known."""
     kwargs = {}
     for f in settings_of(cls):
         value = props.get(f.name)
         if value is not None:
-            kwargs[f.name] = f.metadata["convert"](value) if f.metadata["convert"] else value
+            kwargs[f.name] = f.metadata["convert"](value) if f.metadata["convert"] and not is_unknown(value) else value
     return cls(**{**kwargs, **given})
 
 

@@ -1,6 +1,6 @@
 // The benchmark's TypeScript program (bench/onboard.py --language-sizes): the stack config's nodes, each
 // onboarded with the llmgw package's Node component, as the Python program onboards them.
-import * as llmgw from "@pulumi/llmgw";
+import * as llmgw from "llmgw-pulumi";
 import * as pulumi from "@pulumi/pulumi";
 
 interface NodeEntry { id: string; address: string; port?: number }

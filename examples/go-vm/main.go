@@ -15,9 +15,9 @@ import (
 	"fmt"
 	"strings"
 
-	"example.com/pulumi-llmgw/sdk/go/llmgw"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi/config"
+	"llmgw-pulumi.invalid/sdk/go/llmgw"
 )
 
 type vmTool struct {
@@ -89,7 +89,7 @@ func main() {
 			NodeId:  nodeID,
 			Address: address,
 			PkiDir:  &pkiDir,
-			Servers: servers,
+			Servers: pulumi.ToStringArray(servers),
 			Agent:   &agent,
 			Ssh:     &ssh,
 		}, pulumi.DependsOn([]pulumi.Resource{&vm}), pulumi.ReplaceWith([]pulumi.Resource{&vm}))

@@ -3,12 +3,12 @@
 // The VM is a `local.Command` of @pulumi/command: `create` boots it and prints it as JSON, `delete` stops it,
 // and a new image (llmgw:vm.image) replaces it, which re-images the machine. The address comes from the
 // command's stdout, so it is unknown in a preview and the node's onboarding waits for the VM. The node is
-// the llmgw package's Node component (`pulumi package add` generated @pulumi/llmgw): it is replaced with its
+// the llmgw package's Node component (`pulumi package add` generated llmgw-pulumi): it is replaced with its
 // VM (replaceWith), so a re-imaged machine's new SSH host keys are trusted on first use. The VM's address is
 // fixed, so the old VM is deleted before its replacement boots, and the engine takes the node off the old
 // machine before that.
 import * as command from "@pulumi/command";
-import * as llmgw from "@pulumi/llmgw";
+import * as llmgw from "llmgw-pulumi";
 import * as pulumi from "@pulumi/pulumi";
 
 interface VmTool { cli: string; dir?: string; args?: string }

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import pulumi
 import pytest
 from pulumi.errors import InputPropertiesError
 
-from llmgw_pulumi import component, stack_config
+from llmgw_pulumi import component, component_types, stack_config
 from llmgw_pulumi.component_host import NodeProvider
 from llmgw_pulumi.schema import Spelling, names
 from llmgw_pulumi.shards import shard_name, shard_of
@@ -67,8 +68,9 @@ def test_the_input_types_are_the_declared_ones_and_documented():
     # The docs are the declarations' (the spec's attribute docstrings).
     assert props["hostKey"]["description"].startswith("Pinned host key as 'TYPE BASE64'")
     assert "Seconds to keep retrying" in ssh["wait"]["description"]
-    # Only a VM's address and host key, and the secrets, may be other resources' outputs; the rest is plain.
-    assert {k for k, p in props.items() if not p.get("plain")} == {"address", "hostKey", *component.SECRETS}
+    # Only a VM's address and host key, the control plane's servers, and the secrets may be other resources'
+    # outputs; the rest is plain.
+    assert {k for k, p in props.items() if not p.get("plain")} == {"address", "hostKey", "servers", *component.SECRETS}
 
 
 def test_the_secret_settings_are_secret_inputs_of_the_schema():
@@ -78,12 +80,40 @@ def test_the_secret_settings_are_secret_inputs_of_the_schema():
     assert all(props[key]["type"] == "string" for key in secret)
 
 
-def test_the_outputs_are_plain_values():
-    node = schema()["resources"]["llmgw:index:Node"]
-    outputs = node["properties"]
+def test_the_outputs_are_typed_values():
+    s = schema()
+    outputs = s["resources"]["llmgw:index:Node"]["properties"]
     assert set(outputs) == {"hostname", "hostKey", "certificateNotAfter", "agentVersion", "problems", "inventory"}
     assert outputs["problems"]["type"] == "array" and outputs["problems"]["items"]["type"] == "object"
-    assert all("$ref" not in p or p["$ref"] == "pulumi.json#/Any" for p in outputs.values()), outputs
+    assert all("$ref" not in p or p["$ref"] != "pulumi.json#/Any" for p in outputs.values()), outputs
+    inventory = s["types"][outputs["inventory"]["$ref"].removeprefix("#/types/")]
+    assert (set(inventory["properties"]), inventory["properties"]["hcas"]["items"]["type"]) == \
+        ({"gpus", "driver", "cuda", "hcas"}, "string")
+    gpu = s["types"][inventory["properties"]["gpus"]["items"]["$ref"].removeprefix("#/types/")]["properties"]
+    assert {k: p["type"] for k, p in gpu.items()} == {"index": "integer", "name": "string", "memoryMib": "integer",
+                                                      "uuid": "string", "pciBusId": "string", "computeCap": "string"}
+    assert all(p.get("description") for p in (*gpu.values(), *inventory["properties"].values()))
+
+
+def test_the_inventory_output_is_engine_checks_in_the_sdks_spelling():
+    read = {"gpus": [{"index": 0, "name": "NVIDIA H200", "memory_mib": 143771, "uuid": "GPU-1", "pci_bus_id":
+                      "00000000:18:00.0", "compute_cap": "9.0"}], "driver": "570.1", "cuda": "12.8", "hcas": ["mlx5_0"]}
+    assert component_types.inventory_output(read) == {
+        "gpus": [{"index": 0, "name": "NVIDIA H200", "memoryMib": 143771, "uuid": "GPU-1",
+                  "pciBusId": "00000000:18:00.0", "computeCap": "9.0"}],
+        "driver": "570.1", "cuda": "12.8", "hcas": ["mlx5_0"]}
+    assert component_types.inventory_output(None) == {"gpus": [], "driver": "", "cuda": "", "hcas": []}
+
+
+def test_the_sdks_have_this_projects_own_names():
+    language = schema()["language"]
+    assert language["nodejs"]["packageName"] == component.NODEJS_PACKAGE
+    assert not component.NODEJS_PACKAGE.startswith("@pulumi/")
+    assert language["go"]["importBasePath"] == component.GO_IMPORT_PATH
+    assert "example.com" not in component.GO_IMPORT_PATH and "pulumi/" not in component.GO_IMPORT_PATH
+    examples = Path(REPO, "examples")
+    assert f'from "{component.NODEJS_PACKAGE}"' in (examples / "typescript-vm" / "index.ts").read_text()
+    assert f'"{component.GO_IMPORT_PATH}"' in (examples / "go-vm" / "main.go").read_text()
 
 
 def test_bad_values_get_the_stack_configs_list_naming_the_node_field_and_fix():
@@ -120,6 +150,16 @@ def test_an_unknown_address_is_checked_later_and_kept_as_an_output():
     parsed = component.parse("gpu-01", {**GOOD, "address": address})
     assert parsed.outputs == {"address": address}
     assert parsed.node.node_id == "gpu-01" and parsed.spec.pki_dir == "/pki"
+
+
+def test_servers_may_be_another_resources_output_checked_later():
+    servers = pulumi.Output.from_input(["cp1.example.net:7443"])
+    parsed = component.parse("gpu-01", {**GOOD, "servers": servers})
+    assert parsed.outputs == {"servers": servers}
+    assert parsed.node.node_id == "gpu-01"
+    # A list holding an output is one Output of the whole list.
+    held = component.parse("gpu-01", {**GOOD, "servers": ["cp1:7443", pulumi.Output.from_input("cp2:7443")]})
+    assert set(held.outputs) == {"servers"} and isinstance(held.outputs["servers"], pulumi.Output)
 
 
 def test_an_output_for_a_plain_setting_is_refused_by_name():
@@ -162,3 +202,23 @@ def test_the_vm_options_and_the_shard_reach_the_four_resources(monitor: Recordin
         assert sorted(names) == sorted({shard_name(shard_of(n)) for n in ("gpu-01", "gpu-02")})
 
     return settle(vm.urn, node.problems, other.problems).apply(check)
+
+
+@pulumi.runtime.test
+def test_servers_given_as_an_output_reach_the_agent_s_settings(monitor: RecordingMonitor, tmp_path):  # noqa: F811
+    from google.protobuf import json_format
+
+    control_plane = pulumi.CustomResource("command:local:Command", "cp", {"stdout": None})
+    key = tmp_path / "id_ed25519"
+    key.write_text("read only when a node is reached")
+    key.chmod(0o600)
+    servers = control_plane.urn.apply(lambda _: ["cp-from-another-stack.example.net:7443"])
+    node = component.Node("gpu-01", {**GOOD, "servers": servers, "ssh": {**GOOD["ssh"], "privateKeyPath": str(key)}})
+
+    def check(_: Any) -> None:
+        given = [json_format.MessageToDict(r.object) for r in monitor.of_type(NODE_TYPES) if r.name == "gpu-01"]
+        with_servers = [g for g in given if "cp-from-another-stack.example.net:7443" in json.dumps(g)]
+        assert len(with_servers) == 1, given  # the AgentInstall, whose agent.yaml names them
+        assert "cp1:7443" not in json.dumps(given)
+
+    return settle(control_plane.urn, node.problems).apply(check)
