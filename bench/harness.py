@@ -144,6 +144,11 @@ class Harness:
         return f"https://{LAB_SUBNET}.2:{RELEASE_PORT}"
 
     @property
+    def release_signing_key_path(self) -> Path:
+        """The key the lab's releases are signed with (made once): a release nothing verifies is refused."""
+        return WORK / "release-signing" / "release-signing"
+
+    @property
     def snapshot(self) -> Path:
         return WORK / "snapshot"
 
@@ -155,7 +160,7 @@ class Harness:
         from lab.control_plane import ControlPlane
         from lab.doubles.llmgw import build_llmgw
         from lab.hosts import MAX_HOSTS, Lab
-        from lab.release_server import publish_release
+        from lab.release_server import make_signing_key, publish_release
         from lab.stack import engine_bin
 
         WORK.mkdir(parents=True, exist_ok=True)
@@ -166,8 +171,10 @@ class Harness:
         seed.operator_binary(self.operator_binary, RELEASE)
         releases = WORK / "releases"
         shutil.rmtree(releases, ignore_errors=True)
+        if not self.release_signing_key_path.exists():
+            make_signing_key(self.release_signing_key_path.parent, self.release_signing_key_path.name)
         for tag in (RELEASE, UPGRADE_RELEASE):
-            publish_release(releases, tag, {"amd64": build_llmgw(tag)})
+            publish_release(releases, tag, {"amd64": build_llmgw(tag)}, sign_with=self.release_signing_key_path)
 
         self.lab = Lab(name=LAB_NAME, subnet=LAB_SUBNET, workdir=CACHE / f"lab-{LAB_NAME}",
                        max_hosts=max(MAX_HOSTS, self.hosts_needed), light=self.light_hosts)
@@ -351,7 +358,8 @@ class Harness:
         return {
             "pkiDir": str(self.pki_dir),
             "servers": [self.control_plane.address],
-            "agent": {"version": RELEASE, "releaseUrl": self.release_url, "releaseCa": str(self.pki_dir / "ca.pem")},
+            "agent": {"version": RELEASE, "releaseUrl": self.release_url, "releaseCa": str(self.pki_dir / "ca.pem"),
+                      "signingKey": self.release_signing_key_path.with_suffix(".pub").read_text().strip()},
             "ssh": {"user": SSH_USER, "privateKeyPath": str(self.lab.ssh_key_path), "wait": SSH_WAIT},
             "nodes": [{"id": node_id, **self.route(address)} for node_id, address in nodes],
         }

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from lab.control_plane import ControlPlane
 from lab.doubles.llmgw import build_llmgw
 from lab.doubles.nvidia_smi import FIXTURES, build_nvidia_smi
 from lab.hosts import Host, Lab
-from lab.release_server import publish_release
+from lab.release_server import make_signing_key, publish_release
 from lab.stack import REPO, LabStack, engine_bin, engine_env
 
 CACHE = Path(os.environ.get("LLMGW_CACHE", "/var/cache/llmgw-pulumi"))
@@ -49,6 +50,24 @@ def give_hardware(host: Host, node: dict[str, Any]) -> None:
         smi.parent.mkdir(parents=True, exist_ok=True)
         smi.write_text(build_nvidia_smi(8))
         smi.chmod(0o755)
+
+
+SIGNING_KEY_LINE = re.compile(r"^(\s*signingKey:).*$", re.MULTILINE)
+
+
+def release_signing_key(work: Path) -> Path:
+    """The key the local release server's releases are signed with: made once, kept in the cache. The stack file
+    names its public half (``agent.signingKey``); on a machine whose key is another, its line is rewritten."""
+    key = work / "release-signing" / "release-signing"
+    if not key.exists():
+        make_signing_key(key.parent)
+    public = key.with_suffix(".pub").read_text().strip()
+    stack_file = REPO / "stacks" / "Pulumi.local.yaml"
+    text = stack_file.read_text()
+    if f"signingKey: {public}" not in text:
+        stack_file.write_text(SIGNING_KEY_LINE.sub(lambda m: f"{m[1]} {public}", text, count=1))
+        print(f"stacks/Pulumi.local.yaml: agent.signingKey set to this machine's local release key ({key})")
+    return key
 
 
 def main() -> int:
@@ -80,7 +99,7 @@ def main() -> int:
         host, port = cfg["servers"][0].rsplit(":", 1)
         cp = ControlPlane(pki_dir, host, int(port)).start()
         tag, url = cfg["agent"]["version"], cfg["agent"]["releaseUrl"]
-        publish_release(work / "releases", tag, {"amd64": build_llmgw(tag)})
+        publish_release(work / "releases", tag, {"amd64": build_llmgw(tag)}, sign_with=release_signing_key(work))
         rel_host = url.split("//")[1].split(":")[0]
         cert, key = labpki.issue_server_cert(pki_dir, work / "release-tls", "releases", ips=[rel_host], dns=[])
         rel = lab.run_in_netns([sys.executable, "-m", "lab.release_server", "--root", str(work / "releases"),

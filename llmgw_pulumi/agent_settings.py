@@ -13,7 +13,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import validate
-from .release_policy import digests_problem
+from .release_policy import (
+    LOCAL_BUILD,
+    OPT_OUT,
+    OPT_OUT_SETTING,
+    PIN,
+    SIGNATURE,
+    VERIFICATIONS,
+    digests_problem,
+    pins_problem,
+    verification,
+)
 from .schema import (
     FromProps,
     Problems,
@@ -213,6 +223,17 @@ class AgentSettings(FromProps):
 FETCH_NODE, FETCH_OPERATOR = "node", "operator"
 
 
+def _verification(value: object) -> validate.Problem:
+    if value in VERIFICATIONS:
+        return None
+    return (f"{value!r} is not one of {', '.join(VERIFICATIONS)}",
+            "leave it out: the Node component records how the release is verified")
+
+
+UNVERIFIED_FIX = ("give agent.signingKey (the release signing key's public line, `ssh-ed25519 AAAA...`) or pin "
+                  "agent.sha256 for this version ({{arch: sha256}}); or, knowingly, set agent.{opt_out}: true")
+
+
 def _signing_key(value: object) -> validate.Problem:
     try:
         validate.normalise_host_key(value)  # type: ignore[arg-type]  # a non-str is refused like a bad key
@@ -274,9 +295,24 @@ class BinarySource(FromProps):
     fetch: str | None = setting("fetch", _fetch, default=None,
                                 doc="Who downloads a release: node (None: the default) or operator (pushed to the "
                                     "node over SSH).")
+    allow_unverified_release: bool | None = setting(
+        OPT_OUT_SETTING, validate.boolean, default=None,
+        doc="true: install a release that neither agent.signingKey nor an agent.sha256 pin verifies, trusting "
+            "checksums.txt as the release server sends it (a warning under each such node). Without it such a "
+            "release is refused before any node is reached.")
+    verification: str | None = setting(None, _verification, default=None,
+                                       doc="How the binary is verified: signature, pin, opt-out or local build (the "
+                                           "program records it; the release-verified policy rule judges it).")
 
-    RELEASE_FIELDS = ("release_sha256", "signing_key", "release_ca", "fetch")
+    RELEASE_FIELDS = ("release_sha256", "signing_key", "release_ca", "fetch", "allow_unverified_release",
+                      "verification")
     """How a release is verified and carried (see above)."""
+
+    def verified_by(self) -> str | None:
+        """How this source's binary is verified as configured (release_policy.verification); None: a release
+        nothing verifies. A local build whose --version is a release tag is not known here to be one."""
+        return verification(not self.binary_path, self.signing_key, self.release_sha256,
+                            self.allow_unverified_release)
 
     @property
     def is_release(self) -> bool:
@@ -294,9 +330,12 @@ class BinarySource(FromProps):
         """
         config = problems.in_stack_config
         key = names(BinarySource, problems.spelling)
-        for name in ("release_sha256", "signing_key", "fetch") + (() if config else ("release_ca",)):
+        for name in (("signing_key", "fetch", "allow_unverified_release") +
+                     (("release_sha256",) if not config else ()) + (() if config else ("release_ca", "verification"))):
             if props.get(key[name]) is not None:
                 collect_one(BinarySource, name, props, problems, prefix)
+        if config and props.get(key["release_sha256"]) is not None:  # per version, or for agent.version
+            problems.check(prefix + key["release_sha256"], props.get(key["release_sha256"]), pins_problem)
         if config and props.get(key["release_ca"]) is not None:
             problems.check(prefix + key["release_ca"], props.get(key["release_ca"]), lambda v: None if isinstance(
                 v, str) and v else ("is empty", "give the path of the release server's CA bundle (PEM) on this machine"))
@@ -311,6 +350,8 @@ class BinarySource(FromProps):
             return
         if validate.RELEASE_TAG.match(version):
             collect_one(BinarySource, "release_url", props, problems, prefix)
+            if not config:
+                BinarySource._collect_verification(props, problems, prefix)
         elif binary is None:
             problems.add(prefix + key["binary_path"],
                          f"is missing: version {version} is not a release tag, so there is no release to fetch",
@@ -318,3 +359,28 @@ class BinarySource(FromProps):
         elif not config:
             collect_one(BinarySource, "binary_path", props, problems)
             collect_one(BinarySource, "binary_sha256", props, problems)
+
+    @staticmethod
+    def _collect_verification(props: Mapping[str, Any], problems: Problems, prefix: str) -> None:
+        """A release's ``verification`` record, when given, must be borne out by its inputs (a signing key for
+        ``signature``, pins for ``pin``, the opt-out for ``opt-out``)."""
+        given = {name: props.get(name) for name in ("signing_key", "release_sha256", "allow_unverified_release",
+                                                     "verification")}
+        if any(is_unknown(v) for v in given.values()):
+            return
+        record = given["verification"]
+        needs = {SIGNATURE: "signing_key", PIN: "release_sha256", OPT_OUT: "allow_unverified_release"}
+        if record == LOCAL_BUILD or record in needs and not given[needs[record]]:
+            problems.add(prefix + "verification", f"says {record}, which this release's inputs do not bear out",
+                         "leave it out: the Node component records how the release is verified")
+
+    def unverified_release(self) -> tuple[str, str, str] | None:
+        """(field, problem, fix) by input name when this is a release (its values known) that nothing verifies:
+        no signing key, no release_sha256 pin, no opt-out. ``Node`` refuses it before any of its resources."""
+        known = (self.version, self.binary_path, self.signing_key, self.release_sha256, self.allow_unverified_release)
+        if any(is_unknown(v) or not isinstance(v, (str, Mapping, bool, type(None))) for v in known):
+            return None  # an Output: its resource sees it once known
+        if self.verification is not None or not self.is_release or self.verified_by() is not None:
+            return None
+        return ("signing_key", f"is missing, and no release_sha256 pin verifies release {self.version} either",
+                UNVERIFIED_FIX.format(opt_out="allowUnverifiedRelease (BinarySource(..., allow_unverified_release=True))"))

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import release_policy
 from .schema import normalise  # engine values compared as the providers' diff compares them
 from .text import printable
 
@@ -41,10 +42,13 @@ CERT_PEM, KEY_PEM, SERIAL = "cert_pem", "key_pem", "serial"
 PROBLEMS, PROBLEM, HINT = "problems", "problem", "hint"
 CONNECTION, HOST_KEY, JUMP = "connection", "host_key", "jump"
 FABRICS, FABRIC_NAME, BINARY_PATH = "fabrics", "name", "binary_path"
+VERIFICATION = "verification"
+"""How the agent's binary is verified, as the program records it (release_policy.VERIFICATIONS)."""
 OPERATOR_SIDE = frozenset({"user", "wait", "jump", "private_key", "private_key_path", "passphrase"})
 """Connection fields that change only how the operator's side reaches a node: never a change to it."""
 NOT_NODE_CHANGES = frozenset({"__provider", "__urn", "pki_dir", "signer", "known_jump_host_keys", "rollout",
-                              "release_sha256", "signing_key", "release_ca", "fetch", "ca_key_passphrase", DRIFT})
+                              "release_sha256", "signing_key", "release_ca", "fetch", "allow_unverified_release",
+                              VERIFICATION, "ca_key_passphrase", DRIFT})
 """Inputs whose change alone does not touch the node (how certificates are signed, how a release is verified
 and carried, how updates are spread, what a refresh found)."""
 UNREADABLE = ("cannot reach", "could not be read", "its state is kept as it was")
@@ -84,6 +88,8 @@ class NodeReview:
     rollout: Mapping[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
+    unverified_release: bool = False
+    """Its agent installs a release nothing verifies (agent.allowUnverifiedRelease): the program's warning."""
 
     @property
     def restarts(self) -> bool:
@@ -310,14 +316,18 @@ def _one_line(message: Any) -> str:
     return printable(" ".join(str(message).split()))
 
 
-def _diagnostic(nodes: Mapping[str, NodeReview], diag: Mapping[str, Any]) -> None:
+def _diagnostic(nodes: dict[str, NodeReview], diag: Mapping[str, Any]) -> None:
     urn = diag.get("urn")
     if not isinstance(urn, str) or diag.get("severity") not in ("warning", "error"):
+        return
+    message = _one_line(diag.get("message", "")).removeprefix("warning: ")
+    if kind_of(urn) == AGENT and release_policy.UNVERIFIED_WARNING in message:
+        # Said under every node that opted out, changed or not: a node with no step is listed for it.
+        nodes.setdefault(_node_of(urn), NodeReview(_node_of(urn))).unverified_release = True
         return
     node = nodes.get(_node_of(urn))
     if node is None:
         return
-    message = _one_line(diag.get("message", "")).removeprefix("warning: ")
     if any(marker in message for marker in UNREADABLE):
         if message not in node.unreadable:  # each of the node's resources says so
             node.unreadable.append(message)

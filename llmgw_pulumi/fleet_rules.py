@@ -18,10 +18,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import fleet_review, observed
+from . import fleet_review, observed, release_policy
 
 KEY_ORIGIN_OPERATOR = "operator"
 HOST_KEY, VALIDITY_HOURS, SIGNING_KEY, BINARY_PATH = "host_key", "validity_hours", "signing_key", "binary_path"
+RELEASE_SHA256 = "release_sha256"
 NODE_ID = "node_id"
 
 
@@ -41,8 +42,11 @@ NO_OPERATOR_KEYS = Rule("no-operator-keys", "No node's key is made on the operat
                         "mandatory", {})
 CERTIFICATE_VALIDITY = Rule("certificate-validity", "Client certificates are valid for at most maxHours.", "mandatory",
                             {"maxHours": ("number", 8760, "the longest validityHours allowed")})
-RELEASE_VERIFIED = Rule("release-verified", "Every agent release is verified: a signing key or sha256 pins are configured.",
-                        "mandatory", {"allowDevBuild": ("boolean", False, "allow `agent.binary`, a local build copied as is")})
+RELEASE_VERIFIED = Rule("release-verified", "Every agent release is verified: by a signature or sha256 pins, as each "
+                        "node's AgentInstall records it.", "mandatory",
+                        {"allowDevBuild": ("boolean", False, "allow `agent.binary`, a local build copied as is"),
+                         "allowUnverifiedRelease": ("boolean", False, "allow a release installed under "
+                                                    "agent.allowUnverifiedRelease, verified by nothing")})
 ROLLOUT_REQUIRED = Rule("rollout-required", "llmgw:rollout is set when more than maxRestarts running agents would restart.",
                         "mandatory", {"maxRestarts": ("integer", 1, "restarts allowed without a rollout")})
 REMOVAL_ALLOWED = Rule("removal-allowed", "No node is removed unless its id is in the allowed list.", "mandatory",
@@ -108,30 +112,37 @@ def certificate_validity(kind: str, inputs: Mapping[str, Any], config: Mapping[s
             f"Set llmgw:certificate.validityHours (or the node's certificate.validityHours) to at most {most:g}")
 
 
-def release_verified(kind: str, inputs: Mapping[str, Any], stack_config: Mapping[str, Any],
-                     config: Mapping[str, Any]) -> str | None:
-    """A release needs a signing key (an input) or sha256 pins (in stack config: top-level or the node's agent)."""
+def release_verified(kind: str, inputs: Mapping[str, Any], config: Mapping[str, Any]) -> str | None:
+    """Judges the record the program makes of how each node's agent is verified (AgentInstall's ``verification``
+    input: a signature or a pin passes; a local build and the opt-out only when the policy config allows them),
+    whatever way the config was given: stack config, a node list file, component inputs or a program's own."""
     if kind != fleet_review.AGENT:
         return None
     node = str(inputs.get(NODE_ID, "?"))
-    if _known(inputs.get(BINARY_PATH)):
+    version = inputs.get(fleet_review.VERSION)
+    record = inputs.get(fleet_review.VERIFICATION)
+    if record == fleet_review.UNKNOWN:
+        return None  # an Output of the program's own, not known before `up`: judged then
+    backed = {release_policy.SIGNATURE: SIGNING_KEY, release_policy.PIN: RELEASE_SHA256,
+              release_policy.LOCAL_BUILD: BINARY_PATH}
+    if record in backed and not _known(inputs.get(backed[record])):
+        return (f"{node}: its agent's verification is recorded as {record!r}, but its {backed[record]} is not given. "
+                "Let the Node component record it (leave BinarySource.verification out)")
+    if record in (release_policy.SIGNATURE, release_policy.PIN):
+        return None
+    if record == release_policy.LOCAL_BUILD:
         if param(RELEASE_VERIFIED, config, "allowDevBuild"):
             return None
         return (f"{node}: its agent is a local build (agent.binary), copied unverified. Deploy a release with "
                 "agent.signingKey or agent.sha256, or allow dev builds in the policy config (allowDevBuild: true)")
-    if _known(inputs.get(SIGNING_KEY)) or _pinned(stack_config, node):
-        return None
-    return (f"{node}: release {inputs.get(fleet_review.VERSION)} is installed from a checksums.txt nobody signed. "
-            "Set llmgw:agent.signingKey (the release signing key) or pin llmgw:agent.sha256 per architecture")
-
-
-def _pinned(stack_config: Mapping[str, Any], node: str) -> bool:
-    agents = [stack_config.get("llmgw:agent")]
-    nodes = stack_config.get("llmgw:nodes")
-    for entry in nodes if isinstance(nodes, list) else []:
-        if isinstance(entry, Mapping) and entry.get("id") == node:
-            agents.append(entry.get("agent"))
-    return any(isinstance(a, Mapping) and isinstance(a.get("sha256"), Mapping) and a["sha256"] for a in agents)
+    if record == release_policy.OPT_OUT:
+        if param(RELEASE_VERIFIED, config, "allowUnverifiedRelease"):
+            return None
+        return (f"{node}: release {version} is installed from a checksums.txt nobody signed "
+                f"(agent.{release_policy.OPT_OUT_SETTING}). Set llmgw:agent.signingKey (the release signing key) or "
+                f"pin llmgw:agent.sha256 for {version}, or allow it in the policy config (allowUnverifiedRelease: true)")
+    return (f"{node}: release {version} has no record of how it is verified ({fleet_review.VERIFICATION}: "
+            f"{record!r}). Onboard it with this package's Node (it records a signature, a pin or the opt-out)")
 
 
 def stack_config_from_env(text: str | None) -> dict[str, Any]:

@@ -48,6 +48,7 @@ from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
 from .registration import RegistrationCheck
 from .registration import collect as collect_registration
+from .release_policy import OPT_OUT, unverified_warning, verification
 from .schema import Problems, SettingInfo, collect_fields, declared_in, describe_args
 from .shards import PACKAGE, provider_for
 from .specs import KEY_ORIGIN_NODE, CertificateSpec, Connection, EngineCheckSpec, NodeRollout, Rollout
@@ -166,6 +167,9 @@ def check_node_args(args: NodeArgs) -> list[ConfigError]:
         check("", Connection.collect, _as_inputs({"connection": args.connection}).get("connection"))
     check("settings.", AgentSettings.collect, _as_inputs(args.settings) if args.settings is not None else None)
     check("binary.", BinarySource.collect, _as_inputs(args.binary))
+    unverified = args.binary.unverified_release() if isinstance(args.binary, BinarySource) else None
+    if unverified is not None:
+        found.append((f"binary.{unverified[0]}", *unverified[1:]))
     check("", lambda props, problems: collect_fields(EngineCheckSpec, props, problems, only=("fail_on_problems",)),
           _as_inputs({"fail_on_problems": args.fail_on_engine_problems}),
           rename={"fail_on_problems": "fail_on_engine_problems"})
@@ -230,7 +234,40 @@ def onboard(parent: pulumi.ComponentResource, name: str, args: NodeArgs,
         return _onboard(parent, name, args, opts)
 
 
+def recorded_binary(node_id: pulumi.Input[str], binary: BinarySource) -> BinarySource:
+    """``binary`` with how it is verified recorded (its ``verification``: release_policy.VERIFICATIONS), as
+    AgentInstall's input the release-verified policy rule reads. The program records it before the pins it
+    approved replace what was configured; from a program's own NodeArgs it is worked out here. A release that
+    nothing verifies (no signing key, no sha256 pin, no opt-out) is refused here, before any of the node's
+    resources exists."""
+    if binary.verification is not None:
+        return binary
+    given = (binary.binary_path, binary.signing_key, binary.release_sha256, binary.allow_unverified_release)
+    if any(isinstance(v, pulumi.Output) for v in given):
+        record = pulumi.Output.all(*given).apply(lambda v: verification(not v[0], v[1], v[2], v[3]))
+        return dataclasses.replace(binary, verification=record)  # type: ignore[arg-type]  # an Input here
+    unverified = binary.unverified_release()
+    if unverified is not None:
+        field, problem, fix = unverified
+        raise ConfigError(node_id if isinstance(node_id, str) else "node", f"binary.{field}", problem, fix)
+    return dataclasses.replace(binary, verification=binary.verified_by())
+
+
+def warn_if_unverified(agent: AgentInstall, node_id: pulumi.Input[str], binary: BinarySource) -> None:
+    """The warning under the node's agent when it installs a release nothing verifies (the opt-out)."""
+    def warn(values: list[Any]) -> None:
+        if values[0] == OPT_OUT:
+            pulumi.log.warn(unverified_warning(str(values[1]), str(values[2])), resource=agent)
+
+    given = [binary.verification, node_id, binary.version]
+    if any(isinstance(v, pulumi.Output) for v in given):
+        pulumi.Output.all(*given).apply(warn)
+    else:
+        warn(given)
+
+
 def _onboard(parent: pulumi.ComponentResource, name: str, args: NodeArgs, opts: pulumi.ResourceOptions | None) -> Parts:
+    binary = recorded_binary(args.node_id, args.binary)
     child = child_options(parent, name, args, opts or pulumi.ResourceOptions())
     conn = args.connection
 
@@ -258,9 +295,10 @@ def _onboard(parent: pulumi.ComponentResource, name: str, args: NodeArgs, opts: 
     agent = AgentInstall(name, AgentInstallArgs(
         node_id=args.node_id, connection=conn, known_host_key=known_host_key,
         known_jump_host_keys=identity.jump_host_keys, hostname=identity.hostname,
-        settings=args.settings, binary=args.binary, rollout=node_rollout(args.rollout, args.node_id),
+        settings=args.settings, binary=binary, rollout=node_rollout(args.rollout, args.node_id),
         registration=args.registration,
     ), child)
+    warn_if_unverified(agent, args.node_id, binary)
 
     check = EngineCheck(name, EngineCheckArgs(
         node_id=args.node_id, connection=conn, known_host_key=known_host_key,

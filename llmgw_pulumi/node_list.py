@@ -13,9 +13,9 @@ export:
     gpu-a01,10.0.1.11,,ib-east,mlx5_0 mlx5_1,/opt/vllm/bin/vllm
 
 A YAML file holds the list llmgw:nodes would hold (``- id: gpu-a01``...). A CSV column is a node setting,
-nested ones by dotted path (``fabric.name``, ``agent.version``, ``agent.sha256.amd64``); ``port`` is a
-number, ``failOnEngineProblems`` true or false, and ``servers``, ``jump`` and ``fabric.hcas`` lists
-separated by spaces. A row whose first cell starts with ``#`` is a comment.
+nested ones by dotted path (``fabric.name``, ``agent.version``, ``agent.sha256.amd64``: a pin of the row's
+version); ``port`` is a number, ``failOnEngineProblems`` and ``agent.allowUnverifiedRelease`` true or false,
+and ``servers``, ``jump`` and ``fabric.hcas`` lists separated by spaces. A row whose first cell starts with ``#`` is a comment.
 
 Every row is validated by stack_config.parse exactly as llmgw:nodes is (the same validators, the same
 list of problems), each problem naming the file, the line and the field, together with those of the file
@@ -43,6 +43,7 @@ from typing import Any
 import yaml
 
 from . import stack_config, validate
+from .release_policy import OPT_OUT_SETTING
 from .schema import Schema
 
 NAMESPACE = stack_config.NAMESPACE
@@ -50,7 +51,7 @@ CONFIG_KEY = "inventory"
 """llmgw:inventory, as the issue asked for it (the file is called a node list file here)."""
 KINDS = {".yaml": "yaml", ".yml": "yaml", ".csv": "csv"}
 INTEGER_COLUMNS = frozenset({"port"})
-BOOLEAN_COLUMNS = frozenset({"failOnEngineProblems"})
+BOOLEAN_COLUMNS = frozenset({"failOnEngineProblems", f"agent.{OPT_OUT_SETTING}"})
 LIST_COLUMNS = frozenset({"servers", "jump", "fabric.hcas"})
 """CSV cells are text: these columns are read as a whole number, true/false, or a list separated by spaces.
 A cell that is not what its column takes is passed on as text, so the setting's own validator refuses it."""

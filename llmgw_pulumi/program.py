@@ -157,11 +157,20 @@ def agent_inputs(source: BinarySource, dry_run: bool | None = None) -> BinarySou
                 raise ConfigError("llmgw", "agent.releaseUrl", f"the local binary is release {version}, which nodes download",
                                   "give agent.releaseUrl")
     copied = BinarySource(version=version, release_url=release_url, binary_path=binary_path, binary_sha256=binary_sha)
-    if binary_path is not None or not version or release_url is None:
+    if binary_path is not None:
+        return dataclasses.replace(copied, verification=release.LOCAL_BUILD)
+    if not version or release_url is None:
         return copied
     pins = tuple(sorted((arch, digest.lower()) for arch, digest in (source.release_sha256 or {}).items()))
     ca_file = os.path.abspath(os.path.expanduser(source.release_ca)) if source.release_ca else None
     signing_key = validate.normalise_host_key(source.signing_key) if source.signing_key else None
+    how = release.verification(True, signing_key, pins, source.allow_unverified_release)
+    if how is None:  # a local build that is a release (the stack config's check knew no version for it)
+        raise ConfigError("llmgw", "agent.signingKey", f"is missing: the local build {source.binary_path} is release "
+                          f"{version}, which no signing key or agent.sha256 pin verifies",
+                          "`pulumi config set --path llmgw:agent.signingKey 'ssh-ed25519 AAAA...'` (the release "
+                          "signing key's public line), or pin its sha256 per architecture in agent.sha256; or, knowingly, "
+                          "`pulumi config set --path llmgw:agent.allowUnverifiedRelease true`")
     approved = release.Release(release_url.rstrip("/"), version, signing_key, pins, ca_file)
     if dry_run is None:
         dry_run = pulumi.runtime.is_dry_run()
@@ -171,7 +180,8 @@ def agent_inputs(source: BinarySource, dry_run: bool | None = None) -> BinarySou
         if not dry_run:
             pulumi.log.info(f"llmgw {version}: the sha256 of {', '.join(sorted(digests))} approved {approved.how}")
     return dataclasses.replace(copied, release_sha256=digests, signing_key=signing_key, release_ca=ca_file,
-                               fetch=source.fetch)
+                               fetch=source.fetch, allow_unverified_release=source.allow_unverified_release,
+                               verification=how)
 
 
 def stack_rollout(spec: stack_config.StackSpec) -> Rollout | None:

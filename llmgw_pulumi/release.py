@@ -9,9 +9,10 @@ Pulumi program, once per `pulumi up`, never in a preview) learns the sha256 of
   and its detached signature ``checksums.txt.sig`` are fetched over https, and
   ``ssh-keygen -Y verify`` must accept the signature for that key in the
   namespace ``llmgw-release`` before a line of the file is read;
-- neither: ``checksums.txt`` is fetched over https and trusted as the server
-  sends it (what an existing stack did, minus the node's own say; only a
-  signature or a pin makes the release the operator's).
+- neither: refused before any node is reached, unless
+  ``agent.allowUnverifiedRelease: true`` says to fetch ``checksums.txt`` over
+  https and trust it as the server sends it (a warning under each such node;
+  only a signature or a pin makes the release the operator's).
 
 The digests reach each node as an input of its AgentInstall; the node downloads
 only the binary, checks its sha256 and that its ``--version`` reports the tag,
@@ -50,7 +51,9 @@ from . import child_env
 from .errors import ChecksumMismatchError, ReleaseFetchError, ReleaseSignatureError
 from .release_policy import CHECKSUMS as CHECKSUMS
 from .release_policy import DIGEST as DIGEST
+from .release_policy import LOCAL_BUILD as LOCAL_BUILD
 from .release_policy import NAMESPACE as NAMESPACE
+from .release_policy import OPT_OUT_SETTING as OPT_OUT_SETTING
 from .release_policy import SIGNATURE_SUFFIX as SIGNATURE_SUFFIX
 from .release_policy import WHO as WHO
 from .release_policy import Release as Release
@@ -60,6 +63,7 @@ from .release_policy import digests_problem as digests_problem
 from .release_policy import key_fingerprint as key_fingerprint
 from .release_policy import parse_checksums as parse_checksums
 from .release_policy import shown as _shown
+from .release_policy import verification as verification
 
 STALL_SECONDS = 20.0
 """A release server that sends nothing for this long is given up on."""

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .errors import ChecksumMismatchError
+from .validate import RELEASE_TAG
 
 NAMESPACE = "llmgw-release"
 """The OpenSSH signature namespace (``ssh-keygen -Y sign -n``) a release's checksums.txt is signed in."""
@@ -126,3 +127,74 @@ def digests_problem(value: object) -> tuple[str, str] | None:
         if not isinstance(digest, str) or not DIGEST.match(digest.lower()):
             return f"the {arch} digest is not 64 hex digits", fix
     return None
+
+
+def pins_problem(value: object) -> tuple[str, str] | None:
+    """agent.sha256 as the stack config may give it: architecture -> sha256 (pins of the same mapping's
+    agent.version), and/or release tag -> {architecture -> sha256} (pins per version). (problem, fix) if not."""
+    if not isinstance(value, Mapping) or not value:
+        return digests_problem(value)
+    arch_pins = {k: v for k, v in value.items() if not isinstance(v, Mapping)}
+    if arch_pins:
+        bad = digests_problem(arch_pins)
+        if bad:
+            return bad
+    for tag, digests in value.items():
+        if not isinstance(digests, Mapping):
+            continue
+        if not isinstance(tag, str) or not RELEASE_TAG.match(tag):
+            return (f"{tag!r} is not a release tag vX.Y.Z",
+                    "key each release's pins by its tag, e.g. {v1.4.2: {amd64: 3f9c...(64 hex digits)}}")
+        bad = digests_problem(digests)
+        if bad:
+            return f"{tag}: {bad[0]}", bad[1]
+    return None
+
+
+def pins_for(given: object, tag: str, given_for: str | None) -> dict[str, str] | None:
+    """The architecture -> sha256 pins that agent.sha256 as configured (``given``) holds for release ``tag``:
+    its entry ``tag: {arch: sha256}``, else its own ``arch: sha256`` entries when they are for ``tag`` (they
+    pin ``given_for``, the version of the mapping that holds them). None: no pin for ``tag``."""
+    if not isinstance(given, Mapping):
+        return None
+    found = given.get(tag)
+    if isinstance(found, Mapping) and found:
+        return {str(a): str(d).lower() for a, d in found.items()}
+    own = {str(a): str(d).lower() for a, d in given.items() if not isinstance(d, Mapping)}
+    return own if own and tag == given_for else None
+
+
+# --------------------------------------------------------------------------- how a release is verified
+
+
+SIGNATURE, PIN, OPT_OUT, LOCAL_BUILD = "signature", "pin", "opt-out", "local build"
+"""How a node's agent binary was verified, as AgentInstall records it (its ``verification`` input): checksums.txt
+signed by agent.signingKey; the sha256 pinned in agent.sha256; a release trusted as the server sends it because
+agent.allowUnverifiedRelease says so; a local build (agent.binary), copied as it is."""
+VERIFICATIONS = (SIGNATURE, PIN, OPT_OUT, LOCAL_BUILD)
+OPT_OUT_SETTING = "allowUnverifiedRelease"
+"""The stack-config key of the opt-out (``agent.allowUnverifiedRelease: true``)."""
+UNVERIFIED_WARNING = "installs an unverified release"
+"""What the warning under each node that opted out says (the pull-request summary finds it by these words)."""
+
+
+def verification(is_release: bool, signing_key: object, pins: object, allow_unverified: object) -> str | None:
+    """How a binary is verified (one of VERIFICATIONS), from what the operator configured for it; None: a
+    release that nothing verifies, which is refused. Pins come first: with them nothing is fetched to learn
+    the digests (``llmgw_pulumi.release.approve``)."""
+    if not is_release:
+        return LOCAL_BUILD
+    if pins:
+        return PIN
+    if signing_key:
+        return SIGNATURE
+    if allow_unverified is True:
+        return OPT_OUT
+    return None
+
+
+def unverified_warning(node: str, tag: str) -> str:
+    """The warning shown under ``node`` (and in the pull-request summary) when it installs ``tag`` unverified."""
+    return (f"{node} {UNVERIFIED_WARNING}: llmgw {tag} is installed from checksums.txt as the release server "
+            f"sends it, because agent.{OPT_OUT_SETTING} is true. Set agent.signingKey or pin agent.sha256 for "
+            f"{tag}, then remove agent.{OPT_OUT_SETTING}")

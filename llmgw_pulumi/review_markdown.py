@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .fleet_review import REISSUE_WHY, FleetReview, NodeReview, natural
+from .release_policy import OPT_OUT_SETTING
 from .text import inert, printable
 
 FOLD_AFTER = 8
@@ -137,6 +138,12 @@ def markdown(fleet: FleetReview) -> str:
     if outside:
         lines.append(f"- **without a rollout** ({len(outside)}): {fold_ids(outside)}")
     lines.append("")
+
+    unverified = fleet.group(lambda r: r.unverified_release)
+    if unverified:
+        lines.append(f"**Unverified releases** (`agent.{OPT_OUT_SETTING}`: no signature, no sha256 pin) "
+                     f"({len(unverified)} nodes): {fold_ids(unverified)}")
+        lines.append("")
 
     config = [r for r in fleet.nodes.values() if r.config_lines]
     if config:

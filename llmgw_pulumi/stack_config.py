@@ -41,6 +41,7 @@ from . import registration, signer_interface, validate
 from .agent_settings import FABRIC_SCHEMA, AgentSettings, BinarySource, collect_fabric
 from .errors import StackConfigError as StackConfigError  # raised by parse; its home is errors
 from .registration import RegistrationCheck
+from .release_policy import OPT_OUT_SETTING, pins_for
 from .schema import (
     Problems,
     Schema,
@@ -211,34 +212,66 @@ def _mapping(value: Any, name: str, p: Problems) -> Mapping[str, Any]:
     return value
 
 
-def _agent_source(value: Any, name: str, p: Problems, fallback: BinarySource | None = None) -> BinarySource:
+def _agent_source(value: Any, name: str, p: Problems, fallback: BinarySource | None = None,
+                  stack_pins: Any = None) -> BinarySource:
     """{version, releaseUrl, ...} for a release, or {binary} for a local build (whose --version decides).
 
-    A node's own agent settings fall back to the stack's: releaseUrl, signingKey, releaseCa and fetch always;
-    the version (and its sha256 pins) when the node gives neither a version nor a binary; the pins also when
-    it gives the stack's version.
+    A node's own agent settings fall back to the stack's: releaseUrl, signingKey, releaseCa, fetch and
+    allowUnverifiedRelease always; the version when the node gives neither a version nor a binary. A release's
+    sha256 pins are those its own mapping gives for its version, else the stack's agent.sha256 for that version
+    (``stack_pins``, as configured: per version, or for the stack's version).
     """
     agent = _mapping(value, name, p)
     _unknown_keys(agent, AGENT_SCHEMA, name, "an agent setting", p)
     inherited: dict[str, Any] = {}
     if fallback is not None:
         inherited = {"releaseUrl": fallback.release_url, "signingKey": fallback.signing_key,
-                     "releaseCa": fallback.release_ca, "fetch": fallback.fetch}
+                     "releaseCa": fallback.release_ca, "fetch": fallback.fetch,
+                     OPT_OUT_SETTING: fallback.allow_unverified_release}
         if "version" not in agent and "binary" not in agent:
             inherited.update(version=fallback.version or None, binary=fallback.binary_path)
-        if agent.get("version", fallback.version) == fallback.version and "binary" not in agent:
-            inherited["sha256"] = fallback.release_sha256
     given = {**{k: v for k, v in inherited.items() if v is not None}, **agent}
+    before = len(p.items)
     BinarySource.collect(given, p, prefix=f"{name}.")
     binary = given.get("binary")
     if binary is not None:
         # A path on this machine, made absolute by the program: `~/src/llmgw/llmgw` is fine.
         p.check(f"{name}.binary", binary, lambda v: validate.local_path(v, "path of the local llmgw build"))
+    version = given.get("version")
+    given.pop("sha256", None)
+    if binary is None and isinstance(version, str) and validate.RELEASE_TAG.match(version) and len(p.items) == before:
+        pins = pins_for(agent.get("sha256"), version, version)
+        if pins is None and fallback is not None:
+            pins = pins_for(stack_pins, version, fallback.version)
+        if pins is not None:
+            given["sha256"] = pins
     # As given: the program reads a local build's version, expands ~ and approves the digests.
     return BinarySource(**{"version": "", **renamed(BinarySource, given)})
 
 
-def _check_node(raw: Mapping[str, Any], p: Problems, stack_agent: BinarySource) -> BinarySource | None:
+def _unverified(node_agent: BinarySource, own: bool, p: Problems) -> None:
+    """A node whose release nothing verifies (no signing key, no pin for its version, no opt-out): one problem
+    naming the node, agent.signingKey and the commands that fix it, before anything happens."""
+    if not node_agent.is_release or node_agent.verified_by() is not None:
+        return
+    tag = node_agent.version
+    pin = f"llmgw:agent.sha256[\"{tag}\"].amd64"
+    fixes = ["`pulumi config set --path llmgw:agent.signingKey 'ssh-ed25519 AAAA...'` (the release signing key's "
+             "public line)", f"pin it for every node on {tag}: `pulumi config set --path {shlex.quote(pin)} SHA256` "
+             "(one per architecture)"]
+    if p.config_key is None:  # a node list file
+        fixes.append("or give this node agent.signingKey, or agent.sha256.<arch> for its version, in the file")
+        opt_out = f"or, knowingly, agent.{OPT_OUT_SETTING}: true in the file (or for the stack: " \
+                  f"`pulumi config set --path llmgw:agent.{OPT_OUT_SETTING} true`)"
+    else:
+        key = f"{p.config_key}agent.{OPT_OUT_SETTING}" if own else f"llmgw:agent.{OPT_OUT_SETTING}"
+        opt_out = f"or, knowingly, `pulumi config set --path {shlex.quote(key)} true`"
+    p.add("agent.signingKey", f"is missing, and no agent.sha256 pin verifies release {tag}, which this node installs",
+          "; ".join(fixes) + "; " + opt_out + " (a warning under the node)")
+
+
+def _check_node(raw: Mapping[str, Any], p: Problems, stack_agent: BinarySource,
+                stack_pins: Any = None) -> BinarySource | None:
     """Validate one node's settings by the specs' own fields; returns its own agent source, if any."""
     _unknown_keys(raw, NODE_SCHEMA, "", "a node setting", p)
     p.check("id", raw.get("id"), validate.node_id)
@@ -248,7 +281,9 @@ def _check_node(raw: Mapping[str, Any], p: Problems, stack_agent: BinarySource) 
         if "fabrics" in raw:
             p.add("fabric", "is given together with fabrics", "use fabric for one fabric, or fabrics for several")
         collect_fabric(raw["fabric"], p, "fabric")
-    return _agent_source(raw["agent"], "agent", p, fallback=stack_agent) if "agent" in raw else None
+    if "agent" not in raw:
+        return None
+    return _agent_source(raw["agent"], "agent", p, fallback=stack_agent, stack_pins=stack_pins)
 
 
 def _node(raw: Mapping[str, Any], agent: BinarySource | None, config: Mapping[str, Any], ssh: Mapping[str, Any],
@@ -367,7 +402,10 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
         collect_one(CertificateSpec, "pki_dir", config, top)  # required with the default signer
     for part in TOP_PARTS:
         part.collect(config, top)
+    before_agent = len(top.items)
     agent = _agent_source(config.get("agent"), "agent", top)
+    agent_problems = len(top.items) > before_agent
+    stack_pins = config["agent"].get("sha256") if isinstance(config.get("agent"), Mapping) else None
     ssh = _mapping(config.get("ssh"), "ssh", top)
     _unknown_keys(ssh, SSH_SCHEMA, "ssh", "an ssh setting", top)
     SSH_PART.collect(ssh, top, "ssh.")
@@ -429,7 +467,9 @@ def parse(config: Mapping[str, Any], has_secret_key: bool = False, secret_keys: 
                 p.add("address", f"{addr} is also the address of node {seen_addrs[key]}",
                       "two nodes cannot be the same machine; fix the address")
             seen_addrs.setdefault(key, str(node_id))
-        node_agent = _check_node(raw, p, agent)
+        node_agent = _check_node(raw, p, agent, stack_pins)
+        if not p.items and not agent_problems:
+            _unverified(node_agent or agent, node_agent is not None, p)
         everyone += [(p.node, *item) for item in p]
         valid.append((raw, node_agent))
     rollout_problems = Problems("llmgw", Spelling.STACK_CONFIG, config_key=f"{NAMESPACE}:")

@@ -233,12 +233,13 @@ def new_stack(cluster: Cluster, tmp_path: Path) -> Callable[..., Any]:
 
 def stack_config(cluster: Cluster, hosts: list[Any], *, ids: list[str] | None = None,
                  nodes: list[dict[str, Any]] | None = None, **top: Any) -> dict[str, Any]:
-    """A stack config onboarding ``hosts`` from the test release (node ids = hostnames unless given)."""
+    """A stack config onboarding ``hosts`` from the test release, signed with the cluster's release key (node ids =
+    hostnames unless given)."""
     entries = nodes or [{"id": (ids[i] if ids else h.hostname), "address": h.addr} for i, h in enumerate(hosts)]
     config: dict[str, Any] = {
         "pkiDir": str(cluster.pki_dir),
         "servers": [cluster.control_plane.address],
-        "agent": {"version": RELEASE, "releaseUrl": cluster.release_url},
+        "agent": {"version": RELEASE, "releaseUrl": cluster.release_url, "signingKey": cluster.release_signing_key},
         "ssh": {"user": "deploy", "privateKeyPath": str(cluster.ssh_key_path), "wait": 30},
         "nodes": entries,
     }

@@ -29,6 +29,7 @@ for node_id, fabric in FLEET:
                                   private_key_path=ssh["privateKeyPath"], wait=ssh.get("wait", 120)),
         pki_dir=config.require("pkiDir"),
         settings=AgentSettings(servers=config.require_object("servers"), fabrics=[fabric] if fabric else []),
-        binary=BinarySource(version=agent["version"], release_url=agent.get("releaseUrl")),
+        binary=BinarySource(version=agent["version"], release_url=agent.get("releaseUrl"),
+                            signing_key=agent["signingKey"]),
     ))
     pulumi.export(node_id, {"hostname": node.identity.hostname, "certificate_not_after": node.certificate.not_after})

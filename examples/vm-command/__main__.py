@@ -43,7 +43,8 @@ node = Node(node_id, NodeArgs(
                               private_key_path=ssh["privateKeyPath"], wait=ssh.get("wait", 120)),
     pki_dir=config.require("pkiDir"),
     settings=AgentSettings(servers=config.require_object("servers")),
-    binary=BinarySource(version=agent["version"], release_url=agent.get("releaseUrl")),
+    binary=BinarySource(version=agent["version"], release_url=agent.get("releaseUrl"),
+                        signing_key=agent["signingKey"]),
 ), pulumi.ResourceOptions(depends_on=[vm], replace_with=[vm]))
 
 pulumi.export("address", address)

@@ -30,7 +30,6 @@ from llmgw_pulumi import fleet_rules as rules
 
 LEVELS = {"advisory": EnforcementLevel.ADVISORY, "mandatory": EnforcementLevel.MANDATORY,
           "disabled": EnforcementLevel.DISABLED}
-STACK_CONFIG = rules.stack_config_from_env(os.environ.get("PULUMI_CONFIG"))
 
 
 def known(value: Any) -> Any:
@@ -87,8 +86,7 @@ PolicyPack(
         resource_policy(rules.HOST_KEYS_PINNED, lambda kind, props, _: rules.host_key_pinned(kind, props)),
         resource_policy(rules.NO_OPERATOR_KEYS, lambda kind, props, _: rules.no_operator_key(kind, props)),
         resource_policy(rules.CERTIFICATE_VALIDITY, rules.certificate_validity),
-        resource_policy(rules.RELEASE_VERIFIED,
-                        lambda kind, props, config: rules.release_verified(kind, props, STACK_CONFIG, config)),
+        resource_policy(rules.RELEASE_VERIFIED, rules.release_verified),
         stack_policy(rules.ROLLOUT_REQUIRED, rules.rollout_required),
         stack_policy(rules.REMOVAL_ALLOWED, rules.removal_allowed),
     ],

@@ -75,11 +75,13 @@ def test_a_pull_request_s_job_previews_with_read_access_to_the_state_alone(clust
     assert first.returncode == 0, first.stdout + first.stderr
     assert cluster.control_plane.wait_for([h.hostname for h in fleet], timeout=30)
 
-    # The pull request upgrades one node, and loosens the rules it would break: unsigned releases, and its own
-    # policy file disabling the rule. The base branch's rules judge it.
+    # The pull request upgrades one node, and loosens the rules it would break: unsigned releases (the program
+    # takes them only under the opt-out), and its own policy file disabling the rule. The base branch's rules
+    # judge it.
     changed = json.loads(json.dumps(config))
     changed["nodes"][0]["agent"] = {"version": NEXT_RELEASE}
     changed["agent"].pop("signingKey")
+    changed["agent"]["allowUnverifiedRelease"] = True
     checkout = checkout_of(stack, tmp_path / "pr", changed, {"release-verified": {"enforcementLevel": "disabled"}})
     opens = [h.passive_tcp_opens() for h in fleet]
     job = pull_request_job(stack, cluster, checkout, stack.name, "out", str(base / "policy.json"))

@@ -239,7 +239,8 @@ def report(name: str, **facts: Any) -> None:
 def test_ssh_session_killed_in_the_middle_of_an_install(lab, cluster, hosts, new_stack, slow_release):
     t0 = time.monotonic()
     (h,) = hosts(1)
-    stack = new_stack(stack_config(cluster, [h], agent={"version": RELEASE, "releaseUrl": slow_release}))
+    stack = new_stack(stack_config(cluster, [h], agent={"version": RELEASE, "releaseUrl": slow_release,
+                                                        "signingKey": cluster.release_signing_key}))
 
     injector = Injector(lambda: downloading(h), lambda: kill_sshd_sessions(h))
     injector.start()
@@ -271,11 +272,12 @@ def test_ssh_session_killed_in_the_middle_of_an_install(lab, cluster, hosts, new
 
 
 @pytest.fixture(scope="module")
-def corrupt_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A release archive whose v1.5.0 amd64 file was corrupted in transit or at rest."""
+def corrupt_root(tmp_path_factory: pytest.TempPathFactory, cluster: Any) -> Path:
+    """A release archive whose v1.5.0 amd64 file was corrupted in transit or at rest (its checksums.txt signed)."""
     root = tmp_path_factory.mktemp("corrupt-releases")
     good = build_llmgw(NEXT_RELEASE)
-    publish_release(root, NEXT_RELEASE, {"amd64": good}, tamper={"amd64": good[:-200] + b"\x00" * 200})
+    publish_release(root, NEXT_RELEASE, {"amd64": good}, tamper={"amd64": good[:-200] + b"\x00" * 200},
+                    sign_with=cluster.release_signing_key_path)
     return root
 
 
@@ -299,7 +301,7 @@ def test_release_server_fault_during_an_upgrade_keeps_the_running_agent(fault, l
     else:
         server = release_server(lab, release_tls, corrupt_root, PORT_CORRUPT)
     with server as url:
-        stack.set_config({**config, "agent": {"version": NEXT_RELEASE, "releaseUrl": url}})
+        stack.set_config({**config, "agent": {"version": NEXT_RELEASE, "releaseUrl": url, "signingKey": cluster.release_signing_key}})
         up = stack.up()
     assert not up.ok
     expected = {  # checksums.txt is fetched on the operator's side (once per up), before any node is reached
@@ -319,7 +321,8 @@ def test_release_server_fault_during_an_upgrade_keeps_the_running_agent(fault, l
     assert leftovers(h, cluster) == []
 
     # The release server is fixed (here: the healthy one): the same upgrade goes through.
-    stack.set_config({**config, "agent": {"version": NEXT_RELEASE, "releaseUrl": cluster.release_url}})
+    stack.set_config({**config, "agent": {"version": NEXT_RELEASE, "releaseUrl": cluster.release_url,
+                                          "signingKey": cluster.release_signing_key}})
     timing = converges(stack)
     assert_agent_as(h, cluster, build_llmgw(NEXT_RELEASE))
     assert leftovers(h, cluster) == []
@@ -387,7 +390,7 @@ def broken_start_release(cluster: Any) -> str:
         # It reports its tag (a release must, before it is installed), then fails as an agent.
         script = (f"#!/bin/sh\n[ \"$1\" != --version ] || {{ echo 'llmgw version {BROKEN_START}'; exit 0; }}\n"
                   f"echo '{FATAL_LINE}' >&2\nexit 1\n").encode()
-        publish_release(cluster.release_root, BROKEN_START, {"amd64": script})
+        publish_release(cluster.release_root, BROKEN_START, {"amd64": script}, sign_with=cluster.release_signing_key_path)
     return BROKEN_START
 
 
@@ -397,7 +400,7 @@ def test_an_agent_that_fails_to_start_after_an_upgrade_is_rolled_back(cluster, h
 
     # New version and new settings in one go: both must be undone.
     changed = {**config, "servers": [cluster.control_plane.address, cluster.standby.address],
-               "agent": {"version": broken_start_release, "releaseUrl": cluster.release_url}}
+               "agent": {"version": broken_start_release, "releaseUrl": cluster.release_url, "signingKey": cluster.release_signing_key}}
     stack.set_config(changed)
     up = stack.up()
     assert not up.ok
@@ -427,7 +430,8 @@ def test_an_agent_that_fails_to_start_after_an_upgrade_is_rolled_back(cluster, h
 def test_a_reboot_in_the_middle_of_onboarding(cluster, hosts, new_stack, slow_release):
     t0 = time.monotonic()
     (h,) = hosts(1)
-    stack = new_stack(stack_config(cluster, [h], agent={"version": RELEASE, "releaseUrl": slow_release}))
+    stack = new_stack(stack_config(cluster, [h], agent={"version": RELEASE, "releaseUrl": slow_release,
+                                                        "signingKey": cluster.release_signing_key}))
 
     def reboot() -> list[str]:
         """Where the download was being written when the host went down; then the reboot."""
@@ -530,7 +534,8 @@ def test_pulumi_up_interrupted_mid_deployment(sig, checkpoints, cluster, hosts, 
     again, and the node's certificate, issued by this CA for its own key, is taken over as it is, not re-issued."""
     t0 = time.monotonic()
     (h,) = hosts(1)
-    stack = new_stack(stack_config(cluster, [h], agent={"version": RELEASE, "releaseUrl": slow_release}))
+    stack = new_stack(stack_config(cluster, [h], agent={"version": RELEASE, "releaseUrl": slow_release,
+                                                        "signingKey": cluster.release_signing_key}))
     if not checkpoints:
         stack.env["PULUMI_SKIP_CHECKPOINTS"] = "true"
 

@@ -81,7 +81,8 @@ def test_preview_names_what_changes_and_updates_happen_in_place(cluster, hosts, 
     assert cluster.control_plane.wait_for({a.hostname}, timeout=15)
 
     # A version change installs the new release, verified, and restarts the agent.
-    stack.set_config({**config, "agent": {"version": NEXT_RELEASE, "releaseUrl": cluster.release_url},
+    stack.set_config({**config, "agent": {"version": NEXT_RELEASE, "releaseUrl": cluster.release_url,
+                                          "signingKey": cluster.release_signing_key},
                       "nodes": [changed, config["nodes"][1]]})
     up_clean(stack)
     for h in (a, b):

@@ -135,7 +135,8 @@ def test_standby_first_the_agent_ends_on_the_second_server(cluster, hosts, new_s
 
 def test_tampered_release_is_refused_and_nothing_installed(cluster, hosts, new_stack):
     (h,) = hosts(1)
-    config = stack_config(cluster, [h], agent={"version": TAMPERED_RELEASE, "releaseUrl": cluster.release_url})
+    config = stack_config(cluster, [h], agent={"version": TAMPERED_RELEASE, "releaseUrl": cluster.release_url,
+                                               "signingKey": cluster.release_signing_key})
     up = new_stack(config).up()
     assert not up.ok
     assert "ChecksumMismatchError" in up.output, up.output

@@ -25,7 +25,8 @@ def lab_project(work: Path, cluster: Any, addresses: dict[str, str]) -> Path:
     (work / ".venv").symlink_to(REPO / ".venv")
     project = yaml.safe_load((work / "Pulumi.yaml").read_text())
     lab_values = {"llmgw:pkiDir": str(cluster.pki_dir), "llmgw:servers": [cluster.control_plane.address],
-                  "llmgw:agent": {"version": RELEASE, "releaseUrl": cluster.release_url},
+                  "llmgw:agent": {"version": RELEASE, "releaseUrl": cluster.release_url,
+                                  "signingKey": cluster.release_signing_key},
                   "llmgw:ssh": {"user": "deploy", "privateKeyPath": str(cluster.ssh_key_path), "wait": 30}}
     assert set(project["config"]) == set(lab_values), "the example's shared settings changed: update the lab's"
     for key, value in lab_values.items():

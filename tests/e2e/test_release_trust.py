@@ -26,6 +26,7 @@ import pytest
 
 from lab.doubles.llmgw import build_llmgw
 from lab.release_server import corrupt_signature, make_signing_key, publish_release, serving
+from llmgw_pulumi.release_policy import UNVERIFIED_WARNING
 from tests.conftest import RELEASE, REPO, shard, stack_config
 
 BINARY, CONFIG, UNIT = "/usr/local/bin/llmgw", "/etc/llmgw/agent.yaml", "/etc/systemd/system/llmgw-agent.service"
@@ -124,8 +125,22 @@ def test_a_tampered_binary_with_a_matching_checksums_txt(approval, lab, cluster,
         opened = h.passive_tcp_opens()
         up = stack.up()
     if approval == "neither":
-        # The control: trusted as the server sends it (https only), the tampered release goes in.
+        # Refused before anything happens, in the preview and in `up`: the node, the field and the fix are named,
+        # and no TCP connection reached the node (nor the release server).
+        for run in (stack.preview(), up):
+            assert not run.ok, run.output
+            assert f"node {h.hostname}: agent.signingKey: is missing" in run.output, run.output
+            assert "pulumi config set --path llmgw:agent.signingKey" in run.output, run.output
+        assert h.passive_tcp_opens() == opened, "a node was reached although the release was refused"
+        assert requests(log, f"/{tag}/checksums.txt") == 0
+        assert untouched(h)
+        # The control: under the opt-out it is trusted as the server sends it (https only), and the tampered
+        # release goes in, with a warning under the node.
+        with release_server(lab, cluster, root, log) as url:
+            stack.set_config(stack_config(cluster, [h], agent={**agent, "releaseUrl": url, "allowUnverifiedRelease": True}))
+            up = stack.up()
         assert up.ok, up.output
+        assert f"{h.hostname} {UNVERIFIED_WARNING}" in up.output, up.output
         assert h.read_file(BINARY) == evil
         return
     assert not up.ok, up.output
@@ -268,7 +283,10 @@ def test_state_written_by_the_previous_package_is_left_alone(lab, cluster, hosts
     if old is None:
         pytest.skip(f"needs git and the commit {UPGRADE_FROM}")
     (h,) = hosts(1)
-    stack = new_stack(stack_config(cluster, [h]))
+    config = stack_config(cluster, [h])
+    # UPGRADE_FROM knows no agent.signingKey; this package refuses a release nothing verifies, so the operator
+    # adds the key with the upgrade (how a release is verified is never a change to a node).
+    stack = new_stack({**config, "agent": {k: v for k, v in config["agent"].items() if k != "signingKey"}})
     stack.env["PYTHONPATH"] = str(old)
     first = stack.up()
     assert first.ok, first.output
@@ -277,6 +295,7 @@ def test_state_written_by_the_previous_package_is_left_alone(lab, cluster, hosts
     assert cluster.control_plane.wait_for({h.hostname}, timeout=20)
     streams = len(cluster.control_plane.events)
     del stack.env["PYTHONPATH"]
+    stack.set_config(config)
     up = stack.up()
     assert up.ok, up.output
     assert "approved from checksums.txt" in up.output  # the new package ran

@@ -187,9 +187,9 @@ def test_every_policy_rule_fails_a_preview_warns_when_advisory_and_passes_a_comp
     pins = host_keys(stack)
     bump = {"version": NEXT_RELEASE, "releaseUrl": cluster.release_url}
 
-    # Violating: no pins, an operator-made key, long certificates, an unsigned release, two agents restarting
-    # without a rollout, a node removed that nobody allowed.
-    stack.set_config({**config, "agent": bump, "certificate": {"validityHours": 8760},
+    # Violating: no pins, an operator-made key, long certificates, an unsigned release (the program takes it only
+    # under the opt-out), two agents restarting without a rollout, a node removed that nobody allowed.
+    stack.set_config({**config, "agent": {**bump, "allowUnverifiedRelease": True}, "certificate": {"validityHours": 8760},
                       "nodes": [{"id": a, "address": fleet[0].addr, "keyOrigin": "operator"},
                                 {"id": b, "address": fleet[1].addr}]})
     messages = {

@@ -111,7 +111,8 @@ def test_onboarding_is_not_gated_and_a_version_bump_restarts_two_at_a_time_canar
     assert cluster.control_plane.wait_for(ids, timeout=20)
 
     # A version bump: canary first, then never more than 2 agents down at once.
-    stack.set_config({**config, "agent": {"version": NEXT_RELEASE, "releaseUrl": cluster.release_url}})
+    stack.set_config({**config, "agent": {"version": NEXT_RELEASE, "releaseUrl": cluster.release_url,
+                                          "signingKey": cluster.release_signing_key}})
     t0 = time.time()
     up = stack.up()
     assert up.ok, up.output
@@ -136,7 +137,7 @@ def test_onboarding_is_not_gated_and_a_version_bump_restarts_two_at_a_time_canar
 
     before = agent_inputs()
     stack.set_config({**config, "rollout": {"maxParallel": 2, "canary": [ids[1]]},
-                      "agent": {"version": NEXT_RELEASE, "releaseUrl": cluster.release_url}})
+                      "agent": {"version": NEXT_RELEASE, "releaseUrl": cluster.release_url, "signingKey": cluster.release_signing_key}})
     t1 = time.time()
     up = stack.up()
     assert up.ok, up.output
@@ -155,7 +156,7 @@ def broken_release(cluster: Any) -> str:
         # It reports its tag (a release must, before it is installed), then fails as an agent.
         script = f"#!/bin/sh\n[ \"$1\" != --version ] || {{ echo 'llmgw version {BROKEN}'; exit 0; }}\n" \
                  "echo 'llmgw: fatal: broken release' >&2\nexit 1\n"
-        publish_release(cluster.release_root, BROKEN, {"amd64": script.encode()})
+        publish_release(cluster.release_root, BROKEN, {"amd64": script.encode()}, sign_with=cluster.release_signing_key_path)
     return BROKEN
 
 
@@ -170,7 +171,8 @@ def test_a_release_that_fails_to_start_stops_after_the_canary(cluster, hosts, ne
     assert cluster.control_plane.wait_for(ids, timeout=20)
     pids = {h.hostname: main_pid(h, cluster) for h in others}
 
-    stack.set_config({**config, "agent": {"version": broken_release, "releaseUrl": cluster.release_url}})
+    stack.set_config({**config, "agent": {"version": broken_release, "releaseUrl": cluster.release_url,
+                                          "signingKey": cluster.release_signing_key}})
     t0 = time.time()
     up = stack.up()
     assert not up.ok

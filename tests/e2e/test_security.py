@@ -284,7 +284,9 @@ def test_a_release_without_a_checksum_line_for_the_node_is_refused(cluster, host
         with open(cluster.release_root / tag / "checksums.txt", "a") as f:
             f.write(f"{digest}  {name}.sig\n{digest}  old/{name}\n")
     (h,) = hosts(1)
-    up = new_stack(stack_config(cluster, [h], agent={"version": tag, "releaseUrl": cluster.release_url})).up()
+    # The lines are added after any signing could be done: this release is taken only under the opt-out.
+    up = new_stack(stack_config(cluster, [h], agent={"version": tag, "releaseUrl": cluster.release_url,
+                                                     "allowUnverifiedRelease": True})).up()
     assert not up.ok
     assert f"checksums.txt of {tag} has no line for {name}" in up.output, up.output
     assert "ChecksumMismatchError" in up.output
@@ -310,7 +312,8 @@ def test_no_private_key_ends_up_in_state_output_or_on_the_node(cluster, hosts, n
     assert stack.refresh().ok
     assert stack.up().ok                                 # renews the identity
     key2 = h.read_file(KEY_PATH)
-    stack.set_config({**config, "agent": {"version": TAMPERED_RELEASE, "releaseUrl": cluster.release_url}})
+    stack.set_config({**config, "agent": {"version": TAMPERED_RELEASE, "releaseUrl": cluster.release_url,
+                                          "signingKey": cluster.release_signing_key}})
     assert not stack.up().ok                             # an error path prints too
     assert key1 != key2
 

@@ -53,6 +53,8 @@ agent.yaml and the unit) and b870cc4 (the last of state version 2: each AgentIns
 stack's whole canary list; onboarded with ``llmgw:rollout``, see ROLLOUT_FROM) and 953c63e (the last whose
 AgentInstall input held agent.yaml's two comment lines, whose NodeIdentity outputs repeated the host key it was told
 beside the one it saw, and whose state held each provider pickled by its class)."""
+UNSIGNED_BASES = ("ca1dd75",)
+"""Bases that know no agent.signingKey: their stack is onboarded without one, and the key added for the upgrade."""
 ROLLOUT_FROM = {"b870cc4": {"maxParallel": 2}, "953c63e": {"maxParallel": 2}}
 """Bases whose stack is onboarded with this ``llmgw:rollout`` (its canary: the first node), kept for the upgrade."""
 
@@ -198,7 +200,12 @@ def test_an_upgrade_from_the_base_commit_changes_no_node(cluster, hosts, new_sta
     fleet = [keyed, operator_keyed, dev]
     ids = {h.hostname for h in fleet}
     rollout = {**ROLLOUT_FROM[base_commit], "canary": [keyed.hostname]} if base_commit in ROLLOUT_FROM else None
-    stack = new_stack(stack_config(cluster, fleet, nodes=nodes, **({"rollout": rollout} if rollout else {})))
+    config = stack_config(cluster, fleet, nodes=nodes, **({"rollout": rollout} if rollout else {}))
+    # A base that knows no agent.signingKey onboards without it; this package refuses a release nothing verifies,
+    # so the operator adds the key with the upgrade: how a release is verified is never a change to a node.
+    signed = base_commit not in UNSIGNED_BASES
+    stack = new_stack(config if signed else {**config, "agent": {k: v for k, v in config["agent"].items()
+                                                                 if k != "signingKey"}})
 
     # The base's package onboards the nodes.
     old_log = tmp_path / "imports-base.log"
@@ -217,7 +224,9 @@ def test_an_upgrade_from_the_base_commit_changes_no_node(cluster, hosts, new_sta
     mark = len(cluster.control_plane.events)
     connections = {h.hostname: h.passive_tcp_opens() for h in fleet}
 
-    # This checkout's package takes over, the config unchanged.
+    # This checkout's package takes over, the config unchanged (but for the signing key a base could not take).
+    if not signed:
+        stack.set_config(config)
     new_log = tmp_path / "imports-new.log"
     stack.env.update(PYTHONPATH=str(probe), LLMGW_IMPORT_LOG=str(new_log))
     upgrade = stack.up()

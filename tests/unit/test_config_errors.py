@@ -22,10 +22,13 @@ from llmgw_pulumi.agent_settings import AgentSettings, BinarySource
 from llmgw_pulumi.errors import ConfigError, StackConfigError
 from llmgw_pulumi.node import ConnectionArgs, NodeArgs, check_node_args
 
+RELEASE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOye5XaKTaeYA/zgWk9ecXIR32Hr3T4v0AfbdBmZ70Cl release@example.net"
+"""A release signing key's public line: a release nothing verifies is refused."""
+
 GOOD: dict[str, Any] = {
     "pkiDir": "/srv/llmgw/pki",
     "servers": ["cp1.example.net:7443"],
-    "agent": {"version": "v1.4.2", "releaseUrl": "https://releases.example.net/llmgw"},
+    "agent": {"version": "v1.4.2", "signingKey": RELEASE_KEY, "releaseUrl": "https://releases.example.net/llmgw"},
     "ssh": {"user": "deploy", "privateKeyPath": "/home/op/.ssh/id_ed25519"},
     "nodes": [{"id": "gpu-01", "address": "10.0.0.11"},
               {"id": "gpu-02", "address": "10.0.0.12", "fabric": {"name": "ib-east", "hcas": ["mlx5_0"]}}],
@@ -225,7 +228,7 @@ def _args(**changes: Any) -> NodeArgs:
     given: dict[str, Any] = {
         "node_id": "gpu-01", "connection": ConnectionArgs(host="10.0.0.11"), "pki_dir": "/srv/llmgw/pki",
         "settings": AgentSettings(servers=["cp1.example.net:7443"]),
-        "binary": BinarySource(version="v1.4.2", release_url="https://releases.example.net/llmgw")}
+        "binary": BinarySource(version="v1.4.2", release_url="https://releases.example.net/llmgw", signing_key=RELEASE_KEY)}
     return NodeArgs(**{**given, **changes})
 
 

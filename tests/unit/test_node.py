@@ -19,6 +19,9 @@ from llmgw_pulumi.call_stack import recorded_frames
 from llmgw_pulumi.errors import ConfigError
 from llmgw_pulumi.shards import PROVIDER_SHARDS, SHARDS_ENV, provider_for, shard_count, shard_name, shard_of
 
+RELEASE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOye5XaKTaeYA/zgWk9ecXIR32Hr3T4v0AfbdBmZ70Cl release@example.net"
+"""A release signing key's public line: Node refuses a release nothing verifies."""
+
 NODE_TYPES = {"pulumi-python:dynamic/llmgw:" + t for t in ("ClientCertificate", "NodeIdentity", "AgentInstall", "EngineCheck")}
 PROVIDER_TYPE = "pulumi:providers:pulumi-python"
 
@@ -54,7 +57,8 @@ def monitor() -> RecordingMonitor:
 
 def node_args(node_id: Any, host: Any = "10.0.0.11") -> NodeArgs:
     return NodeArgs(node_id=node_id, connection=ConnectionArgs(host=host, private_key_path="/k"),
-                    settings=AgentSettings(servers=["cp:7443"]), pki_dir="/pki", binary=BinarySource(version="v1.4.2", release_url="https://r"))
+                    settings=AgentSettings(servers=["cp:7443"]), pki_dir="/pki",
+                    binary=BinarySource(version="v1.4.2", release_url="https://r", signing_key=RELEASE_KEY))
 
 
 def ids_in_distinct_shards(n: int) -> list[str]:

@@ -16,12 +16,15 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from llmgw_pulumi import node_list, stack_config
 from llmgw_pulumi.stack_config import StackConfigError
 
+RELEASE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOye5XaKTaeYA/zgWk9ecXIR32Hr3T4v0AfbdBmZ70Cl release@example.net"
+"""A release signing key's public line: a release nothing verifies is refused."""
+
 HOST_KEY = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
     serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
 TOP: dict[str, Any] = {
     "pkiDir": "/srv/llmgw/pki",
     "servers": ["cp1.example.net:7443"],
-    "agent": {"version": "v1.4.2", "releaseUrl": "https://releases.example.net/llmgw"},
+    "agent": {"version": "v1.4.2", "signingKey": RELEASE_KEY, "releaseUrl": "https://releases.example.net/llmgw"},
     "ssh": {"user": "deploy", "privateKeyPath": "/home/op/.ssh/id_ed25519"},
 }
 

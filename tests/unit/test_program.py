@@ -12,10 +12,13 @@ import pytest
 from llmgw_pulumi import program
 from llmgw_pulumi.stack_config import StackConfigError
 
+RELEASE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOye5XaKTaeYA/zgWk9ecXIR32Hr3T4v0AfbdBmZ70Cl release@example.net"
+"""A release signing key's public line: a release nothing verifies is refused."""
+
 STACK = {
     "llmgw:pkiDir": "/srv/llmgw/pki",
     "llmgw:servers": json.dumps(["cp1.example.net:7443"]),
-    "llmgw:agent": json.dumps({"version": "v1.4.2", "releaseUrl": "https://releases.example.net/llmgw"}),
+    "llmgw:agent": json.dumps({"version": "v1.4.2", "signingKey": RELEASE_KEY, "releaseUrl": "https://releases.example.net/llmgw"}),
     "llmgw:ssh": json.dumps({"user": "deploy", "privateKeyPath": "/home/op/.ssh/id_ed25519"}),
     "llmgw:nodes": json.dumps([{"id": "gpu-01", "address": "10.0.0.11"}]),
     "aws:region": "eu-west-1",  # another namespace: not ours to judge

@@ -149,17 +149,17 @@ def test_removal_allowed_names_each_removed_node_not_listed():
     assert [m.split(":")[0] for _, m in fleet_rules.removal_allowed(deployed, planned, {"allowed": ["b"]})] == ["c"]
 
 
-def test_release_verified_takes_pins_from_the_stack_config():
-    props = {"node_id": "a", "version": "v1.4.2"}
-    assert fleet_rules.release_verified(review.AGENT, props, {}, {})
-    assert fleet_rules.release_verified(review.AGENT, {**props, "signing_key": "ssh-ed25519 AAAA"}, {}, {}) is None
+def test_release_verified_judges_the_record_not_the_stack_config():
+    # The stack config pins the release; the record says nothing verified it: the record is what counts
+    # (the rule cannot see a node list file's or a component's pins, only what the program recorded).
+    props = {"node_id": "a", "version": "v1.5.0", "verification": "opt-out", "allow_unverified_release": True}
+    assert fleet_rules.release_verified(review.AGENT, props, {})
+    signed = {**props, "verification": "signature", "signing_key": "ssh-ed25519 AAAA"}
+    assert fleet_rules.release_verified(review.AGENT, signed, {}) is None
+    dev = {"node_id": "a", "version": "dev", "binary_path": "/tmp/llmgw", "verification": "local build"}
+    assert "local build" in (fleet_rules.release_verified(review.AGENT, dev, {}) or "")
+    assert fleet_rules.release_verified(review.AGENT, dev, {"allowDevBuild": True}) is None
     pinned = {"llmgw:agent": {"sha256": {"amd64": "00" * 32}}}
-    assert fleet_rules.release_verified(review.AGENT, props, pinned, {}) is None
-    per_node = {"llmgw:nodes": [{"id": "a", "agent": {"sha256": {"amd64": "00" * 32}}}]}
-    assert fleet_rules.release_verified(review.AGENT, props, per_node, {}) is None
-    dev = {**props, "binary_path": "/tmp/llmgw"}
-    assert "local build" in (fleet_rules.release_verified(review.AGENT, dev, {}, {}) or "")
-    assert fleet_rules.release_verified(review.AGENT, dev, {}, {"allowDevBuild": True}) is None
     assert fleet_rules.stack_config_from_env(json.dumps({"llmgw:agent": json.dumps(pinned["llmgw:agent"])})) == pinned
 
 

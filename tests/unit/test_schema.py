@@ -20,6 +20,9 @@ from llmgw_pulumi import desired, node, schema, specs, stack_config
 from llmgw_pulumi.agent_settings import AgentSettings, BinarySource
 from llmgw_pulumi.providers import agent, certificate, engines, identity
 
+RELEASE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOye5XaKTaeYA/zgWk9ecXIR32Hr3T4v0AfbdBmZ70Cl release@example.net"
+"""A release signing key's public line: a release nothing verifies is refused."""
+
 PACKAGE = Path(llmgw_pulumi.__file__).parent
 
 # The documented recipe (docs/operations.md, "Adding an agent.yaml option"): one declaration in AgentSettings.
@@ -35,7 +38,8 @@ PROBE = textwrap.dedent("""
     from llmgw_pulumi.providers.agent import AgentInstallProvider
 
     config = {"pkiDir": "/pki", "servers": ["cp1:7443"], "ssh": {"privateKeyPath": "/k"},
-              "agent": {"version": "v1.4.2", "releaseUrl": "https://r.example"},
+              "agent": {"version": "v1.4.2", "releaseUrl": "https://r.example",
+                        "signingKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOye5XaKTaeYA/zgWk9ecXIR32Hr3T4v0AfbdBmZ70Cl"},
               "nodes": [{"id": "gpu-01", "address": "10.0.0.11", "logLevel": "debug"}]}
     settings = stack_config.parse(config).nodes[0].settings
     try:
@@ -152,10 +156,10 @@ def test_every_stack_config_key_described_is_one_the_stack_config_has() -> None:
 
 def test_one_binary_type_from_stack_config_to_the_agent_inputs() -> None:
     config = {"pkiDir": "/pki", "servers": ["cp1:7443"], "ssh": {"privateKeyPath": "/k"},
-              "agent": {"version": "v1.4.2", "releaseUrl": "https://r.example/", "fetch": "operator"},
+              "agent": {"version": "v1.4.2", "releaseUrl": "https://r.example/", "fetch": "operator", "signingKey": RELEASE_KEY},
               "nodes": [{"id": "gpu-01", "address": "10.0.0.11"}]}
     source = stack_config.parse(config).agent
     assert type(source) is BinarySource and source.release_url == "https://r.example/"  # as given: state keeps it
     inputs = schema.to_inputs(source)
-    assert inputs == {"version": "v1.4.2", "release_url": "https://r.example/", "fetch": "operator"}
+    assert inputs == {"version": "v1.4.2", "release_url": "https://r.example/", "fetch": "operator", "signing_key": RELEASE_KEY}
     assert set(inputs) <= set(agent.BINARY_KEYS) | set(agent.RELEASE_KEYS)

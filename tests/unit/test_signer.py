@@ -21,6 +21,9 @@ from llmgw_pulumi import pki, signer, signing
 from llmgw_pulumi.errors import SignedCertificateError, SignerError
 from llmgw_pulumi.providers.certificate import CA_KEY_INPUT, ClientCertificateProvider, _ca_keys
 
+RELEASE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOye5XaKTaeYA/zgWk9ecXIR32Hr3T4v0AfbdBmZ70Cl release@example.net"
+"""A release signing key's public line: a release nothing verifies is refused."""
+
 NOW = dt.datetime.now(dt.UTC)
 DAY = dt.timedelta(days=1)
 
@@ -209,7 +212,7 @@ def test_the_ca_key_input_is_taken_out_of_the_recorded_inputs(ca: pki.Authority)
     assert key_pem not in repr(outs) and pki.verify_issued(ca.cert_pem, outs["cert_pem"])
 
 
-BASE = {"servers": ["cp1.example.net:7443"], "agent": {"version": "v1.4.2", "releaseUrl": "https://r.example.net/llmgw"},
+BASE = {"servers": ["cp1.example.net:7443"], "agent": {"version": "v1.4.2", "signingKey": RELEASE_KEY, "releaseUrl": "https://r.example.net/llmgw"},
         "ssh": {"user": "deploy", "privateKeyPath": "/home/op/.ssh/id_ed25519"},
         "nodes": [{"id": "gpu-01", "address": "10.0.0.11"}]}
 

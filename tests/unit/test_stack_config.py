@@ -10,10 +10,13 @@ from llmgw_pulumi.errors import ConfigError
 from llmgw_pulumi.specs import Fabric
 from llmgw_pulumi.stack_config import StackConfigError
 
+RELEASE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOye5XaKTaeYA/zgWk9ecXIR32Hr3T4v0AfbdBmZ70Cl release@example.net"
+"""A release signing key's public line: a release nothing verifies is refused."""
+
 GOOD = {
     "pkiDir": "/srv/llmgw/pki",
     "servers": ["cp1.example.net:7443"],
-    "agent": {"version": "v1.4.2", "releaseUrl": "https://releases.example.net/llmgw"},
+    "agent": {"version": "v1.4.2", "signingKey": RELEASE_KEY, "releaseUrl": "https://releases.example.net/llmgw"},
     "ssh": {"user": "deploy", "privateKeyPath": "/home/op/.ssh/id_ed25519", "wait": 120},
     "nodes": [
         {"id": "gpu-01", "address": "10.0.0.11"},

@@ -21,7 +21,7 @@ HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE3xKPxu6nJJKFsDdOlnXSh6kp1jpfjf
 FULL = {
     "pkiDir": "/srv/llmgw/pki",
     "servers": ["cp1.example.net:7443"],
-    "agent": {"version": "v1.4.2", "releaseUrl": "https://releases.example.net/llmgw"},
+    "agent": {"version": "v1.4.2", "allowUnverifiedRelease": True, "releaseUrl": "https://releases.example.net/llmgw"},
     "ssh": {"user": "deploy", "privateKeyPath": "~/.ssh/id_ed25519", "jump": "deploy@bastion.example.net"},
     "certificate": {"keyOrigin": "node"},
     "rollout": {"canary": ["gpu-01"]},
