@@ -1,5 +1,6 @@
 """Trust-root changes (issue 36, item 4): each trust root's change is found, shown as a fingerprint or a plain
-value (never the key, certificate or URL itself), and is a row of its own in the summary.
+value (never the key, certificate or URL itself), is a row of its own in the summary, and fails the
+``trust-roots-unchanged`` rule unless the policy config approves the value it changes to.
 
 The fingerprints expected are the ones ssh-keygen printed for these keys, and the one the cryptography library
 computes for a certificate made here: not computed by the code under test.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from llmgw_pulumi import review, trust_roots
+from llmgw_pulumi import fleet_rules, review, trust_roots
 from llmgw_pulumi.fleet_review import AGENT, CERTIFICATE, ENGINES, IDENTITY, UNKNOWN
 from llmgw_pulumi.trust_roots import NOT_KNOWN, NOT_SET, Change
 from tests.unit.test_review import NOW, created, preview, step
@@ -31,6 +33,7 @@ KEY_B = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMAUFeVoInUiC8CaalfrMsVATaOByCF7Euf
 FP_B = "SHA256:fkQyyEVuLp7S/feHKFEylSswXZqYrbCHOmGl4QOJptc"
 KEY_C = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFmXFNInm+Bqr4ojS1innHoq9XpkhxnLNH1mOg6Dg84Y"
 FP_C = "SHA256:WBWTBKkwgUJV0JzwYDP53hFW7+hXOvAC6XvTnXbz6HI"
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 DIGEST_1, DIGEST_2 = "1" * 64, "2" * 64
 
 
@@ -97,6 +100,12 @@ def test_each_trust_root_change_is_found_as_fingerprints_or_plain_values(case):
     assert trust_roots.changes(kind, new, new) == [] and trust_roots.changes(kind, old, copy.deepcopy(old)) == []
 
 
+def test_every_declared_trust_root_has_a_case_and_a_documented_setting():
+    assert {c[3].setting for c in CASES.values()} == set(trust_roots.SETTINGS)
+    text = OPERATIONS.read_text()
+    assert [s for s in trust_roots.SETTINGS if f"| `{s}` |" not in text] == []
+
+
 @pytest.mark.parametrize("kind", [AGENT, IDENTITY])
 def test_a_setting_is_read_only_from_the_resources_that_carry_it(kind):
     # The signing key is AgentInstall's, the signer ClientCertificate's: another resource's inputs say nothing.
@@ -128,6 +137,10 @@ def test_a_value_a_preview_cannot_know_is_a_change_to_judge():
     found = trust_roots.changes(CERTIFICATE, {**CERT_INPUTS, "signer": {"kind": "command", "command": ["/opt/sign"]}},
                                 {**CERT_INPUTS, "signer": UNKNOWN})
     assert Change("signer.command", "/opt/sign", NOT_KNOWN) in found
+    assert trust_roots.changes(AGENT, AGENT_INPUTS, {**AGENT_INPUTS, "signing_key": UNKNOWN}) == [
+        Change("agent.signingKey", FP_A, NOT_KNOWN)]
+    assert trust_roots.changes(IDENTITY, {"connection": CONNECTION}, {"connection": {**CONNECTION, "host_key": UNKNOWN}}) \
+        == [Change("hostKey", FP_B, NOT_KNOWN)]
 
 
 def test_signer_arguments_are_fingerprinted_not_shown():
@@ -136,6 +149,35 @@ def test_signer_arguments_are_fingerprinted_not_shown():
     (change,) = trust_roots.changes(CERTIFICATE, old, new)
     assert change.setting == "signer.command" and change.old != change.new
     assert change.new.startswith("/opt/sign (+2 arguments, argv sha256:") and "root-ca" not in change.new
+
+
+# --------------------------------------------------------------------------- the rule
+
+
+def test_the_rule_fails_each_change_unless_the_policy_config_approves_its_new_value():
+    kind, old, new, change = CASES["signing key swapped"]
+    (message,) = fleet_rules.trust_roots_unchanged(kind, old, new, {})
+    assert message.startswith("gpu-01: agent.signingKey") and FP_A in message and FP_C in message
+    assert json.dumps({"setting": "agent.signingKey", "to": FP_C}) in message  # the fix: the entry to add
+    allow = {"allowed": [{"setting": "agent.signingKey", "to": FP_C}]}
+    assert fleet_rules.trust_roots_unchanged(kind, old, new, allow) == []
+    for wrong in ({"setting": "agent.signingKey", "to": FP_A}, {"setting": "hostKey", "to": FP_C},
+                  {"to": FP_C}, "agent.signingKey"):
+        assert fleet_rules.trust_roots_unchanged(kind, old, new, {"allowed": [wrong]}) != [], wrong
+
+
+def test_the_rule_judges_every_trust_root_and_names_none_of_a_created_resource():
+    for kind, old, new, change in CASES.values():
+        messages = fleet_rules.trust_roots_unchanged(kind, old, new, {})
+        assert len(messages) == 1 and change.setting in messages[0], messages
+        assert fleet_rules.trust_roots_unchanged(kind, old, new, {"allowed": [
+            {"setting": change.setting, "to": change.new}]}) == []
+    assert fleet_rules.trust_roots_unchanged(AGENT, None, AGENT_INPUTS, {}) == []
+
+
+def test_the_rule_is_mandatory_and_in_the_pack():
+    assert fleet_rules.TRUST_ROOTS_UNCHANGED in fleet_rules.RULES
+    assert fleet_rules.TRUST_ROOTS_UNCHANGED.enforcement == "mandatory"
 
 
 # --------------------------------------------------------------------------- the summary
