@@ -143,6 +143,13 @@ def test_a_value_a_preview_cannot_know_is_a_change_to_judge():
         == [Change("hostKey", FP_B, NOT_KNOWN)]
 
 
+def test_an_empty_value_is_the_same_as_none():
+    # Stacks record no jump hosts as an absent key or an empty list, no pins as absent or {}, depending on the
+    # program that made them: neither is a change.
+    assert trust_roots.changes(IDENTITY, {"connection": CONNECTION}, {"connection": {**CONNECTION, "jump": []}}) == []
+    assert trust_roots.changes(AGENT, {**AGENT_INPUTS, "release_ca": None}, {**AGENT_INPUTS, "release_ca": ""}) == []
+
+
 def test_signer_arguments_are_fingerprinted_not_shown():
     old = {"signer": {"kind": "command", "command": ["/opt/sign", "--profile", "node"]}}
     new = {"signer": {"kind": "command", "command": ["/opt/sign", "--profile", "root-ca"]}}
