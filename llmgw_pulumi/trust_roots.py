@@ -180,6 +180,12 @@ def _connection(show: Callable[[Mapping[str, Any]], str]) -> Callable[[Mapping[s
     return read
 
 
+def _both_connected(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Host keys are compared where the resource reaches the node before and after: a ClientCertificate whose key
+    is made on the operator's side (keyOrigin operator) has no connection, and trusts no host key."""
+    return all(isinstance(inputs.get(CONNECTION), Mapping) or _unknown(inputs.get(CONNECTION)) for inputs in (old, new))
+
+
 def _same_release(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """Pins are compared for the same release only, and only when the new inputs hold them: another version has
     other digests (its upgrade is the summary's and ``release-verified``'s), and a preview of a stack that pins
@@ -208,9 +214,9 @@ TRUST_ROOTS: tuple[TrustRoot, ...] = (
     TrustRoot("ca", "the CA certificate the nodes' certificates chain to (pkiDir's ca.pem or signer.ca: the "
               "SHA256 of its DER form)", frozenset({CERTIFICATE}), _the_ca),
     TrustRoot("hostKey", "the node's pinned SSH host key (its SHA256 fingerprint; none: the key seen first, "
-              "as recorded)", WITH_CONNECTION, _connection(lambda c: _shown(c.get(HOST_KEY), ssh_key))),
+              "as recorded)", WITH_CONNECTION, _connection(lambda c: _shown(c.get(HOST_KEY), ssh_key)), _both_connected),
     TrustRoot("ssh.jump", "the jump hosts on the way to the node, each with its pinned host key",
-              WITH_CONNECTION, _connection(lambda c: _shown(c.get(JUMP), jump_hosts))),
+              WITH_CONNECTION, _connection(lambda c: _shown(c.get(JUMP), jump_hosts)), _both_connected),
 )
 SETTINGS = {root.setting: root for root in TRUST_ROOTS}
 # ---------------------------------------------------------------------------

@@ -150,6 +150,14 @@ def test_an_empty_value_is_the_same_as_none():
     assert trust_roots.changes(AGENT, {**AGENT_INPUTS, "release_ca": None}, {**AGENT_INPUTS, "release_ca": ""}) == []
 
 
+def test_a_resource_that_stops_reaching_the_node_changes_no_host_key():
+    pinned = {"connection": {**CONNECTION, "jump": [{"address": "deploy@bastion", "host_key": KEY_A}]}}
+    assert trust_roots.changes(CERTIFICATE, pinned, {"connection": None}) == []  # keyOrigin: operator
+    assert trust_roots.changes(CERTIFICATE, {"connection": None}, pinned) == []
+    assert trust_roots.changes(CERTIFICATE, pinned, {"connection": UNKNOWN}) == [
+        Change("hostKey", FP_B, NOT_KNOWN), Change("ssh.jump", f"bastion (key {FP_A})", NOT_KNOWN)]
+
+
 def test_signer_arguments_are_fingerprinted_not_shown():
     old = {"signer": {"kind": "command", "command": ["/opt/sign", "--profile", "node"]}}
     new = {"signer": {"kind": "command", "command": ["/opt/sign", "--profile", "root-ca"]}}
