@@ -393,6 +393,11 @@ def test_a_pull_request_that_changes_a_trust_root_shows_its_row_and_fails_unless
         (line,) = [v for v in violated if v.startswith("- `trust-roots-unchanged` (")]
         assert expand(line.split(" — on ")[1].split(":", 1)[1]) == ids, line
         assert_marker_only_in_code(summary.replace(ids[0], f"{ids[0]} {MARKER}", 1))  # no link, HTML or mention
+        if name == "signer.command":  # the merge job's `up` is judged by the same rule, before anything changes
+            merged = ci(stack, "up.sh", stack.name, policy_config(stack, {}))
+            assert merged.returncode != 0 and "trust-roots-unchanged" in merged.stdout, merged.stdout + merged.stderr
+            assert not [r for r in stack.export()["resources"]
+                        if r["type"].endswith("ClientCertificate") and r["inputs"].get("signer")]
 
         allowed = [{"setting": setting, "to": new} for setting, _, new in rows]
         base = policy_config(stack, {"trust-roots-unchanged": {"allowed": allowed}})
