@@ -21,11 +21,14 @@ import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import release_policy
 from .schema import normalise  # engine values compared as the providers' diff compares them
 from .text import printable
+
+if TYPE_CHECKING:
+    from . import trust_roots
 
 # --------------------------------------------------------------------------- names read from the preview
 NODE_TYPE = "llmgw:index:Node"
@@ -86,6 +89,9 @@ class NodeReview:
     host_keys: tuple[str, ...] = ()
     """How an onboarded node's host key, then each jump host's, is trusted (PINNED or FIRST_USE)."""
     rollout: Mapping[str, Any] | None = None
+    trust_roots: tuple[trust_roots.Change, ...] = ()
+    """The trust roots this change changes for the node (``trust_roots.Change``, sorted, each once). They touch no
+    node: a node whose only change is here is still untouched."""
     problems: list[str] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
     unverified_release: bool = False
@@ -243,6 +249,7 @@ def review(preview: Mapping[str, Any], now: dt.datetime | None = None) -> FleetR
             _review_update(node, kind, old_in, old_out, new_in, now)
         if ops & {"create", "create-replacement", "replace"}:
             _review_onboarding(node, kind, new_in)
+        _review_trust_roots(node, kind, steps)
         if kind == AGENT and isinstance(new_in.get(ROLLOUT), Mapping):
             node.rollout = new_in[ROLLOUT]
         if kind == ENGINES and not node.removed:
@@ -272,6 +279,19 @@ def _review_update(node: NodeReview, kind: str, old_in: Mapping[str, Any], old_o
     elif kind == IDENTITY:
         renewed = {CERT_PEM, KEY_PEM} & changes
         node.restart_ungated = bool(renewed or drifted) and touches_node(changes | set(drifted))
+
+
+def _review_trust_roots(node: NodeReview, kind: str, steps: Iterable[Mapping[str, Any]]) -> None:
+    """The trust roots a step that has both the recorded and the new inputs changes (an update, a resource left
+    as it is, a replacement; not a creation or a deletion)."""
+    from . import trust_roots  # it reads the names declared above
+
+    for step in steps:
+        old, new = step.get("oldState"), step.get("newState")
+        if isinstance(old, Mapping) and isinstance(new, Mapping) and isinstance(new.get("inputs"), Mapping):
+            found = trust_roots.changes(kind, old.get("inputs") or {}, new["inputs"])
+            node.trust_roots = tuple(sorted({*node.trust_roots, *found}))
+            return
 
 
 def _review_onboarding(node: NodeReview, kind: str, new_in: Mapping[str, Any]) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import fleet_review, observed, release_policy
+from . import fleet_review, observed, release_policy, trust_roots
 
 KEY_ORIGIN_OPERATOR = "operator"
 HOST_KEY, VALIDITY_HOURS, SIGNING_KEY, BINARY_PATH = "host_key", "validity_hours", "signing_key", "binary_path"
@@ -51,7 +51,13 @@ ROLLOUT_REQUIRED = Rule("rollout-required", "llmgw:rollout is set when more than
                         "mandatory", {"maxRestarts": ("integer", 1, "restarts allowed without a rollout")})
 REMOVAL_ALLOWED = Rule("removal-allowed", "No node is removed unless its id is in the allowed list.", "mandatory",
                        {"allowed": ("array", [], "node ids that this change may remove")})
-RULES = (HOST_KEYS_PINNED, NO_OPERATOR_KEYS, CERTIFICATE_VALIDITY, RELEASE_VERIFIED, ROLLOUT_REQUIRED, REMOVAL_ALLOWED)
+TRUST_ROOTS_UNCHANGED = Rule(
+    "trust-roots-unchanged", "No trust root (release signing key or pins, release server or its CA, signer, CA, host "
+    "key pins, jump hosts) changes unless the policy config allows the value it changes to.", "mandatory",
+    {"allowed": ("array", [], 'the changes allowed, each {"setting": "agent.signingKey", "to": "<the new value as '
+                 'the summary shows it>"}')})
+RULES = (HOST_KEYS_PINNED, NO_OPERATOR_KEYS, CERTIFICATE_VALIDITY, RELEASE_VERIFIED, ROLLOUT_REQUIRED, REMOVAL_ALLOWED,
+         TRUST_ROOTS_UNCHANGED)
 
 
 def plain(value: Any, unknown: type[Exception]) -> Any:
@@ -143,6 +149,22 @@ def release_verified(kind: str, inputs: Mapping[str, Any], config: Mapping[str, 
                 f"pin llmgw:agent.sha256 for {version}, or allow it in the policy config (allowUnverifiedRelease: true)")
     return (f"{node}: release {version} has no record of how it is verified ({fleet_review.VERIFICATION}: "
             f"{record!r}). Onboard it with this package's Node (it records a signature, a pin or the opt-out)")
+
+
+def trust_roots_unchanged(kind: str, old: Mapping[str, Any] | None, new: Mapping[str, Any],
+                          config: Mapping[str, Any]) -> list[str]:
+    """A message for each trust root a resource changes, from its recorded inputs (``old``; None: a resource this
+    change creates) to its new ones, that the policy config's allowed list does not approve."""
+    if old is None:
+        return []
+    allowed = param(TRUST_ROOTS_UNCHANGED, config, "allowed") or []
+    node = str(new.get(NODE_ID) or old.get(NODE_ID) or "?")
+    return [f"{node}: {change.setting} changes from {change.old} to {change.new} "
+            f"({trust_roots.SETTINGS[change.setting].what}). Nothing on the node changes, but every later `pulumi up` "
+            "trusts the new value. If the change is meant, approve it in the base branch's policy config (its owner "
+            f"reviews it): add {trust_roots.allow_entry(change)} to the trust-roots-unchanged rule's allowed list; "
+            "otherwise undo it"
+            for change in trust_roots.changes(kind, old, new) if not trust_roots.approved(change, allowed)]
 
 
 def stack_config_from_env(text: str | None) -> dict[str, Any]:

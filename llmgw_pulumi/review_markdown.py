@@ -2,7 +2,8 @@
 verdict beside it (pure).
 
 One screen: a table of what the nodes go through, with their ids (long lists
-folded, runs of numbered ids shortened); which agents will restart, in the
+folded, runs of numbered ids shortened), each trust root the change changes a
+row of its own (``trust_roots``: old -> new, as fingerprints); which agents will restart, in the
 order the rollout lets them, and which restart outside it; the agent.yaml
 lines that change, the files repaired and the standing problems, each list
 capped. ``policy_verdict`` turns the ``Policies:`` block that `pulumi preview
@@ -107,6 +108,10 @@ def markdown(fleet: FleetReview) -> str:
     for r in fleet.nodes.values():
         for why in r.certificate:
             certs[why].append(r.node)
+    trust: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    for r in fleet.nodes.values():
+        for change in r.trust_roots:
+            trust[(change.setting, change.old, change.new)].append(r.node)
     onboarded: dict[tuple[str, str], list[str]] = defaultdict(list)
     for r in fleet.nodes.values():
         if r.onboarded:
@@ -119,6 +124,8 @@ def markdown(fleet: FleetReview) -> str:
           for why, ids in sorted(certs.items())),
         ("files repaired after drift", g(lambda r: bool(r.repaired))),
         ("removed", g(lambda r: r.removed)),
+        *((f"trust root {inert(setting)} changed: {inert(old)} → {inert(new)}", sorted(ids, key=natural))
+          for (setting, old, new), ids in sorted(trust.items())),
         ("untouched", g(lambda r: r.untouched)),
     ]
     lines += ["| what the node goes through | nodes | ids |", "|---|---:|---|"]

@@ -7,6 +7,7 @@ sets each rule's enforcement level and parameters:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -67,6 +68,31 @@ def deployed() -> list[rules.Resource]:
     return rules.resources_of(json.loads(done.stdout).get("deployment") or {})
 
 
+@functools.cache
+def deployed_inputs() -> dict[str, Mapping[str, Any]]:
+    """Each deployed resource's recorded inputs, by URN (one `pulumi stack export` per run of the pack)."""
+    return {r.urn: r.props for r in deployed()}
+
+
+def trust_roots_policy() -> ResourceValidationPolicy:
+    """trust-roots-unchanged: each resource's new inputs (what the engine gives a resource policy, checked) against
+    its recorded ones."""
+    rule = rules.TRUST_ROOTS_UNCHANGED
+
+    def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+        if os.environ.get("PULUMI_DRY_RUN") != "true":
+            return  # while `up` applies steps the deployment is half the new state: the preview before it judged
+        kind = fleet_review.kind_of(args.urn)
+        if kind not in (fleet_review.CERTIFICATE, fleet_review.IDENTITY, fleet_review.AGENT, fleet_review.ENGINES):
+            return
+        for message in rules.trust_roots_unchanged(kind, deployed_inputs().get(args.urn), known(args.props),
+                                                   args.get_config()):
+            report_violation(message, None)
+
+    return ResourceValidationPolicy(name=rule.name, description=rule.description, validate=validate,
+                                    enforcement_level=LEVELS[rule.enforcement], config_schema=schema(rule))
+
+
 def stack_policy(rule: rules.Rule, check: Callable[[list[rules.Resource], list[rules.Resource], Mapping[str, Any]],
                                                   list[tuple[str, str]]]) -> StackValidationPolicy:
     def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
@@ -89,5 +115,6 @@ PolicyPack(
         resource_policy(rules.RELEASE_VERIFIED, rules.release_verified),
         stack_policy(rules.ROLLOUT_REQUIRED, rules.rollout_required),
         stack_policy(rules.REMOVAL_ALLOWED, rules.removal_allowed),
+        trust_roots_policy(),
     ],
 )

@@ -346,3 +346,69 @@ def test_an_engine_that_prints_markdown_and_html_is_shown_as_text_in_the_summary
     assert_marker_only_in_code(summary)
     spans = [t.content for t in leaves(PARSER.parse(summary)) if t.type == "code_inline" and MARKER in t.content]
     assert any("</details><img src=x>" in s and "@pwn-team" in s for s in spans), spans
+
+
+def fingerprint(public_key: str, tmp: Any) -> str:
+    """``SHA256:...`` of an OpenSSH public key, as ssh-keygen prints it."""
+    path = tmp / "key.pub"
+    path.write_text(public_key + "\n")
+    return subprocess.run(["ssh-keygen", "-lf", str(path)], capture_output=True, text=True, check=True).stdout.split()[1]
+
+
+def test_a_pull_request_that_changes_a_trust_root_shows_its_row_and_fails_unless_the_base_allows_it(
+        cluster, hosts, new_stack, tmp_path):
+    fleet = hosts(2)
+    ids = sorted((h.hostname for h in fleet), key=review.natural)
+    config = stack_config(cluster, fleet, agent={"version": RELEASE, "releaseUrl": cluster.release_url,
+                                                 "signingKey": cluster.release_signing_key})
+    stack = new_stack(config)
+    venv_active(stack)
+    up = stack.up()
+    assert up.ok, up.output
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(tmp_path / "other")], check=True)
+    other_key = (tmp_path / "other.pub").read_text().strip()
+    signer_program = "/usr/bin/true"
+    changes = {
+        # A pull request points the signer at another program, with the same CA certificate.
+        "signer.command": ({**config, "signer": {"kind": "command", "ca": str(cluster.pki_dir / "ca.pem"),
+                                                 "command": [signer_program]}},
+                           [("signer.kind", "pkiDir", "command"), ("signer.command", "none", signer_program)]),
+        # A pull request swaps the release signing key.
+        "agent.signingKey": ({**config, "agent": {**config["agent"], "signingKey": other_key}},
+                             [("agent.signingKey", fingerprint(cluster.release_signing_key, tmp_path),
+                               fingerprint(other_key, tmp_path))]),
+    }
+    for name, (changed, rows) in changes.items():
+        stack.set_config(changed)
+        out = f"out-{name}"
+        refused = ci(stack, "preview.sh", stack.name, out, policy_config(stack, {}))  # the base allows nothing
+        summary = (stack.work_dir / out / "summary.md").read_text()
+        print("\n" + summary)
+        assert refused.returncode != 0, refused.stdout + refused.stderr
+        for setting, old, new in rows:
+            assert row(summary, f"trust root `{setting}` changed: `{old}` → `{new}`") == ids, (setting, summary)
+        assert row(summary, "untouched") == ids  # nothing on the nodes changes
+        assert "**Policies: a mandatory rule is violated**" in summary
+        violated = summary.split("Mandatory rules violated:\n")[1].splitlines()
+        (line,) = [v for v in violated if v.startswith("- `trust-roots-unchanged` (")]
+        assert expand(line.split(" — on ")[1].split(":", 1)[1]) == ids, line
+        assert_marker_only_in_code(summary.replace(ids[0], f"{ids[0]} {MARKER}", 1))  # no link, HTML or mention
+        if name == "signer.command":  # the merge job's `up` is judged by the same rule, before anything changes
+            merged = ci(stack, "up.sh", stack.name, policy_config(stack, {}))
+            assert merged.returncode != 0 and "trust-roots-unchanged" in merged.stdout, merged.stdout + merged.stderr
+            assert not [r for r in stack.export()["resources"]
+                        if r["type"].endswith("ClientCertificate") and r["inputs"].get("signer")]
+
+        allowed = [{"setting": setting, "to": new} for setting, _, new in rows]
+        base = policy_config(stack, {"trust-roots-unchanged": {"allowed": allowed}})
+        passed = ci(stack, "preview.sh", stack.name, out, base)
+        summary = (stack.work_dir / out / "summary.md").read_text()
+        assert passed.returncode == 0, passed.stdout + passed.stderr + summary
+        assert "**Policies: no mandatory rule is violated**" in summary and "trust-roots-unchanged" not in summary
+        for setting, old, new in rows:  # still shown: approved is not hidden
+            assert row(summary, f"trust root `{setting}` changed: `{old}` → `{new}`") == ids, (setting, summary)
+        if name == "agent.signingKey":  # approving one value is not approving another
+            wrong = [{**a, "to": fingerprint(cluster.release_signing_key, tmp_path)} for a in allowed]
+            assert ci(stack, "preview.sh", stack.name, out,
+                      policy_config(stack, {"trust-roots-unchanged": {"allowed": wrong}})).returncode != 0
+    stack.set_config(config)
