@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 
 from llmgw_pulumi import errors, remote, sessions
+from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from tests.fakenode import FakeNode, FakeNodes, with_root
-from tests.unit.test_providers_fake import ADDR, CONN, HOST_KEY, certificate, checked, identity_inputs
+from tests.unit.test_providers_fake import ADDR, CONN, HOST_KEY, agent_binary, agent_inputs, certificate, checked, identity_inputs
 from tests.unit.test_providers_fake import pki_dir as pki_dir  # noqa: F401  (a fixture)
 
 ENGINE = "/opt/llama/bin/llama-server"
@@ -267,3 +268,67 @@ def test_leftovers_are_swept_in_run_but_nothing_is_removed_in_var_tmp(node: Fake
     install_identity(pki_dir)
     assert not node.path("/run/llmgw-stage.Ab12Cd").exists(), "the sweep under the lock did not run"
     assert node.read("/var/tmp/llmgw-stage.Ef34Gh/bin") == b"left by a run killed outright"
+
+
+# --------------------------------------------------------------------------- L5: directories followed through symlinks
+
+
+def symlinked_dir(node: FakeNode, path: str, target: str) -> None:
+    """Make the node's directory ``path`` a symlink to ``target`` (both absolute on the node), written relative so
+    that it resolves inside the fake root, as an operator who moved it there would have done."""
+    real = node.path(target)
+    real.mkdir(parents=True, exist_ok=True)
+    link = node.path(path)
+    if link.is_dir() and not link.is_symlink():
+        link.rmdir()
+    link.symlink_to(Path("/".join([".."] * (path.strip("/").count("/")))) / target.lstrip("/"))
+    assert link.resolve() == real.resolve()
+
+
+def test_an_install_directory_that_is_a_symlink_is_checked_where_it_points(node: FakeNode, tmp_path: Path) -> None:
+    """/usr/local/bin -> /opt/x/bin, with /opt/x a user's: the user could swap the binary root runs. Refused before
+    anything is written, naming /opt/x and its fix; root's alone, the same layout installs (positive control)."""
+    node.path("/etc/llmgw").mkdir(mode=0o755)  # the identity is installed
+    build = tmp_path / "llmgw"
+    build.write_bytes(agent_binary("v1.2.3-4-gabcdef"))
+    symlinked_dir(node, "/usr/local/bin", "/opt/x/bin")
+    node.chown("/opt/x", "deploy:deploy")
+    with pytest.raises(errors.UnsafeDirectoryError) as raised:
+        AgentInstallProvider().create(agent_inputs(build))
+    assert "/opt/x is owned by deploy:deploy" in str(raised.value), raised.value
+    assert "chown root:root /opt/x && chmod go-w /opt/x" in str(raised.value)
+    assert node.read("/opt/x/bin/llmgw") is None and node.read("/etc/llmgw/agent.yaml") is None
+    node.chown("/opt/x", "root:root")
+    AgentInstallProvider().create(agent_inputs(build))
+    assert node.read("/opt/x/bin/llmgw") == build.read_bytes()
+
+
+def test_the_ca_anchor_directory_is_checked_through_its_symlink_before_it_is_changed(node: FakeNode,
+                                                                                   pki_dir: Path) -> None:
+    """ensure_dir would chown and chmod the directory a symlinked /usr/local/share/ca-certificates points to; with
+    a user's directory on the way, nothing is changed there (no chown, no anchor) and the error names it."""
+    symlinked_dir(node, "/usr/local/share/ca-certificates", "/srv/home/ml/ca")
+    node.chown("/srv/home/ml", "ml:ml")
+    arranged = len(node.chowns)
+    with pytest.raises(errors.UnsafeDirectoryError) as raised:
+        install_identity(pki_dir)
+    assert "/srv/home/ml is owned by ml:ml" in str(raised.value), raised.value
+    assert node.chowns[arranged:] == []
+    assert list(node.path("/srv/home/ml/ca").iterdir()) == [] and node.calls("update-ca-certificates") == []
+    node.chown("/srv/home/ml", "root:root")
+    install_identity(pki_dir)
+    assert [p.name for p in node.path("/srv/home/ml/ca").iterdir()] != []
+
+
+@pytest.mark.parametrize("mode", [0o1777, 0o775])
+def test_a_sticky_or_root_group_writable_install_directory_is_refused_too(node: FakeNode, tmp_path: Path,
+                                                                          mode: int) -> None:
+    """The probe lets an engine sit in a sticky /tmp or a root-group-writable directory; an install directory must
+    be root's alone (the rollback copies and markers are made there by name)."""
+    node.path("/etc/llmgw").mkdir(mode=0o755)
+    build = tmp_path / "llmgw"
+    build.write_bytes(agent_binary("v1.2.3-4-gabcdef"))
+    node.path("/usr/local").chmod(mode)
+    with pytest.raises(errors.UnsafeDirectoryError, match=f"/usr/local is owned by root:root with mode {mode:o}"):
+        AgentInstallProvider().create(agent_inputs(build))
+    assert node.read("/usr/local/bin/llmgw") is None
