@@ -233,10 +233,25 @@ def _migrated(props: Mapping[str, Any]) -> dict[str, Any]:
     return observed.migrate(props, desired.AGENT)
 
 
+def carry_version(olds: Mapping[str, Any], news: dict[str, Any]) -> dict[str, Any]:
+    """``news`` with the version of the local build recorded last when a preview left it empty.
+
+    A preview reads and hashes a local build but never runs it (program.local_binary): the pull request under
+    review may have put it there. The same sha256 as recorded is the same build, so the same version: no change.
+    Another build keeps its version empty (the diff and the summary show its sha256 changed) until `pulumi up`
+    runs it to learn it.
+    """
+    sha = news.get("binary_sha256")
+    if news.get("version") == "" and news.get("binary_path") and isinstance(sha, str) \
+            and olds.get("binary_sha256") == sha and isinstance(olds.get("version"), str) and olds["version"]:
+        return {**news, "version": olds["version"]}
+    return news
+
+
 class AgentInstallProvider(_glue.ModuleProvider):
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        return _glue.check(news, AgentSpec.collect, derive=derive, olds=olds,
+        return _glue.check(carry_version(olds, news), AgentSpec.collect, derive=derive, olds=olds,
                            machine_facts=("hostname", "known_host_key", "known_jump_host_keys"))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
