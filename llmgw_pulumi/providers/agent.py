@@ -161,14 +161,24 @@ def _local_build(spec: AgentSpec) -> bytes:
                           "build llmgw there, or point agent.binary at the build") from None
 
 
+def _streamed(spec: AgentSpec, path: Path) -> remote.StdinFile:
+    """The binary at ``path`` as the script's stdin: streamed from disk as it is sent (a release of any size takes
+    one chunk of memory); the node checks its size and sha256 before anything is installed."""
+    try:
+        return remote.StdinFile(str(path), path.stat().st_size)
+    except OSError as exc:
+        raise ConfigError(spec.node_id, "binary_path", f"cannot read the binary {path}: {exc.strerror}",
+                          "build llmgw there, or point agent.binary at the build") from None
+
+
 def _script(spec: AgentSpec, props: Mapping[str, Any], change: plan.Plan) -> remote.Script:
     """The plan as the script that carries it out, with the binary's bytes where it is pushed or copied."""
     step = change.step(BINARY_FILE.path)
-    binary = b""
+    binary = None
     if step.do is plan.Do.COPY:
-        binary = _local_build(spec)
+        binary = _streamed(spec, Path(spec.binary.binary_path or ""))
     elif step.do is plan.Do.PUSH:
-        binary = release.fetch_binary(release_of(spec.binary), change.arch, step.want.sha256)
+        binary = _streamed(spec, release.fetch_binary_file(release_of(spec.binary), change.arch, step.want.sha256))
     texts = texts_of(props)
     return remote.install_agent(change, texts["agent_yaml"], texts["unit"], version=spec.binary.version,
                                 release_url=spec.binary.release_url or "", binary=binary)
