@@ -1,0 +1,103 @@
+"""What the install runs is pinned by digest (issue 36, item 8; review N10).
+
+Read from the files as pip reads them: the venv is installed with hashes from a lock that holds exactly the
+versions constraints.txt pins, the build backend included. Each check is also run on a copy with its breach
+written in, so none passes vacuously.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CI = ROOT / "examples" / "ci"
+WORKFLOWS = sorted((CI / ".github" / "workflows").glob("*.yml"))
+HASH = re.compile(r"--hash=sha256:[0-9a-f]{64}")
+
+
+def lock_entries(text: str) -> dict[str, tuple[str, int]]:
+    """name -> (version, number of hashes) of a pip requirements file with hashes (its continued lines joined)."""
+    entries = {}
+    for line in text.replace("\\\n", " ").splitlines():
+        line = line.split("#", 1)[0] if not line.lstrip().startswith("--") else line
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        spec = line.split(";", 1)[0].split()[0]
+        name, _, version = spec.partition("==")
+        entries[name.lower().replace("_", "-")] = (version, len(HASH.findall(line)))
+    return entries
+
+
+def lock_problems(lock: str, constraints: str, backend: list[str]) -> list[str]:
+    problems = []
+    pinned = {n.lower().replace("_", "-"): v for n, _, v in
+              (line.partition("==") for line in constraints.splitlines() if line and not line.startswith("#"))}
+    entries = lock_entries(lock)
+    for name, (version, hashes) in entries.items():
+        if not version:
+            problems.append(f"{name} is not pinned to one version")
+        if hashes == 0:
+            problems.append(f"{name} has no hash")
+        if name in pinned and pinned[name] != version:
+            problems.append(f"{name} is {version} in the lock but {pinned[name]} in constraints.txt")
+    for requirement in backend:
+        name, _, version = requirement.partition("==")
+        if not version:
+            problems.append(f"the build backend {requirement} is not pinned")
+        elif (entry := entries.get(name.lower())) is None or entry[0] != version or not entry[1]:
+            problems.append(f"the build backend {requirement} is not in the lock with its hashes")
+    return problems
+
+
+def backend() -> list[str]:
+    requires: list[str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    return requires
+
+
+def test_the_lock_pins_what_constraints_pin_with_hashes_and_the_build_backend() -> None:
+    lock, constraints = (ROOT / "requirements.lock").read_text(), (ROOT / "constraints.txt").read_text()
+    assert lock_problems(lock, constraints, backend()) == []
+    assert {"pulumi", "paramiko", "cryptography", "setuptools"} <= set(lock_entries(lock))  # it has the lot
+    # Each breach is caught.
+    assert lock_problems(lock.replace("paramiko==5.1.0", "paramiko==5.0.9"), constraints, backend())
+    no_hash = re.sub(r"(paramiko==5\.1\.0)(?: \\\n\s+--hash=sha256:[0-9a-f]{64})+", r"\1", lock)
+    assert no_hash != lock and lock_problems(no_hash, constraints, backend()) == ["paramiko has no hash"]
+    assert lock_problems(lock, constraints, ["setuptools>=65"]) == ["the build backend setuptools>=65 is not pinned"]
+    assert lock_problems(lock, constraints, ["setuptools==1.0"])
+
+
+def install_problems(script: str) -> list[str]:
+    """How scripts/install.sh's pip commands could install something the lock does not name with its hash."""
+    problems = []
+    pips = [shlex.split(line.split(">&2")[0]) for line in script.splitlines() if "bin/pip install" in line]
+    if not pips:
+        return ["no pip install"]
+    for argv in pips:
+        args = argv[argv.index("install") + 1:]
+        if "-r" in args and args[args.index("-r") + 1] == "requirements.lock":
+            if "--require-hashes" not in args:
+                problems.append("the lock is installed without --require-hashes")
+        elif not {"--no-deps", "--no-build-isolation", "--no-index"} <= set(args):
+            problems.append(f"{' '.join(args)} may fetch what the lock does not hold")
+        if "-c" in args:
+            problems.append("a constraints file gives versions without hashes")
+    return problems
+
+
+def test_install_sh_installs_the_lock_with_hashes_and_builds_the_package_offline() -> None:
+    script = (ROOT / "scripts" / "install.sh").read_text()
+    assert install_problems(script) == []
+    assert install_problems(script.replace("--require-hashes ", "")) == ["the lock is installed without --require-hashes"]
+    assert install_problems(script.replace("--no-build-isolation ", "")) != []
+
+
+def test_the_venv_alone_is_rebuilt_when_the_lock_changes() -> None:
+    """An install change must not rebuild the engine: the lock keys the venv's stamp, and nothing else's."""
+    script = (ROOT / "scripts" / "install.sh").read_text()
+    (stamp,) = [line for line in script.splitlines() if line.startswith("want=")]
+    assert "requirements.lock" in stamp
+    for other in ("engine.sh", "language-hosts.sh", "actionlint.sh"):
+        assert "requirements.lock" not in (ROOT / "scripts" / other).read_text(), other
