@@ -1,8 +1,9 @@
-"""What the install runs is pinned by digest (issue 36, item 8; review N10).
+"""What the install and the CI examples run is pinned by digest (issue 36, item 8; review N10).
 
-Read from the files as pip reads them: the venv is installed with hashes from a lock that holds exactly the
-versions constraints.txt pins, the build backend included. Each check is also run on a copy with its breach
-written in, so none passes vacuously.
+Read from the files as pip, GitHub Actions and GitLab read them: the venv is installed with hashes from a lock
+that holds exactly the versions constraints.txt pins, the build backend included; every action is a commit,
+every image a digest, the Pulumi archive checked against a sha256. Each check is also run on a copy with its
+breach written in, so none passes vacuously.
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ import re
 import shlex
 import tomllib
 from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CI = ROOT / "examples" / "ci"
@@ -101,3 +106,57 @@ def test_the_venv_alone_is_rebuilt_when_the_lock_changes() -> None:
     assert "requirements.lock" in stamp
     for other in ("engine.sh", "language-hosts.sh", "actionlint.sh"):
         assert "requirements.lock" not in (ROOT / "scripts" / other).read_text(), other
+
+
+# --------------------------------------------------------------------------- CI examples
+
+def action_problems(workflow: dict[str, Any]) -> list[str]:
+    problems = []
+    for name, job in workflow["jobs"].items():
+        for step in job.get("steps", []):
+            uses = step.get("uses")
+            if uses and not re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", uses):
+                problems.append(f"{name}: {uses} is not pinned to a commit")
+            run = step.get("run", "")
+            if "pip install" in run and "--require-hashes" not in run:
+                problems.append(f"{name}: pip installs without --require-hashes")
+    return problems
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_every_action_is_a_commit_and_pip_requires_hashes(path: Path) -> None:
+    workflow = yaml.safe_load(path.read_text())
+    assert action_problems(workflow) == []
+    assert any(s.get("uses") for j in workflow["jobs"].values() for s in j["steps"])  # there is something to check
+    text = path.read_text()
+    # The tag each commit stands for is beside it, for a reader and for updates.
+    assert all(re.search(r"@[0-9a-f]{40}  # v\d+\.\d+\.\d+$", line) for line in text.splitlines() if "uses:" in line)
+    broken = yaml.safe_load(re.sub(r"@[0-9a-f]{40}", "@v6", text, count=1))
+    assert action_problems(broken) and action_problems(broken)[0].endswith("is not pinned to a commit")
+
+
+def gitlab_problems(ci: dict[str, Any]) -> list[str]:
+    problems = []
+    images = [job["image"] for job in ci.values() if isinstance(job, dict) and "image" in job]
+    if not images:
+        problems.append("no image")
+    problems += [f"image {i} is not pinned by digest" for i in images if not re.search(r"@sha256:[0-9a-f]{64}$", str(i))]
+    script = "\n".join(ci["default"]["before_script"])
+    if re.search(r"curl[^\n]*\|\s*(sh|bash)", script):
+        problems.append("curl | sh")
+    fetched, checked, unpacked = (script.find(w) for w in ("curl -fsSLo pulumi.tgz", "sha256sum -c", "tar -xzf pulumi.tgz"))
+    if not 0 <= fetched < checked < unpacked:
+        problems.append("the Pulumi archive is unpacked before its sha256 is checked")
+    if "pip install" in script and "--require-hashes" not in script:
+        problems.append("pip installs without --require-hashes")
+    return problems
+
+
+def test_the_gitlab_image_is_a_digest_and_pulumi_is_checked_before_it_is_unpacked() -> None:
+    text = (CI / ".gitlab-ci.yml").read_text()
+    assert gitlab_problems(yaml.safe_load(text)) == []
+    assert gitlab_problems(yaml.safe_load(re.sub(r"@sha256:[0-9a-f]{64}", "", text))) == [
+        "image python:3.11-slim is not pinned by digest"]
+    unchecked = yaml.safe_load(text)
+    unchecked["default"]["before_script"] = [s for s in unchecked["default"]["before_script"] if "sha256sum" not in s]
+    assert gitlab_problems(unchecked) == ["the Pulumi archive is unpacked before its sha256 is checked"]
