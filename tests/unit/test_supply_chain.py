@@ -1,9 +1,10 @@
 """What the install and the CI examples run is pinned by digest (issue 36, item 8; review N10).
 
-Read from the files as pip, GitHub Actions and GitLab read them: the venv is installed with hashes from a lock
-that holds exactly the versions constraints.txt pins, the build backend included; every action is a commit,
-every image a digest, the Pulumi archive checked against a sha256. Each check is also run on a copy with its
-breach written in, so none passes vacuously.
+Read from the files as pip, GitHub Actions, GitLab and the Go tool read them: the venv is installed with
+hashes from a lock that holds exactly the versions constraints.txt pins, the build backend included; every
+action is a commit, every image a digest, the Pulumi archive checked against a sha256; the Go builds keep
+the checksum database on. Each check is also run on a copy with its breach written in, so none passes
+vacuously.
 """
 
 from __future__ import annotations
@@ -160,3 +161,33 @@ def test_the_gitlab_image_is_a_digest_and_pulumi_is_checked_before_it_is_unpacke
     unchecked = yaml.safe_load(text)
     unchecked["default"]["before_script"] = [s for s in unchecked["default"]["before_script"] if "sha256sum" not in s]
     assert gitlab_problems(unchecked) == ["the Pulumi archive is unpacked before its sha256 is checked"]
+
+
+# --------------------------------------------------------------------------- Go
+
+def go_env_problems(script: str) -> list[str]:
+    """A Go build's environment that could skip the checksum database, or leave that to the machine's."""
+    problems = []
+    for var, ok in (("GOSUMDB", "sum.golang.org"), ("GONOSUMDB", ""), ("GOPRIVATE", ""), ("GOINSECURE", "")):
+        found = re.findall(rf"\b{var}=('[^']*'|\S*)", script)
+        if not found:
+            problems.append(f"{var} is left to the environment")
+        elif any(v.strip("'") != ok for v in found):
+            problems.append(f"{var} is set to {found}")
+    if "-mod=mod" in script or "-insecure" in script:
+        problems.append("a build may change go.sum")
+    return problems
+
+
+@pytest.mark.parametrize("script", ["engine.sh", "language-hosts.sh", "actionlint.sh", "bench-tools.sh"])
+def test_go_builds_verify_module_sums_against_the_checksum_database(script: str) -> None:
+    text = (ROOT / "scripts" / script).read_text()
+    assert "go " in text and go_env_problems(text) == []
+    assert go_env_problems(text.replace("GOSUMDB=sum.golang.org", "GOSUMDB=off")) == ["GOSUMDB is set to ['off']"]
+
+
+def test_the_go_example_has_its_sums() -> None:
+    go_mod = (ROOT / "examples" / "go-vm" / "go.mod").read_text()
+    go_sum = (ROOT / "examples" / "go-vm" / "go.sum").read_text()
+    for module, version in re.findall(r"^require (\S+) (\S+)$", go_mod, flags=re.M):
+        assert f"{module} {version} h1:" in go_sum and f"{module} {version}/go.mod h1:" in go_sum, module
