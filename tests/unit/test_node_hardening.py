@@ -332,3 +332,108 @@ def test_a_sticky_or_root_group_writable_install_directory_is_refused_too(node: 
     with pytest.raises(errors.UnsafeDirectoryError, match=f"/usr/local is owned by root:root with mode {mode:o}"):
         AgentInstallProvider().create(agent_inputs(build))
     assert node.read("/usr/local/bin/llmgw") is None
+
+
+# --------------------------------------------------------------------------- N5: what runs before the engine's own code
+
+ENGINE_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char **argv) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/var/tmp/engine-ran", getenv("FAKE_ROOT") ? getenv("FAKE_ROOT") : "");
+    FILE *f = fopen(path, "a");
+    if (f) { fprintf(f, "%s %s\n", argv[0], argc > 1 ? argv[1] : ""); fclose(f); }
+    puts("engine 1.0");
+    return 0;
+}
+"""
+
+
+def elf_engine(tmp_path: Path, *link_flags: str) -> bytes:
+    """A real ELF engine, built here with gcc and ``link_flags`` (a RUNPATH, an ELF interpreter); it marks like
+    marking_engine when run."""
+    src = tmp_path / "engine.c"
+    src.write_text(ENGINE_C)
+    out = tmp_path / "engine"
+    subprocess.run(["gcc", "-o", str(out), str(src), *link_flags], check=True, capture_output=True)
+    return out.read_bytes()
+
+
+def test_an_engine_whose_interpreter_others_could_change_is_not_run(node: FakeNode) -> None:
+    """#!/opt/py/bin/python, with /opt/py/bin a user's: the kernel runs that interpreter, as root, first."""
+    node.write(ENGINE, b"#!/opt/py/bin/python -u\nprint('engine 1.0')\n", 0o755)
+    node.write("/opt/py/bin/python", marking_engine(), 0o755)
+    node.chown("/opt/py/bin", "ml:ml")
+    (problem,) = probe_engine()["problems"]
+    assert (problem["status"], problem["path"]) == ("unsafe", ENGINE), problem
+    assert "/opt/py/bin can be changed by a user other than root (mode 0755, owner ml:ml)" in problem["problem"]
+    assert fix_of(problem) == "sudo chown root:root /opt/py/bin && sudo chmod go-w /opt/py/bin"
+    assert ran(node) == []
+    node.chown("/opt/py/bin", "root:root")  # positive control: root's alone, the probe tries it (the fake's kernel
+    (problem,) = probe_engine()["problems"]  # looks for /opt/py on this machine, so it fails to start)
+    assert problem["status"] == "fails", problem
+
+
+def test_an_interpreter_env_finds_on_path_where_others_can_write_is_not_run(node: FakeNode, tmp_path: Path) -> None:
+    shared = tmp_path / "node" / "bin"  # the fake's PATH: its stand-ins, then this machine's
+    (shared / "enginepy").write_bytes(marking_engine())
+    (shared / "enginepy").chmod(0o755)
+    node.write(ENGINE, b"#!/usr/bin/env enginepy\n", 0o755)
+    shared.chmod(0o777)
+    try:
+        (problem,) = probe_engine()["problems"]
+    finally:
+        shared.chmod(0o755)
+    assert problem["status"] == "unsafe" and f"{shared} can be changed" in problem["problem"], problem
+    assert ran(node) == []
+    assert probe_engine()["problems"] == [] and len(ran(node)) == 1  # positive control: env runs it
+
+
+def test_an_env_others_could_change_is_not_run(node: FakeNode) -> None:
+    """#!/opt/tools/env enginepy: env itself runs first, as root."""
+    node.write(ENGINE, b"#!/opt/tools/env enginepy\n", 0o755)
+    node.write("/opt/tools/env", marking_engine(), 0o755)
+    node.chown("/opt/tools/env", "ml:ml")
+    (problem,) = probe_engine()["problems"]
+    assert problem["status"] == "unsafe" and "/opt/tools/env can be changed" in problem["problem"], problem
+
+
+@pytest.mark.parametrize("flags, component", [
+    (("-Wl,--enable-new-dtags", "-Wl,-rpath,/opt/llama/lib"), "/opt/llama/lib"),
+    (("-Wl,--disable-new-dtags", "-Wl,-rpath,/usr/lib/llmgw:/opt/llama/lib"), "/opt/llama/lib"),
+    (("-Wl,--enable-new-dtags", "-Wl,-rpath,$ORIGIN/../lib"), "/opt/llama/lib"),
+])
+def test_an_elf_engine_whose_runpath_others_could_write_is_not_run(node: FakeNode, tmp_path: Path,
+                                                                  flags: tuple[str, ...], component: str) -> None:
+    """The dynamic loader looks for the engine's libraries in its RUNPATH (or RPATH) first: a library planted there
+    runs as root before main."""
+    node.write(ENGINE, elf_engine(tmp_path, *flags), 0o755)
+    node.path("/opt/llama/lib").mkdir()
+    assert probe_engine()["problems"] == [] and len(ran(node)) == 1  # positive control: root's alone, it runs
+    node.path("/opt/llama/lib").chmod(0o777)
+    (problem,) = probe_engine()["problems"]
+    assert problem["status"] == "unsafe" and f"{component} can be changed" in problem["problem"], problem
+    assert fix_of(problem) == f"sudo chown root:root {component} && sudo chmod go-w {component}"
+    assert len(ran(node)) == 1, "the probe ran an engine whose RUNPATH others can write"
+
+
+def test_an_elf_engine_whose_elf_interpreter_others_could_change_is_not_run(node: FakeNode, tmp_path: Path) -> None:
+    node.write(ENGINE, elf_engine(tmp_path, "-Wl,--dynamic-linker=/opt/ld/ld-linux.so"), 0o755)
+    node.write("/opt/ld/ld-linux.so", b"", 0o755)
+    node.chown("/opt/ld/ld-linux.so", "ml:ml")
+    (problem,) = probe_engine()["problems"]
+    assert problem["status"] == "unsafe" and "/opt/ld/ld-linux.so can be changed" in problem["problem"], problem
+    node.chown("/opt/ld/ld-linux.so", "root:root")  # positive control: root's, it is tried (and fails: no loader)
+    (problem,) = probe_engine()["problems"]
+    assert problem["status"] == "fails", problem
+
+
+def test_nvidia_smi_whose_runpath_others_could_write_is_not_run(node: FakeNode, tmp_path: Path) -> None:
+    smi = "/opt/nvidia/bin/nvidia-smi"
+    node.write(smi, elf_engine(tmp_path, "-Wl,-rpath,/opt/nvidia/lib"), 0o755)
+    node.path("/opt/nvidia/lib").mkdir()
+    node.chown("/opt/nvidia/lib", "ml:ml")
+    (problem,) = probe(discovery={"nvidia_smi": smi})["problems"]
+    assert (problem["gpu"], problem["status"]) == ("nvidia-smi", "unsafe") and "/opt/nvidia/lib" in problem["problem"]
+    assert ran(node) == []
