@@ -9,21 +9,18 @@ below the size of the release, which the node does receive whole and install.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import ssl
-import threading
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from lab.release_server import _Server, publish_release
+from lab.release_server import publish_release
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from tests.fakenode import FakeNode
 from tests.unit.test_providers_fake import agent_inputs, agent_node, node  # noqa: F401  (fixtures)
-from tests.unit.test_release_fetch import Redirecting, tls_pair
+from tests.unit.test_release_fetch import https_server
 
 TAG = "v1.2.3"
 SIZE = 64 << 20
@@ -40,22 +37,13 @@ def big_release() -> bytes:
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
     """(base URL, agent.releaseCa, the amd64 binary's sha256) of an HTTPS release server on loopback serving TAG."""
-    ca, cert, key = tls_pair(tmp_path)
     root = tmp_path / "root"
     binary = big_release()
     publish_release(root, TAG, {"amd64": binary})
     digest = hashlib.sha256(binary).hexdigest()
     del binary
-    httpd = _Server(("127.0.0.1", 0), functools.partial(Redirecting, directory=str(root)))
-    httpd.ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    httpd.ssl_context.load_cert_chain(str(cert), str(key))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"https://127.0.0.1:{httpd.server_address[1]}", str(ca), digest
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with https_server(tmp_path, root) as (url, ca):
+        yield url, ca, digest
 
 
 @pytest.mark.timeout(300)
