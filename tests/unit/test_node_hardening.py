@@ -190,15 +190,22 @@ def test_nvidia_smi_others_could_change_is_not_run(node: FakeNode) -> None:
     assert ran(node) != []
 
 
-def test_nvidia_smi_found_on_path_in_a_directory_others_can_write_is_not_run(node: FakeNode, tmp_path: Path) -> None:
-    shared = tmp_path / "node" / "bin"  # the fake's PATH: its stand-ins, then this machine's
-    (shared / "nvidia-smi").write_bytes(marking_engine())
-    (shared / "nvidia-smi").chmod(0o755)
+def probe_with_a_program_on_path_others_can_write(node: FakeNode, name: str, **extra: Any) -> tuple[Path, dict[str, Any]]:
+    """(the directory, the one problem) of a probe while ``name``, a marking program, is in a directory of the
+    fake's PATH (its stand-ins, then this machine's) that everyone can write."""
+    shared = node.bin
+    (shared / name).write_bytes(marking_engine())
+    (shared / name).chmod(0o755)
     shared.chmod(0o777)
     try:
-        (problem,) = probe()["problems"]
+        (problem,) = probe(**extra)["problems"]
     finally:
         shared.chmod(0o755)
+    return shared, problem
+
+
+def test_nvidia_smi_found_on_path_in_a_directory_others_can_write_is_not_run(node: FakeNode) -> None:
+    shared, problem = probe_with_a_program_on_path_others_can_write(node, "nvidia-smi")
     assert problem["status"] == "unsafe" and f"{shared} can be changed" in problem["problem"], problem
     assert ran(node) == []
 
@@ -375,16 +382,10 @@ def test_an_engine_whose_interpreter_others_could_change_is_not_run(node: FakeNo
     assert problem["status"] == "fails", problem
 
 
-def test_an_interpreter_env_finds_on_path_where_others_can_write_is_not_run(node: FakeNode, tmp_path: Path) -> None:
-    shared = tmp_path / "node" / "bin"  # the fake's PATH: its stand-ins, then this machine's
-    (shared / "enginepy").write_bytes(marking_engine())
-    (shared / "enginepy").chmod(0o755)
+def test_an_interpreter_env_finds_on_path_where_others_can_write_is_not_run(node: FakeNode) -> None:
     node.write(ENGINE, b"#!/usr/bin/env enginepy\n", 0o755)
-    shared.chmod(0o777)
-    try:
-        (problem,) = probe_engine()["problems"]
-    finally:
-        shared.chmod(0o755)
+    shared, problem = probe_with_a_program_on_path_others_can_write(node, "enginepy",
+                                                                   engines={"llamacpp": {"bin": ENGINE}})
     assert problem["status"] == "unsafe" and f"{shared} can be changed" in problem["problem"], problem
     assert ran(node) == []
     assert probe_engine()["problems"] == [] and len(ran(node)) == 1  # positive control: env runs it
