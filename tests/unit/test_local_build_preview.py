@@ -67,7 +67,9 @@ def agent_inputs_of_a_run(build: Path, tmp_path: Path, monkeypatch: pytest.Monke
     try:
         pulumi.runtime.set_all_config({**STACK, "llmgw:agent": json.dumps({"binary": str(build)}),
                                        "llmgw:ssh": json.dumps({"user": "deploy", "privateKeyPath": str(key)})}, [])
-        program.main()
+        # Run as the SDK's test decorator runs a program: its outstanding registrations are awaited, so none is
+        # left for the next test in this process.
+        pulumi.runtime.test(program.main)()
     finally:
         pulumi.runtime.set_all_config({}, [])
     (agent,) = set(given)
