@@ -274,7 +274,8 @@ class BinarySource(FromProps):
 
     version: str = setting("version", validate.version,
                            doc="A release tag vX.Y.Z, or the version of the local build (in stack config, a local "
-                               "build's --version gives it: empty until the program has read it).")
+                               "build's --version gives it: empty until the program has read it, and in a preview, "
+                               "which never runs the build).")
     release_url: str | None = setting("releaseUrl", validate.url, convert=lambda u: u.rstrip("/") or None, default=None,
                                       doc="The release server's base URL (https): <tag>/<file> is appended to it.")
     binary_path: str | None = setting("binary", lambda p: validate.abs_path(p, "local binary path"), default=None,
@@ -344,6 +345,12 @@ class BinarySource(FromProps):
             problems.add(prefix + key["release_sha256"], "pins a release, but a local build is given",
                          "remove sha256 (a local build is copied as it is), or give a release version instead of binary")
         if config and version is None and binary is not None:
+            return
+        if not config and version == "" and binary is not None and props.get(key["binary_sha256"]) is not None:
+            # A local build a preview read and hashed but did not run (program.local_binary): its version is the
+            # one recorded for the same sha256, or read by `pulumi up`.
+            collect_one(BinarySource, "binary_path", props, problems, prefix)
+            collect_one(BinarySource, "binary_sha256", props, problems, prefix)
             return
         problems.check(prefix + key["version"], version, validate.version)
         if is_unknown(version) or not isinstance(version, str) or validate.version(version):

@@ -241,7 +241,8 @@ class ReleaseVersionError(LlmgwError):
 
 
 class UnsafeDirectoryError(LlmgwError):
-    """A directory the agent's files go into (or one of its parents) is writable by a user other than root."""
+    """A directory this package installs files into (or one of its parents, or where a symlink on the way points) is
+    writable by a user other than root."""
 
     fix = ("make the directory named above root's and writable by root only (`chown root:root DIR && chmod go-w DIR` "
            "on the node), check what is in it, then run `pulumi up` again")

@@ -54,6 +54,8 @@ NOT_NODE_CHANGES = frozenset({"__provider", "__urn", "pki_dir", "signer", "known
                               VERIFICATION, "ca_key_passphrase", DRIFT})
 """Inputs whose change alone does not touch the node (how certificates are signed, how a release is verified
 and carried, how updates are spread, what a refresh found)."""
+NEW_LOCAL_BUILD = "a new local build (its version is read by pulumi up)"
+"""The new version of a local build a preview did not run (its version is empty there): another sha256."""
 UNREADABLE = ("cannot reach", "could not be read", "its state is kept as it was")
 """What the providers' warnings say when a refresh could not read a node."""
 REISSUE_WHY = {"expiry": "expiry", "ca": "CA rotation", "key": "key lost", "origin": "keyOrigin changed"}
@@ -272,7 +274,7 @@ def _review_update(node: NodeReview, kind: str, old_in: Mapping[str, Any], old_o
         node.certificate = certificate_reasons(old_in, old_out, new_in, now)
     elif kind == AGENT:
         if {VERSION, BINARY_SHA256} & changes:
-            node.upgrade = (str(old_in.get(VERSION)), str(new_in.get(VERSION)))
+            node.upgrade = (str(old_in.get(VERSION)), str(new_in.get(VERSION) or NEW_LOCAL_BUILD))
         if AGENT_YAML in changes and not drifted:
             node.config_lines = config_lines(old_in.get(AGENT_YAML), new_in.get(AGENT_YAML))
         node.restart_gated = touches_node(changes) or bool(drifted)

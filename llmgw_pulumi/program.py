@@ -82,11 +82,20 @@ def plain_text_secret(key: str) -> ConfigError:
 
 
 @functools.cache
-def local_binary(path: str) -> tuple[str, str, str]:
-    """(absolute path, version, sha256) of a local llmgw build; the version is the last word of --version."""
+def local_binary(path: str, run: bool = True) -> tuple[str, str, str]:
+    """(absolute path, version, sha256) of a local llmgw build; the version is the last word of --version.
+
+    With ``run`` false (a preview) the build is read and hashed but never executed: the pull request under review
+    may have put it there. Its version is then empty, and AgentInstall's check takes the version recorded for the
+    same sha256 (``providers.agent.carry_version``); `pulumi up` runs it to learn the version.
+    """
     p = Path(os.path.expanduser(path)).resolve()
     if not p.is_file() or not os.access(p, os.X_OK):
         raise ConfigError("llmgw", "agent.binary", f"{p} is not an executable file", "build llmgw, or fix agent.binary")
+    with open(p, "rb") as f:
+        sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+    if not run:
+        return str(p), "", sha256
     try:
         out = subprocess.run([str(p), "--version"], capture_output=True, text=True, timeout=30, check=True,
                              env=child_env.for_child()).stdout
@@ -95,7 +104,7 @@ def local_binary(path: str) -> tuple[str, str, str]:
     words = out.split()
     if not words:
         raise ConfigError("llmgw", "agent.binary", f"`{p} --version` printed nothing", "check the build")
-    return str(p), words[-1], hashlib.sha256(p.read_bytes()).hexdigest()
+    return str(p), words[-1], sha256
 
 
 def ssh_credentials(spec: stack_config.StackSpec, secrets: dict[str, pulumi.Output[str]]) -> dict[str, Any]:
@@ -149,8 +158,10 @@ def agent_inputs(source: BinarySource, dry_run: bool | None = None) -> BinarySou
     leaves them out (the diff does not compare them, so an unchanged version shows no change).
     """
     version, release_url, binary_path, binary_sha = source.version, source.release_url, None, None
+    if dry_run is None:
+        dry_run = pulumi.runtime.is_dry_run()
     if source.binary_path:
-        binary_path, version, binary_sha = local_binary(source.binary_path)
+        binary_path, version, binary_sha = local_binary(source.binary_path, run=not dry_run)
         if validate.RELEASE_TAG.match(version):
             binary_path = binary_sha = None  # a release build: downloaded and verified like any release
             if not release_url:
@@ -172,8 +183,6 @@ def agent_inputs(source: BinarySource, dry_run: bool | None = None) -> BinarySou
                           "signing key's public line), or pin its sha256 per architecture in agent.sha256; or, knowingly, "
                           "`pulumi config set --path llmgw:agent.allowUnverifiedRelease true`")
     approved = release.Release(release_url.rstrip("/"), version, signing_key, pins, ca_file)
-    if dry_run is None:
-        dry_run = pulumi.runtime.is_dry_run()
     digests = None
     if pins or not dry_run:
         digests = release.approve(approved)

@@ -105,10 +105,21 @@ def program(name: str) -> str:
 
 
 @dataclass(frozen=True)
+class StdinFile:
+    """A file on this machine sent to a script's stdin: ``size`` bytes from its start."""
+
+    path: str
+    size: int
+
+
+@dataclass(frozen=True)
 class Script:
     text: str
     args: tuple[str, ...] = ()
     stdin: bytes = field(default=b"", repr=False)
+    stdin_file: StdinFile | None = None
+    """A file whose first ``size`` bytes go to stdin before ``stdin``: a binary pushed or copied, streamed from
+    disk (``sessions.stdin_chunks``), never held whole in memory."""
 
     def command(self, sudo: bool) -> str:
         """The command line sshd runs: every argument shell-quoted."""
@@ -198,10 +209,10 @@ def remove_identity(owned: Mapping[str, str]) -> Script:
 
 
 def install_agent(plan: Plan, config: str, unit: str, *, version: str = "", release_url: str = "",
-                  binary: bytes = b"", settle_seconds: float = 1.5) -> Script:
+                  binary: StdinFile | None = None, settle_seconds: float = 1.5) -> Script:
     """AgentInstall's ``plan`` (SPEC steps 5, 6 and 8) as one transaction (see install-agent.sh).
 
-    ``binary``: the bytes of a ``push`` or ``copy`` step; ``version`` and ``release_url``: the release a
+    ``binary``: the file of a ``push`` or ``copy`` step, streamed; ``version`` and ``release_url``: the release a
     ``fetch`` downloads (``<url>/<tag>/llmgw-<tag>-linux-<arch>``) and a fetched or pushed binary must report.
     The restarted agent must stay up for ``settle_seconds``, or the previous binary, config and unit are put back.
     """
@@ -213,15 +224,18 @@ def install_agent(plan: Plan, config: str, unit: str, *, version: str = "", rele
     arch = plan.arch if bin_step.do in (Do.FETCH, Do.PUSH) else "*"
     args = [_WRITE_DIRS, UNIT_NAME, str(ticks), plan.unit.value, plan.unit_before if plan.unit is Unit.KEEP else "*",
             arch, version, release_url.rstrip("/")]
-    sent = binary if bin_step.do in (Do.PUSH, Do.COPY) else b""
+    pushed = binary if bin_step.do in (Do.PUSH, Do.COPY) else None
+    if bin_step.do in (Do.PUSH, Do.COPY) and pushed is None:
+        raise ValueError(f"a {bin_step.do.value} step needs the binary's file")
+    sent = b""
     args += [bin_step.do.value, bin_step.path, _mode(bin_step.want.mode), bin_step.want.owner, _before(bin_step),
-             str(len(sent)), bin_step.want.sha256]
+             str(pushed.size if pushed else 0), bin_step.want.sha256]
     for path in (cfg.path, unit_file.path):
         step = plan.step(path)
         content = texts[path] if step.do is Do.WRITE else b""
         args += [step.do.value, path, _mode(step.want.mode), step.want.owner, _before(step), str(len(content)), "-"]
         sent += content
-    return Script(program("install-agent.sh"), tuple(args), sent)
+    return Script(program("install-agent.sh"), tuple(args), sent, pushed)
 
 
 def remove_agent(node_id: str) -> Script:

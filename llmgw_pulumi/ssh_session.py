@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import paramiko
 
@@ -26,6 +26,8 @@ OUTPUT_LIMIT = 16 << 20
 so a node that prints more is refused, rather than held in memory without end."""
 
 
+NO_INPUT = Script("")
+"""The stdin of a command that reads none."""
 CLOUD_INIT_WAIT = """command -v cloud-init >/dev/null 2>&1 || exit 0
 case "$(cloud-init status 2>/dev/null)" in *running*|*"not started"*|*"not run"*) ;; *) exit 0 ;; esac
 echo waited
@@ -63,7 +65,8 @@ class Session:
         self.sudo = conn.user != "root"
         self._sudo_checked = not self.sudo
 
-    def _exec(self, command: str, stdin: bytes, timeout: float) -> Result:
+    def _exec(self, command: str, stdin: Script, timeout: float) -> Result:
+        """Run ``command`` with ``stdin``'s stdin (its file streamed, then its bytes)."""
         command = reads_its_input_to_the_end(command)
         try:
             chan = self._transport.open_session(timeout=CONNECT_TIMEOUT)
@@ -127,7 +130,7 @@ class Session:
     def _check_sudo(self) -> None:
         if self._sudo_checked:
             return
-        res = self._exec("sudo -n true", b"", 30)
+        res = self._exec("sudo -n true", NO_INPUT, 30)
         if res.rc != 0:
             why = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit status {res.rc}"
             if "password is required" in why:
@@ -138,7 +141,7 @@ class Session:
     def cloud_init_done(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for cloud-init, where the node has it; True if it had to be waited for."""
         try:
-            res = self._exec(CLOUD_INIT_WAIT, b"", max(timeout, 1.0))
+            res = self._exec(CLOUD_INIT_WAIT, NO_INPUT, max(timeout, 1.0))
         except RemoteCommandError:
             raise WaitExpired(self.node, f"cloud-init on {self.conn.host} did not report done within {self.conn.wait:.0f}s "
                                          "(cloud-init status --wait)") from None
@@ -152,7 +155,7 @@ class Session:
     def run(self, script: Script, timeout: float = 900) -> Result:
         """Run a script as root. Returns its result whatever its exit status."""
         self._check_sudo()
-        return self._exec(script.command(self.sudo), script.stdin, timeout)
+        return self._exec(script.command(self.sudo), script, timeout)
 
 
 def _drain(recv: Callable[[int], bytes], buf: bytearray, quiet: bool = False) -> bool:
@@ -169,10 +172,30 @@ def _drain(recv: Callable[[int], bytes], buf: bytearray, quiet: bool = False) ->
     return True
 
 
-def _feed(chan: paramiko.Channel, data: bytes) -> None:
+STDIN_CHUNK = 1 << 20
+"""How much of a script's stdin file is read at a time."""
+
+
+def stdin_chunks(script: Script) -> Iterator[bytes]:
+    """What ``script`` sends to its stdin, a chunk at a time: its file's ``size`` bytes (read as they are sent,
+    so a release of any size takes one chunk of memory), then its ``stdin``. A file that ends early sends what
+    it has: the script's byte count and sha256 check then refuse it on the node."""
+    if script.stdin_file is not None:
+        left = script.stdin_file.size
+        with open(script.stdin_file.path, "rb") as f:
+            while left > 0 and (chunk := f.read(min(STDIN_CHUNK, left))):
+                left -= len(chunk)
+                yield chunk
+    if script.stdin:
+        yield script.stdin
+
+
+def _feed(chan: paramiko.Channel, script: Script) -> None:
     try:
-        if data:
-            chan.sendall(data)
-        chan.shutdown_write()
+        try:
+            for chunk in stdin_chunks(script):
+                chan.sendall(chunk)
+        finally:
+            chan.shutdown_write()  # a file that could not be read ends the input early: the node refuses it
     except (OSError, paramiko.SSHException, EOFError):
         pass  # the reader reports the broken channel

@@ -11,6 +11,7 @@ if [ ! -x "$OUT/actionlint" ]; then
   echo "actionlint: building github.com/rhysd/actionlint $ACTIONLINT_VERSION" >&2
   mkdir -p "$OUT"
   GOMODCACHE=${GOMODCACHE:-$CACHE/go/mod} GOCACHE=${GOCACHE:-$CACHE/go/build} GOFLAGS=-trimpath CGO_ENABLED=0 \
+    GONOSUMDB= GOPRIVATE= GOINSECURE= GOSUMDB=sum.golang.org \
     GOTOOLCHAIN=local GOBIN="$OUT/.build" go install "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION" >&2
   mv "$OUT/.build/actionlint" "$OUT/actionlint" && rmdir "$OUT/.build"
 fi

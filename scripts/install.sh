@@ -28,14 +28,20 @@ if [ -n "$missing" ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >&2
 fi
 
-# The venv is rebuilt when pyproject.toml or constraints.txt changes; pip's cache keeps that quick.
-# pyproject.toml has ranges; constraints.txt pins the exact versions the lab runs.
+# The venv is rebuilt when pyproject.toml, constraints.txt or requirements.lock changes (only the venv:
+# the engine and the rest are cached by their own versions); pip's cache keeps that quick.
+# pyproject.toml has ranges; constraints.txt pins the exact versions the lab runs; requirements.lock
+# (scripts/lock) holds them with the sha256 of every file, the build backend included, and pip
+# installs nothing that is not in it with a matching hash. The package itself is then built from this
+# checkout by that pinned backend, with build isolation off and nothing else fetched.
 stamp=.venv/.llmgw-installed
-want=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml constraints.txt requirements.lock | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "python virtualenv .venv"
-  python3 -m venv .venv
-  PIP_CACHE_DIR=$LLMGW_CACHE/pip .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,policy]' >&2
+  python3 -m venv --clear .venv
+  export PIP_CACHE_DIR=$LLMGW_CACHE/pip PIP_DISABLE_PIP_VERSION_CHECK=1
+  .venv/bin/pip install -q --require-hashes --no-deps -r requirements.lock >&2
+  .venv/bin/pip install -q --no-deps --no-build-isolation --no-index -e . >&2
   echo "$want" > "$stamp"
 fi
 

@@ -57,7 +57,7 @@ build_host() {  # $1: nodejs or go
   command -v go >/dev/null || { log "the go toolchain is missing (Go >= 1.26 builds the language hosts)"; exit 1; }
   export GOMODCACHE=${GOMODCACHE:-$CACHE/go/mod}
   export GOCACHE=${GOCACHE:-$CACHE/go/build}
-  export GOFLAGS=-trimpath CGO_ENABLED=0 GOTOOLCHAIN=local GONOSUMDB='' GOPRIVATE=''
+  export GOFLAGS=-trimpath CGO_ENABLED=0 GOTOOLCHAIN=local GONOSUMDB='' GOPRIVATE='' GOINSECURE='' GOSUMDB=sum.golang.org
   rm -rf "$work" && mkdir -p "$work" && cd "$work"
   start=$(date +%s)
   # A wrapper module, as for the Python host: the upstream source replaced in,

@@ -31,11 +31,13 @@ commands: its PATH has every other command of this machine's, not those.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shlex
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ from typing import Any
 
 from llmgw_pulumi import errors, sessions
 from llmgw_pulumi.remote import Script
+from llmgw_pulumi.ssh_session import stdin_chunks
 
 RELEASE_URL = "https://releases.fake.test/llmgw"
 
@@ -222,9 +225,27 @@ class FakeNode:
             "HOME": str(self.base),
         }
         command = dataclasses.replace(script, text=with_root(script.text, self.root)).command(sudo=True)
-        proc = subprocess.run(["sh", "-c", command], input=script.stdin, capture_output=True,
-                              timeout=timeout, env=env)
-        return sessions.Result(proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"))
+        # stdin is streamed as the SSH session streams it (a pushed release is never held whole in memory here
+        # either); what the script prints goes to files, so writing can never block on a full pipe.
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=out, stderr=err, env=env)
+            assert proc.stdin is not None
+            try:
+                for chunk in stdin_chunks(script):
+                    proc.stdin.write(chunk)
+            except BrokenPipeError:
+                pass  # the script stopped reading (it failed): its exit status says why
+            finally:
+                with contextlib.suppress(BrokenPipeError):
+                    proc.stdin.close()
+            try:
+                rc = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise
+            out.seek(0)
+            err.seek(0)
+            return sessions.Result(rc, out.read().decode(errors="replace"), err.read().decode(errors="replace"))
 
     # ------------------------------------------------------------------ looking at it
 

@@ -162,14 +162,24 @@ def _local_build(spec: AgentSpec) -> bytes:
                           "build llmgw there, or point agent.binary at the build") from None
 
 
+def _streamed(spec: AgentSpec, path: Path) -> remote.StdinFile:
+    """The binary at ``path`` as the script's stdin: streamed from disk as it is sent (a release of any size takes
+    one chunk of memory); the node checks its size and sha256 before anything is installed."""
+    try:
+        return remote.StdinFile(str(path), path.stat().st_size)
+    except OSError as exc:
+        raise ConfigError(spec.node_id, "binary_path", f"cannot read the binary {path}: {exc.strerror}",
+                          "build llmgw there, or point agent.binary at the build") from None
+
+
 def _script(spec: AgentSpec, props: Mapping[str, Any], change: plan.Plan) -> remote.Script:
     """The plan as the script that carries it out, with the binary's bytes where it is pushed or copied."""
     step = change.step(BINARY_FILE.path)
-    binary = b""
+    binary = None
     if step.do is plan.Do.COPY:
-        binary = _local_build(spec)
+        binary = _streamed(spec, Path(spec.binary.binary_path or ""))
     elif step.do is plan.Do.PUSH:
-        binary = release.fetch_binary(release_of(spec.binary), change.arch, step.want.sha256)
+        binary = _streamed(spec, release.fetch_binary_file(release_of(spec.binary), change.arch, step.want.sha256))
     texts = texts_of(props)
     return remote.install_agent(change, texts["agent_yaml"], texts["unit"], version=spec.binary.version,
                                 release_url=spec.binary.release_url or "", binary=binary)
@@ -234,10 +244,25 @@ def _migrated(props: Mapping[str, Any]) -> dict[str, Any]:
     return observed.migrate(props, desired.AGENT)
 
 
+def carry_version(olds: Mapping[str, Any], news: dict[str, Any]) -> dict[str, Any]:
+    """``news`` with the version of the local build recorded last when a preview left it empty.
+
+    A preview reads and hashes a local build but never runs it (program.local_binary): the pull request under
+    review may have put it there. The same sha256 as recorded is the same build, so the same version: no change.
+    Another build keeps its version empty (the diff and the summary show its sha256 changed) until `pulumi up`
+    runs it to learn it.
+    """
+    sha = news.get("binary_sha256")
+    if news.get("version") == "" and news.get("binary_path") and isinstance(sha, str) \
+            and olds.get("binary_sha256") == sha and isinstance(olds.get("version"), str) and olds["version"]:
+        return {**news, "version": olds["version"]}
+    return news
+
+
 class AgentInstallProvider(_glue.ModuleProvider):
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        return _glue.check(news, AgentSpec.collect, derive=derive, olds=olds,
+        return _glue.check(carry_version(olds, news), AgentSpec.collect, derive=derive, olds=olds,
                            machine_facts=("hostname", "known_host_key", "known_jump_host_keys"))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:

@@ -73,26 +73,8 @@ restore() {
   fi
 }
 # Nothing is installed into a directory a user other than root could write to
-# (or whose parents they could): they could swap the file, or plant the copy a
-# rollback restores (*.llmgw-prev), and have it run as root. Checked first:
-# even the leftovers of a killed run are put back only in a safe directory.
-# safe_dir DIR: DIR and each parent up to / are root's and not group- or world-writable.
-safe_dir() {
-  d=$1
-  while :; do
-    if [ -e "$R$d" ]; then
-      st=$(stat -c '%U %a' "$R$d/")
-      owner=${st% *} perms=${st#* }
-      if [ "$owner" != root ] || [ $((0$perms & 022)) -ne 0 ]; then
-        echo "$d is owned by $owner with mode $perms: a user other than root could replace what is installed in it; nothing was changed" >&2
-        echo "on the node: chown root:root $d && chmod go-w $d" >&2
-        exit "$EXIT_UNSAFE_DIR"
-      fi
-    fi
-    [ "$d" != / ] || break
-    d=$(dirname "$d")
-  done
-}
+# (safe_dir). Checked first: even the leftovers of a killed run are put back
+# only in a safe directory.
 for f in "$B" "$C" "$U"; do safe_dir "$(dirname "$f")"; done
 # An earlier run killed outright in the middle of its change left what it
 # replaced: put that back first, so this run starts from the last state known to work.

@@ -37,11 +37,13 @@ take_node_key() {
     exit "$EXIT_KEY_MISSING"
   fi
 }
-# recheck_all ARGS...: every file step's BEFORE, before anything changes.
+# recheck_all ARGS...: every file step's BEFORE, and every directory (the CA
+# trust anchor's too) root's alone with each real parent (safe_dir), before
+# anything changes: ensure_dir changes a directory's owner and mode through symlinks.
 recheck_all() {
   while [ $# -gt 0 ]; do
     case $1 in
-    dir) shift 4 ;;
+    dir) safe_dir "$2"; shift 4 ;;
     file) recheck "$3" "$(now_is "$3")" "$6"; shift 7 ;;
     nodekey) shift 6 ;;
     *) echo "install-identity.sh: unknown argument $1" >&2; exit 2 ;;

@@ -68,8 +68,10 @@ report_file() {
 # root-owned entry cannot be renamed or removed by others). Where the path ends
 # in a name that does not exist yet, only the part that exists is checked.
 # Nothing is executed: this is what the probe asks before it runs a path as root.
+# With a third argument `strict`, any write bit for group or others counts
+# (root's group and sticky directories too): what safe_dir asks.
 changeable_by_others() {
-  cb_pre=$1 cb_todo=$2 cb_dir='' cb_hops=0
+  cb_pre=$1 cb_todo=$2 cb_dir='' cb_hops=0 cb_strict=${3:-}
   case $cb_todo in
   /*) ;;
   *) printf -- '- -:- %s\n' "$(printable "$cb_todo")"; return 0 ;;
@@ -108,13 +110,32 @@ component_changeable() {
   cc_perm=$((0$cc_mode))
   if [ "$cc_user" = root ]; then
     [ "$cc_type" != 'symbolic link' ] || return 1
-    if [ $((cc_perm & 020)) -eq 0 ] || [ "$cc_group" = root ]; then
+    if [ "$cb_strict" = strict ]; then
+      [ $((cc_perm & 022)) -ne 0 ] || return 1
+    elif [ $((cc_perm & 020)) -eq 0 ] || [ "$cc_group" = root ]; then
       [ $((cc_perm & 2)) -ne 0 ] || return 1
       [ "$cc_type" != directory ] || [ $((cc_perm & 01000)) -eq 0 ] || return 1
     fi
   fi
   printf '%s %s:%s %s\n' "$cc_mode" "$cc_user" "$cc_group" "$(printable "$2")"
   return 0
+}
+
+# safe_dir DIR: nothing is installed into a directory a user other than root
+# could write to (or whose parents they could): they could swap the file, or
+# plant the copy a rollback restores (*.llmgw-prev), and have it run as root.
+# DIR is followed as the kernel resolves it (changeable_by_others ... strict):
+# every directory on the way and every symlink met, and where a symlink points,
+# every parent of its target, must be root's and writable by root alone.
+# Otherwise the script ends with EXIT_UNSAFE_DIR, naming that component and its fix.
+safe_dir() {
+  if sd_found=$(changeable_by_others "$R" "$1" strict); then
+    sd_mode=${sd_found%% *} sd_at=${sd_found#* }
+    sd_owner=${sd_at%% *} sd_at=${sd_at#* }
+    echo "$sd_at is owned by $sd_owner with mode $sd_mode (on the way to $1): a user other than root could replace what is installed in it; nothing was changed" >&2
+    echo "on the node: chown root:root $sd_at && chmod go-w $sd_at" >&2
+    exit "$EXIT_UNSAFE_DIR"
+  fi
 }
 
 # printable TEXT: TEXT with every byte that is not printable ASCII (tabs and

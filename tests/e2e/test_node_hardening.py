@@ -8,7 +8,10 @@ directory only root can write, that it ran and as whom.
 
 from __future__ import annotations
 
+import base64
 import shlex
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -30,9 +33,9 @@ def engine(name: str) -> str:
 def probed(host, name: str) -> list[str]:
     """The probe's runs of the engine (``--version``, ``--help``) as the engine recorded them, read from the
     host's filesystem, not through the package. (The agent starts engines too, as ``<path> serve``: that is
-    the agent's, not the probe's.)"""
+    the agent's, not the probe's; an interpreter records it as `<engine> serve`.)"""
     text = host.read_file(f"{RAN}/{name}")
-    return [line for line in (text.decode().splitlines() if text else []) if line.split()[1:2] != ["serve"]]
+    return [line for line in (text.decode().splitlines() if text else []) if line.split()[-1:] != ["serve"]]
 
 
 def install(host, cluster, path: str, dir_owner: str) -> None:
@@ -77,6 +80,73 @@ def test_an_engine_a_user_could_replace_is_reported_with_its_fix_and_not_run(clu
     assert probed(h, "unsafe-engine") == ["0 --version"]
     checks = [r for r in stack.export()["resources"] if r["type"].endswith("EngineCheck")]
     assert [c["outputs"]["problems"] for c in checks] == [[]]
+
+
+RECORDING_ELF = r"""
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    mkdir("%(ran)s", 0755);
+    FILE *f = fopen("%(ran)s/%(name)s", "a");
+    if (f) { fprintf(f, "%%d %%s\n", (int)getuid(), argc > 1 ? argv[1] : ""); fclose(f); }
+    puts("engine 1.0");
+    return 0;
+}
+"""
+
+
+def put_elf(host, cluster, tmp_path: Path, path: str, runpath: str) -> None:
+    """An ELF engine built here (the lab hosts run the same Debian) with ``runpath``, root's, 0755, at ``path``;
+    it records its runs as the shell engines do."""
+    name = path.rsplit("/", 1)[1]
+    src, out = tmp_path / f"{name}.c", tmp_path / name
+    src.write_text(RECORDING_ELF % {"ran": RAN, "name": name})
+    subprocess.run(["gcc", "-O1", "-o", str(out), str(src), "-Wl,--enable-new-dtags", f"-Wl,-rpath,{runpath}"],
+                   check=True, capture_output=True)
+    data = base64.b64encode(out.read_bytes()).decode()
+    d = path.rsplit("/", 1)[0]
+    rc, text = ssh(host, cluster, f"sudo install -d -m 0755 {d} && echo {data} | base64 -d | sudo tee {path} >/dev/null"
+                                  f" && sudo chown root:root {path} && sudo chmod 0755 {path}")
+    assert rc == 0, text
+
+
+def test_an_engine_whose_interpreter_or_runpath_a_user_could_change_is_not_run(cluster, hosts, new_stack, tmp_path):
+    """N5 on a real host: root's engines in root's directories, but one's #! names an interpreter in nosudo's
+    tree and another's RUNPATH is a directory nosudo owns. Neither is run (nor that interpreter); an ELF engine
+    whose RUNPATH is root's runs (positive control), and fixing the directories as told makes both run."""
+    (h,) = hosts(1)
+    theirs_py, theirs_lib = "/opt/nosudo-py/bin", "/opt/nosudo-lib"
+    install(h, cluster, f"{theirs_py}/python", "nosudo")  # the "interpreter": records that it ran, and as whom
+    script = f"#!{theirs_py}/python\n"
+    rc, out = ssh(h, cluster, f"sudo install -d -m 0755 /opt/engines && printf '%s' {shlex.quote(script)} | "
+                              "sudo tee /opt/engines/py-engine >/dev/null && sudo chmod 0755 /opt/engines/py-engine")
+    assert rc == 0, out
+    put_elf(h, cluster, tmp_path, "/opt/engines/rpath-engine", theirs_lib)
+    put_elf(h, cluster, tmp_path, "/opt/engines/root-rpath-engine", "/opt/engines/lib")
+    assert ssh(h, cluster, f"sudo install -d -o nosudo -g nosudo -m 0755 {theirs_lib} /opt/engines/lib")[0] == 0
+    engines = {"vllm": {"bin": "/opt/engines/py-engine"}, "sglang": {"python": "/opt/engines/rpath-engine"},
+               "llamacpp": {"bin": "/opt/engines/root-rpath-engine"}}
+    assert ssh(h, cluster, "sudo chown root:root /opt/engines/lib")[0] == 0
+    stack = new_stack(stack_config(cluster, [h], nodes=[{"id": h.hostname, "address": h.addr, "engines": engines}]))
+    up = stack.up()
+    assert up.ok, up.output
+
+    assert probed(h, "root-rpath-engine") == ["0 --version"]  # positive control: a safe ELF engine runs
+    assert probed(h, "python") == [], "the probe ran, as root, an interpreter the user nosudo can replace"
+    assert probed(h, "rpath-engine") == [], "the probe ran, as root, an engine whose RUNPATH nosudo can write"
+    problems = {p["engine"]: p for p in stack.outputs()[h.hostname]["engine_problems"]}
+    assert set(problems) == {"vllm", "sglang"}, problems
+    assert problems["vllm"]["status"] == problems["sglang"]["status"] == "unsafe"
+    for engine, component in (("vllm", theirs_py), ("sglang", theirs_lib)):
+        fix = f"sudo chown root:root {component} && sudo chmod go-w {component}"
+        assert problems[engine]["hint"].endswith(f"ssh deploy@{h.addr} {shlex.quote(fix)}"), problems[engine]
+        assert ssh(h, cluster, fix)[0] == 0
+
+    refresh = stack.refresh()
+    assert refresh.ok, refresh.output
+    assert probed(h, "python") == ["0 /opt/engines/py-engine --version"]  # it runs the engine: root's now
+    assert probed(h, "rpath-engine") == ["0 --version"]
 
 
 def test_a_node_without_flock_is_refused_before_anything_changes(cluster, hosts, new_stack):

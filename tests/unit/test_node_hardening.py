@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 
 from llmgw_pulumi import errors, remote, sessions
+from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from tests.fakenode import FakeNode, FakeNodes, with_root
-from tests.unit.test_providers_fake import ADDR, CONN, HOST_KEY, certificate, checked, identity_inputs
+from tests.unit.test_providers_fake import ADDR, CONN, HOST_KEY, agent_binary, agent_inputs, certificate, checked, identity_inputs
 from tests.unit.test_providers_fake import pki_dir as pki_dir  # noqa: F401  (a fixture)
 
 ENGINE = "/opt/llama/bin/llama-server"
@@ -189,15 +190,22 @@ def test_nvidia_smi_others_could_change_is_not_run(node: FakeNode) -> None:
     assert ran(node) != []
 
 
-def test_nvidia_smi_found_on_path_in_a_directory_others_can_write_is_not_run(node: FakeNode, tmp_path: Path) -> None:
-    shared = tmp_path / "node" / "bin"  # the fake's PATH: its stand-ins, then this machine's
-    (shared / "nvidia-smi").write_bytes(marking_engine())
-    (shared / "nvidia-smi").chmod(0o755)
+def probe_with_a_program_on_path_others_can_write(node: FakeNode, name: str, **extra: Any) -> tuple[Path, dict[str, Any]]:
+    """(the directory, the one problem) of a probe while ``name``, a marking program, is in a directory of the
+    fake's PATH (its stand-ins, then this machine's) that everyone can write."""
+    shared = node.bin
+    (shared / name).write_bytes(marking_engine())
+    (shared / name).chmod(0o755)
     shared.chmod(0o777)
     try:
-        (problem,) = probe()["problems"]
+        (problem,) = probe(**extra)["problems"]
     finally:
         shared.chmod(0o755)
+    return shared, problem
+
+
+def test_nvidia_smi_found_on_path_in_a_directory_others_can_write_is_not_run(node: FakeNode) -> None:
+    shared, problem = probe_with_a_program_on_path_others_can_write(node, "nvidia-smi")
     assert problem["status"] == "unsafe" and f"{shared} can be changed" in problem["problem"], problem
     assert ran(node) == []
 
@@ -267,3 +275,166 @@ def test_leftovers_are_swept_in_run_but_nothing_is_removed_in_var_tmp(node: Fake
     install_identity(pki_dir)
     assert not node.path("/run/llmgw-stage.Ab12Cd").exists(), "the sweep under the lock did not run"
     assert node.read("/var/tmp/llmgw-stage.Ef34Gh/bin") == b"left by a run killed outright"
+
+
+# --------------------------------------------------------------------------- L5: directories followed through symlinks
+
+
+def symlinked_dir(node: FakeNode, path: str, target: str) -> None:
+    """Make the node's directory ``path`` a symlink to ``target`` (both absolute on the node), written relative so
+    that it resolves inside the fake root, as an operator who moved it there would have done."""
+    real = node.path(target)
+    real.mkdir(parents=True, exist_ok=True)
+    link = node.path(path)
+    if link.is_dir() and not link.is_symlink():
+        link.rmdir()
+    link.symlink_to(Path("/".join([".."] * (path.strip("/").count("/")))) / target.lstrip("/"))
+    assert link.resolve() == real.resolve()
+
+
+def test_an_install_directory_that_is_a_symlink_is_checked_where_it_points(node: FakeNode, tmp_path: Path) -> None:
+    """/usr/local/bin -> /opt/x/bin, with /opt/x a user's: the user could swap the binary root runs. Refused before
+    anything is written, naming /opt/x and its fix; root's alone, the same layout installs (positive control)."""
+    node.path("/etc/llmgw").mkdir(mode=0o755)  # the identity is installed
+    build = tmp_path / "llmgw"
+    build.write_bytes(agent_binary("v1.2.3-4-gabcdef"))
+    symlinked_dir(node, "/usr/local/bin", "/opt/x/bin")
+    node.chown("/opt/x", "deploy:deploy")
+    with pytest.raises(errors.UnsafeDirectoryError) as raised:
+        AgentInstallProvider().create(agent_inputs(build))
+    assert "/opt/x is owned by deploy:deploy" in str(raised.value), raised.value
+    assert "chown root:root /opt/x && chmod go-w /opt/x" in str(raised.value)
+    assert node.read("/opt/x/bin/llmgw") is None and node.read("/etc/llmgw/agent.yaml") is None
+    node.chown("/opt/x", "root:root")
+    AgentInstallProvider().create(agent_inputs(build))
+    assert node.read("/opt/x/bin/llmgw") == build.read_bytes()
+
+
+def test_the_ca_anchor_directory_is_checked_through_its_symlink_before_it_is_changed(node: FakeNode,
+                                                                                   pki_dir: Path) -> None:
+    """ensure_dir would chown and chmod the directory a symlinked /usr/local/share/ca-certificates points to; with
+    a user's directory on the way, nothing is changed there (no chown, no anchor) and the error names it."""
+    symlinked_dir(node, "/usr/local/share/ca-certificates", "/srv/home/ml/ca")
+    node.chown("/srv/home/ml", "ml:ml")
+    arranged = len(node.chowns)
+    with pytest.raises(errors.UnsafeDirectoryError) as raised:
+        install_identity(pki_dir)
+    assert "/srv/home/ml is owned by ml:ml" in str(raised.value), raised.value
+    assert node.chowns[arranged:] == []
+    assert list(node.path("/srv/home/ml/ca").iterdir()) == [] and node.calls("update-ca-certificates") == []
+    node.chown("/srv/home/ml", "root:root")
+    install_identity(pki_dir)
+    assert [p.name for p in node.path("/srv/home/ml/ca").iterdir()] != []
+
+
+@pytest.mark.parametrize("mode", [0o1777, 0o775])
+def test_a_sticky_or_root_group_writable_install_directory_is_refused_too(node: FakeNode, tmp_path: Path,
+                                                                          mode: int) -> None:
+    """The probe lets an engine sit in a sticky /tmp or a root-group-writable directory; an install directory must
+    be root's alone (the rollback copies and markers are made there by name)."""
+    node.path("/etc/llmgw").mkdir(mode=0o755)
+    build = tmp_path / "llmgw"
+    build.write_bytes(agent_binary("v1.2.3-4-gabcdef"))
+    node.path("/usr/local").chmod(mode)
+    with pytest.raises(errors.UnsafeDirectoryError, match=f"/usr/local is owned by root:root with mode {mode:o}"):
+        AgentInstallProvider().create(agent_inputs(build))
+    assert node.read("/usr/local/bin/llmgw") is None
+
+
+# --------------------------------------------------------------------------- N5: what runs before the engine's own code
+
+ENGINE_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char **argv) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/var/tmp/engine-ran", getenv("FAKE_ROOT") ? getenv("FAKE_ROOT") : "");
+    FILE *f = fopen(path, "a");
+    if (f) { fprintf(f, "%s %s\n", argv[0], argc > 1 ? argv[1] : ""); fclose(f); }
+    puts("engine 1.0");
+    return 0;
+}
+"""
+
+
+def elf_engine(tmp_path: Path, *link_flags: str) -> bytes:
+    """A real ELF engine, built here with gcc and ``link_flags`` (a RUNPATH, an ELF interpreter); it marks like
+    marking_engine when run."""
+    src = tmp_path / "engine.c"
+    src.write_text(ENGINE_C)
+    out = tmp_path / "engine"
+    subprocess.run(["gcc", "-o", str(out), str(src), *link_flags], check=True, capture_output=True)
+    return out.read_bytes()
+
+
+def test_an_engine_whose_interpreter_others_could_change_is_not_run(node: FakeNode) -> None:
+    """#!/opt/py/bin/python, with /opt/py/bin a user's: the kernel runs that interpreter, as root, first."""
+    node.write(ENGINE, b"#!/opt/py/bin/python -u\nprint('engine 1.0')\n", 0o755)
+    node.write("/opt/py/bin/python", marking_engine(), 0o755)
+    node.chown("/opt/py/bin", "ml:ml")
+    (problem,) = probe_engine()["problems"]
+    assert (problem["status"], problem["path"]) == ("unsafe", ENGINE), problem
+    assert "/opt/py/bin can be changed by a user other than root (mode 0755, owner ml:ml)" in problem["problem"]
+    assert fix_of(problem) == "sudo chown root:root /opt/py/bin && sudo chmod go-w /opt/py/bin"
+    assert ran(node) == []
+    node.chown("/opt/py/bin", "root:root")  # positive control: root's alone, the probe tries it (the fake's kernel
+    (problem,) = probe_engine()["problems"]  # looks for /opt/py on this machine, so it fails to start)
+    assert problem["status"] == "fails", problem
+
+
+def test_an_interpreter_env_finds_on_path_where_others_can_write_is_not_run(node: FakeNode) -> None:
+    node.write(ENGINE, b"#!/usr/bin/env enginepy\n", 0o755)
+    shared, problem = probe_with_a_program_on_path_others_can_write(node, "enginepy",
+                                                                   engines={"llamacpp": {"bin": ENGINE}})
+    assert problem["status"] == "unsafe" and f"{shared} can be changed" in problem["problem"], problem
+    assert ran(node) == []
+    assert probe_engine()["problems"] == [] and len(ran(node)) == 1  # positive control: env runs it
+
+
+def test_an_env_others_could_change_is_not_run(node: FakeNode) -> None:
+    """#!/opt/tools/env enginepy: env itself runs first, as root."""
+    node.write(ENGINE, b"#!/opt/tools/env enginepy\n", 0o755)
+    node.write("/opt/tools/env", marking_engine(), 0o755)
+    node.chown("/opt/tools/env", "ml:ml")
+    (problem,) = probe_engine()["problems"]
+    assert problem["status"] == "unsafe" and "/opt/tools/env can be changed" in problem["problem"], problem
+
+
+@pytest.mark.parametrize("flags, component", [
+    (("-Wl,--enable-new-dtags", "-Wl,-rpath,/opt/llama/lib"), "/opt/llama/lib"),
+    (("-Wl,--disable-new-dtags", "-Wl,-rpath,/usr/lib/llmgw:/opt/llama/lib"), "/opt/llama/lib"),
+    (("-Wl,--enable-new-dtags", "-Wl,-rpath,$ORIGIN/../lib"), "/opt/llama/lib"),
+])
+def test_an_elf_engine_whose_runpath_others_could_write_is_not_run(node: FakeNode, tmp_path: Path,
+                                                                  flags: tuple[str, ...], component: str) -> None:
+    """The dynamic loader looks for the engine's libraries in its RUNPATH (or RPATH) first: a library planted there
+    runs as root before main."""
+    node.write(ENGINE, elf_engine(tmp_path, *flags), 0o755)
+    node.path("/opt/llama/lib").mkdir()
+    assert probe_engine()["problems"] == [] and len(ran(node)) == 1  # positive control: root's alone, it runs
+    node.path("/opt/llama/lib").chmod(0o777)
+    (problem,) = probe_engine()["problems"]
+    assert problem["status"] == "unsafe" and f"{component} can be changed" in problem["problem"], problem
+    assert fix_of(problem) == f"sudo chown root:root {component} && sudo chmod go-w {component}"
+    assert len(ran(node)) == 1, "the probe ran an engine whose RUNPATH others can write"
+
+
+def test_an_elf_engine_whose_elf_interpreter_others_could_change_is_not_run(node: FakeNode, tmp_path: Path) -> None:
+    node.write(ENGINE, elf_engine(tmp_path, "-Wl,--dynamic-linker=/opt/ld/ld-linux.so"), 0o755)
+    node.write("/opt/ld/ld-linux.so", b"", 0o755)
+    node.chown("/opt/ld/ld-linux.so", "ml:ml")
+    (problem,) = probe_engine()["problems"]
+    assert problem["status"] == "unsafe" and "/opt/ld/ld-linux.so can be changed" in problem["problem"], problem
+    node.chown("/opt/ld/ld-linux.so", "root:root")  # positive control: root's, it is tried (and fails: no loader)
+    (problem,) = probe_engine()["problems"]
+    assert problem["status"] == "fails", problem
+
+
+def test_nvidia_smi_whose_runpath_others_could_write_is_not_run(node: FakeNode, tmp_path: Path) -> None:
+    smi = "/opt/nvidia/bin/nvidia-smi"
+    node.write(smi, elf_engine(tmp_path, "-Wl,-rpath,/opt/nvidia/lib"), 0o755)
+    node.path("/opt/nvidia/lib").mkdir()
+    node.chown("/opt/nvidia/lib", "ml:ml")
+    (problem,) = probe(discovery={"nvidia_smi": smi})["problems"]
+    assert (problem["gpu"], problem["status"]) == ("nvidia-smi", "unsafe") and "/opt/nvidia/lib" in problem["problem"]
+    assert ran(node) == []

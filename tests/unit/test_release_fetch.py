@@ -4,6 +4,7 @@ PATH that answers as the test chooses: missing, failing, hanging, printing junk)
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import hashlib
@@ -71,26 +72,33 @@ class Redirecting(_Handler):
         super().do_GET()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
-    """(base URL, agent.releaseCa, the directory served) of an HTTPS release server on loopback serving TAG."""
-    base = tmp_path_factory.mktemp("releases")
-    ca, cert, key = tls_pair(base)
-    root = base / "root"
-    publish_release(root, TAG, {"amd64": BINARY, "arm64": b"arm"}, tamper={"arm64": b"tampered"})
-    (root / "big").write_bytes(b"x" * 5000)
+@contextlib.contextmanager
+def https_server(base: Path, root: Path) -> Iterator[tuple[str, str]]:
+    """(base URL, agent.releaseCa) of an HTTPS server on loopback serving ``root``, its TLS files in ``base``."""
     import ssl
 
+    ca, cert, key = tls_pair(base)
     httpd = _Server(("127.0.0.1", 0), functools.partial(Redirecting, directory=str(root)))
     httpd.ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     httpd.ssl_context.load_cert_chain(str(cert), str(key))
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"https://127.0.0.1:{httpd.server_address[1]}", str(ca), root
+        yield f"https://127.0.0.1:{httpd.server_address[1]}", str(ca)
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
+    """(base URL, agent.releaseCa, the directory served) of an HTTPS release server on loopback serving TAG."""
+    base = tmp_path_factory.mktemp("releases")
+    root = base / "root"
+    publish_release(root, TAG, {"amd64": BINARY, "arm64": b"arm"}, tamper={"arm64": b"tampered"})
+    (root / "big").write_bytes(b"x" * 5000)
+    with https_server(base, root) as (url, ca):
+        yield url, ca, root
 
 
 def sha(data: bytes) -> str:

@@ -38,7 +38,8 @@ def agent_install(source=plan.Do.FETCH, config="c", unit="u", binary=b"", **kwar
     wanted = Wanted({f.path: Want(f.sha256, f.mode, f.owner) for f in desired.agent_files(config, unit)}, "active enabled")
     sha = hashlib.sha256(binary).hexdigest()
     change = plan.agent_plan("gpu-01", wanted, Observed({}), "amd64", plan.BinaryWanted(source, {"amd64": sha, "": sha}))
-    return remote.install_agent(change, config, unit, binary=binary, **kwargs)
+    pushed = remote.StdinFile("/the/binary", len(binary)) if source in (plan.Do.COPY, plan.Do.PUSH) else None
+    return remote.install_agent(change, config, unit, binary=pushed, **kwargs)
 
 
 def test_a_script_is_the_same_text_for_every_node():
