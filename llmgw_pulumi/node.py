@@ -48,7 +48,7 @@ from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
 from .schema import Problems, SettingInfo, collect_fields, declared_in, describe_args
 from .shards import PACKAGE, provider_for
-from .specs import KEY_ORIGIN_NODE, CertificateSpec, Connection, EngineCheckSpec, NodeRollout, Rollout
+from .specs import KEY_ORIGIN_NODE, CertificateSpec, Connection, EngineCheckSpec, Hardware, NodeRollout, Rollout
 
 ConnectionArgs = Connection
 """How to reach the node over SSH: host, user, port, private_key (made secret) or private_key_path, host_key, wait."""
@@ -73,6 +73,12 @@ class NodeArgs:
     validity_hours: pulumi.Input[float] | None = declared_in(CertificateSpec, "validity_hours", default=None)
     renew_before_hours: pulumi.Input[float] | None = declared_in(CertificateSpec, "renew_before_hours", default=None)
     fail_on_engine_problems: pulumi.Input[bool] | None = declared_in(EngineCheckSpec, "fail_on_problems", default=None)
+    hardware: Hardware | None = declared_in(EngineCheckSpec, "hardware", default=None)
+    """What the node was declared to have (GPUs, driver, CUDA, HCA ports), for the readiness verdict; None: only
+    the health of what it has is checked."""
+    fail_on_critical_problems: pulumi.Input[bool] | None = declared_in(EngineCheckSpec, "fail_on_critical_problems",
+                                                                      default=None)
+    """Fail the node's EngineCheck when the node is not ready (a critical problem), instead of warning."""
     key_origin: str | None = declared_in(CertificateSpec, "key_origin", default=None)
     """Where the node's key pair is made: ``node`` (the default: it never leaves the node) or ``operator``."""
     signer: Mapping[str, Any] | None = declared_in(CertificateSpec, "signer", default=None)
@@ -162,8 +168,10 @@ def check_node_args(args: NodeArgs) -> list[ConfigError]:
         check("", Connection.collect, _as_inputs({"connection": args.connection}).get("connection"))
     check("settings.", AgentSettings.collect, _as_inputs(args.settings) if args.settings is not None else None)
     check("binary.", BinarySource.collect, _as_inputs(args.binary))
-    check("", lambda props, problems: collect_fields(EngineCheckSpec, props, problems, only=("fail_on_problems",)),
-          _as_inputs({"fail_on_problems": args.fail_on_engine_problems}),
+    check("", lambda props, problems: collect_fields(EngineCheckSpec, props, problems,
+                                                     only=("fail_on_problems", "hardware", "fail_on_critical_problems")),
+          _as_inputs({"fail_on_problems": args.fail_on_engine_problems, "hardware": args.hardware,
+                      "fail_on_critical_problems": args.fail_on_critical_problems}),
           rename={"fail_on_problems": "fail_on_engine_problems"})
     if args.rollout is not None:
         check("rollout.", lambda props, problems: collect_fields(Rollout, props, problems), _as_inputs(args.rollout))
@@ -259,6 +267,7 @@ def _onboard(parent: pulumi.ComponentResource, name: str, args: NodeArgs, opts: 
         known_jump_host_keys=identity.jump_host_keys, engines=args.settings.engines,
         fail_on_problems=args.fail_on_engine_problems,
         fabrics=args.settings.fabrics, discovery=args.settings.discovery,
+        hardware=args.hardware, fail_on_critical_problems=args.fail_on_critical_problems,
     ), pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[agent])))
 
     # Engine and hardware problems are warnings on this node's check, visible in `pulumi up`.

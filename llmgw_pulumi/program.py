@@ -360,6 +360,8 @@ def node_args(registration: Registration, n: stack_config.NodeConfig) -> NodeArg
         validity_hours=registration.spec.validity_hours,
         renew_before_hours=registration.spec.renew_before_hours,
         fail_on_engine_problems=n.fail_on_engine_problems,
+        hardware=n.hardware,
+        fail_on_critical_problems=n.fail_on_critical_problems,
         key_origin=n.key_origin,
         rollout=registration.rollout,
         ca_key_passphrase=registration.ca_key_passphrase,
