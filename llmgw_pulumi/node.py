@@ -46,6 +46,7 @@ from .providers.agent import AgentInstall, AgentInstallArgs
 from .providers.certificate import ClientCertificate, ClientCertificateArgs
 from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
+from .readiness import readiness_of
 from .schema import Problems, SettingInfo, collect_fields, declared_in, describe_args
 from .shards import PACKAGE, provider_for
 from .specs import KEY_ORIGIN_NODE, CertificateSpec, Connection, EngineCheckSpec, Hardware, NodeRollout, Rollout
@@ -207,18 +208,28 @@ class Node(pulumi.ComponentResource):
     identity: NodeIdentity
     agent: AgentInstall
     engine_check: EngineCheck
+    readiness: pulumi.Output[str]
+    """``ready``, ``degraded`` (warnings only) or ``not ready`` (a critical problem of its GPUs, fabric, driver or
+    engines), as of the node's last probe: for a program to act on (e.g. to keep the node out of a pool)."""
 
     def __init__(self, name: str, args: NodeArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         with recorded_frames(1):  # where the program made it (llmgw_pulumi.call_stack)
             super().__init__("llmgw:index:Node", name, None, opts)
         with pulumi_errors():  # a ConfigError reaches the program as a pulumi.RunError: no traceback
             self.certificate, self.identity, self.agent, self.engine_check = onboard(self, name, args, opts)
+        self.readiness = node_readiness(self.engine_check)
         # The component records no outputs of its own: each value it could repeat (hostname, host key,
         # certificate, agent hash, problems, inventory) is in its resources' state already, the stack
         # outputs show them (llmgw_pulumi.program), and a program reads them from the four resources'
         # attributes. Repeating them cost state for every node and ten more Outputs for
         # the SDK to wait on (it waits on every Output at the end of a run, each time one resolves).
         self.register_outputs({})
+
+
+def node_readiness(check: EngineCheck) -> pulumi.Output[str]:
+    """The node's readiness from its check's problems (``readiness.readiness_of``): the same verdict as the check's
+    ``readiness`` output, and one for a check recorded before that output existed."""
+    return check.problems.apply(readiness_of)
 
 
 def onboard(parent: pulumi.ComponentResource, name: str, args: NodeArgs,

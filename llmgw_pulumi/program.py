@@ -383,6 +383,7 @@ def node_output(node: Node) -> dict[str, Any]:
         "certificate_adopted": node.certificate.adopted.apply(bool),
         "engine_problems": check.problems.apply(engine_problems),
         "problems": check.problems,
+        "readiness": node.readiness,
         "gpus": inventory.apply(lambda inv: len(inv.get("gpus") or [])),
         "gpu_model": inventory.apply(lambda inv: fleet.gpu_model(inv.get("gpus") or [])),
         "driver": inventory.apply(lambda inv: inv.get("driver", "")),

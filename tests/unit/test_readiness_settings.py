@@ -159,3 +159,47 @@ def test_an_existing_checks_inputs_gain_no_new_key_so_an_upgrade_is_no_change() 
     # A declaration given later is a change (the verdict is made again, on the node's next probe).
     assert p.diff("gpu-01", stored, {**checked, "hardware": {"gpu_count": 8}}).changes is True
     assert p.diff("gpu-01", stored, {**checked, "fail_on_critical_problems": True}).changes is True
+
+
+def test_a_readiness_problem_is_a_standing_problem_of_the_pr_summary_with_its_severity_and_fix() -> None:
+    from llmgw_pulumi import review
+    from llmgw_pulumi.review_markdown import markdown
+    from tests.unit.test_review import NOW, preview
+
+    data = preview()
+    found = {"check": "row-remap-pending", "subject": "GPU 3 (GPU-65de, 00000000:00:09.0)", "severity": "critical",
+             "found": "a row remap pending", "expected": "none pending",
+             "problem": "GPU 3 (GPU-65de, 00000000:00:09.0) on node14: a row remap pending; expected none pending",
+             "hint": "the remap takes effect at the next reset: stop what runs on GPU 3, then reset it: "
+                     "ssh deploy@10.0.0.9 sudo nvidia-smi -r -i 3 (or reboot node14)"}
+    for step in data["steps"]:  # the check's state as the preview's refresh read it
+        if step["urn"].endswith("EngineCheck::node14"):
+            for state in (step.get("oldState"), step.get("newState")):
+                if state:
+                    state["outputs"]["problems"].append(found)
+    node = review.review(data, NOW).nodes["node14"]
+    assert node.problems[-1] == f"critical: {found['problem']} (fix: {found['hint']})"
+    text = markdown(review.review(data, NOW))
+    standing = text[text.index("**Standing problems:**"):]
+    assert "critical: GPU 3 (GPU-65de, 00000000:00:09.0) on node14: a row remap pending" in standing
+    assert "sudo nvidia-smi -r -i 3" in standing
+
+
+def test_the_fleet_table_shows_each_nodes_readiness_and_its_problems_by_gpu_or_port() -> None:
+    import datetime as dt
+
+    from llmgw_pulumi import fleet
+
+    remap = {"check": "row-remap-pending", "subject": "GPU 3 (GPU-65de, 00000000:00:09.0)", "severity": "critical"}
+    port = {"check": "ib-phys-state", "subject": "mlx5_1 port 1", "severity": "critical"}
+    slow = {"check": "clock-slowdown", "subject": "GPU 0 (GPU-65dd, 00000000:00:06.0)", "severity": "warning"}
+    engine = {"engine": "vllm", "status": "missing", "problem": "...", "hint": "..."}  # recorded before severities
+    rows = [fleet.FleetRow("gpu-01", "gpu-01", "", "v1", "amd64"),
+            fleet.FleetRow("gpu-02", "gpu-02", "", "v1", "amd64", problems=[remap, port]),
+            fleet.FleetRow("gpu-03", "gpu-03", "", "v1", "amd64", problems=[slow]),
+            fleet.FleetRow("gpu-04", "gpu-04", "", "v1", "amd64", problems=[engine])]
+    table = fleet.fleet_table(rows, dt.datetime(2026, 12, 1, tzinfo=dt.UTC)).splitlines()
+    at = table[0].index("READY")
+    assert [line[at:].split("  ")[0] for line in table[1:]] == ["ready", "not ready", "degraded", "not ready"]
+    assert table[2].endswith("2: GPU 3 row-remap-pending, mlx5_1 port 1 ib-phys-state")
+    assert table[4].endswith("1: vllm missing")
