@@ -93,7 +93,7 @@ class EngineCheckProvider(_glue.ModuleProvider):
 
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        spec = EngineCheckSpec.from_props({**props, "fail_on_problems": False})
+        spec = EngineCheckSpec.from_props({**props, "fail_on_problems": False, "fail_on_critical_problems": False})
         spec = dataclasses.replace(spec, connection=_glue.for_read(spec.connection))
         try:
             probed = _glue.read_once_more(lambda: _probe(spec, _glue.known_keys(props)), spec.node_id)

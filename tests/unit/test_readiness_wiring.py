@@ -155,3 +155,13 @@ def test_a_node_without_nvidia_smi_declared_with_gpus_is_not_ready(node: FakeNod
     assert outs["readiness"] == "not ready"
     # Nothing declared: no GPU is no problem.
     assert EngineCheckProvider().create(inputs(fabrics=[], hardware=None)).outs["readiness"] == "ready"
+
+
+def test_refresh_reads_a_failing_node_without_failing_even_with_the_gate_on(node: FakeNode) -> None:
+    smi(node)
+    hcas(node)
+    p = EngineCheckProvider()
+    outs = p.create(inputs(fail_on_critical_problems=True)).outs
+    smi(node, ROW_REMAP)
+    again = p.read("gpu-01", outs).outs
+    assert [x["check"] for x in again["problems"]] == ["row-remap-pending"] and again["readiness"] == "not ready"
