@@ -464,10 +464,25 @@ SMI_XML, XID_LINE = "smi-xml", "xid"
 line with an Xid; its ``ib-port`` lines are ``node_health.parse_ib_ports``'."""
 
 
-def probe_lines(text: str, kind: str) -> str:
-    """The lines of ``kind`` the probe printed, without their kind, as one text."""
-    prefix = kind + "\t"
-    return "\n".join(line[len(prefix):] for line in text.splitlines() if line.startswith(prefix))
+IB_PORT = "ib-port"
+HEALTH_KINDS = (SMI_XML, XID_LINE, IB_PORT)
+
+
+def health_lines(text: str) -> dict[str, list[str]]:
+    """The probe's lines of each of ``HEALTH_KINDS``, without their kind, in one pass over its output."""
+    out: dict[str, list[str]] = {kind: [] for kind in HEALTH_KINDS}
+    for line in text.splitlines():
+        kind, tab, rest = line.partition("\t")
+        if tab and kind in out:
+            out[kind].append(rest)
+    return out
+
+
+def other_lines(text: str) -> str:
+    """The probe's lines that are not the health's: the engines and the inventory, for their own parsers (so that
+    they need not read the few hundred KiB of an 8-GPU report)."""
+    health = tuple(kind + "\t" for kind in HEALTH_KINDS)
+    return "\n".join(line for line in text.splitlines() if not line.startswith(health))
 
 
 def from_probe(node: str, expect: Expectations, text: str, smi_status: str, hcas: Sequence[str],
@@ -478,8 +493,9 @@ def from_probe(node: str, expect: Expectations, text: str, smi_status: str, hcas
     ``none`` the node has no nvidia-smi (so no GPU: a declared count is a problem); otherwise nvidia-smi is
     missing, failing or unsafe, which the inventory reports itself, so no GPU is judged here. ``hcas`` are the
     HCAs the node has: a declared one it lacks is the inventory's problem too, not a port problem here."""
+    lines = health_lines(text)
     if smi_status == "ok":
-        xml = probe_lines(text, SMI_XML)
+        xml = "\n".join(lines[SMI_XML])
         smi: SmiReport | None = parse_smi_xml(xml) if xml.strip() else SmiReport(error="nothing (no XML)")
     else:
         smi = None
@@ -487,7 +503,8 @@ def from_probe(node: str, expect: Expectations, text: str, smi_status: str, hcas
             expect = dataclasses.replace(expect, gpu_count=None)
     present = set(hcas)
     expect = dataclasses.replace(expect, hcas=tuple(h for h in expect.hcas if h.hca in present))
-    return verdict(node, expect, smi, parse_xid_events(probe_lines(text, XID_LINE)), parse_ib_ports(text), target)
+    ports = parse_ib_ports("\n".join(f"{IB_PORT}\t{line}" for line in lines[IB_PORT]))
+    return verdict(node, expect, smi, parse_xid_events("\n".join(lines[XID_LINE])), ports, target)
 
 
 def severity_of(problem: Mapping[str, Any]) -> Severity:

@@ -49,7 +49,7 @@ def _probe(spec: EngineCheckSpec, known: tuple[str | None, Any]) -> dict[str, An
                     timeout=remote.ENGINE_PROBE_TIMEOUT * 4 + 30)
     _glue.raise_for(res, spec.node_id, f"probing the engines on {spec.connection.host}")
     target = spec.connection.target
-    text = facts.from_node(res.stdout)
+    text = readiness.other_lines(res.stdout)  # the health's lines are read by readiness.from_probe
     probes = facts.parse_engine_probes(text, spec.engines)
     problems = [p for p in (facts.engine_problem(pr, spec.node_id, target) for pr in probes) if p]
     inventory = facts.parse_inventory(text)
@@ -58,7 +58,8 @@ def _probe(spec: EngineCheckSpec, known: tuple[str | None, Any]) -> dict[str, An
     if problems and spec.fail_on_problems:
         raise EngineWillNotRunError(
             spec.node_id, "; ".join(f"{p['problem']} (hint: {p['hint']})" for p in problems))
-    found = readiness.from_probe(spec.node_id, spec.expectations, text, inventory.smi_status, inventory.hcas, target)
+    found = readiness.from_probe(spec.node_id, spec.expectations, res.stdout, inventory.smi_status, inventory.hcas,
+                                 target)
     problems += [p.as_dict() for p in found]
     critical = [p for p in problems if readiness.severity_of(p) == readiness.CRITICAL]
     if critical and spec.fail_on_critical_problems:

@@ -203,3 +203,17 @@ def test_the_fleet_table_shows_each_nodes_readiness_and_its_problems_by_gpu_or_p
     assert [line[at:].split("  ")[0] for line in table[1:]] == ["ready", "not ready", "degraded", "not ready"]
     assert table[2].endswith("2: GPU 3 row-remap-pending, mlx5_1 port 1 ib-phys-state")
     assert table[4].endswith("1: vllm missing")
+
+
+def test_the_benchmark_section_of_the_verdict_is_replaced_in_place_and_kept_by_a_new_render() -> None:
+    from bench import readiness as bench
+
+    median, worst, size = bench.per_node(8, repeats=1)  # asserts that the real, healthy report has no problem
+    assert 0 < median <= worst and size > 8 * 20_000
+    page = "# Benchmark\n\n## Results\n\nold\n"
+    first = bench.replace_section(page, f"{bench.SECTION_BEGIN}\none\n{bench.SECTION_END}\n")
+    second = bench.replace_section(first, f"{bench.SECTION_BEGIN}\ntwo\n{bench.SECTION_END}\n")
+    assert second.count(bench.SECTION_BEGIN) == 1 and "two" in second and "one" not in second
+    assert second.startswith(page.rstrip("\n"))
+    assert bench.kept_section(second) == f"{bench.SECTION_BEGIN}\ntwo\n{bench.SECTION_END}\n"
+    assert bench.kept_section(page) == ""
