@@ -165,3 +165,12 @@ def test_refresh_reads_a_failing_node_without_failing_even_with_the_gate_on(node
     smi(node, ROW_REMAP)
     again = p.read("gpu-01", outs).outs
     assert [x["check"] for x in again["problems"]] == ["row-remap-pending"] and again["readiness"] == "not ready"
+
+
+def test_a_declared_hca_the_node_lacks_is_reported_once_by_the_inventory(node: FakeNode) -> None:
+    smi(node)
+    infiniband.install_hca(node.path("/sys/class/infiniband"), "mlx5_0")
+    outs = EngineCheckProvider().create(inputs()).outs
+    (problem,) = outs["problems"]
+    assert (problem["hca"], problem["status"], problem["severity"]) == ("mlx5_1", "missing", "critical")
+    assert outs["readiness"] == "not ready"
