@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from llmgw_pulumi import node_list, stack_config
-from llmgw_pulumi.agent_settings import AgentSettings, BinarySource
 from llmgw_pulumi.errors import ConfigError
-from llmgw_pulumi.node import ConnectionArgs, NodeArgs, check_node_args, node_settings
+from llmgw_pulumi.node import check_node_args, node_settings
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.readiness import Expectations, HcaExpectation
 from llmgw_pulumi.specs import EngineCheckSpec, Fabric, Hardware, HcaPorts
 from llmgw_pulumi.stack_config import StackConfigError
+from tests.unit.test_config_errors import _args
 from tests.unit.test_providers_fake import CONN, HOST_KEY
 
 GOOD: dict[str, Any] = {
@@ -113,14 +113,6 @@ def test_a_node_list_file_declares_hardware_in_typed_columns() -> None:
     assert {p[:2] for p in err.value.problems} == {("rack.csv line 3 (node gpu-02)", "hardware.gpuCount"),
                                                    ("rack.csv line 3 (node gpu-02)", "failOnProblems")}
     assert all(p[3] for p in err.value.problems)
-
-
-def _args(**changes: Any) -> NodeArgs:
-    given: dict[str, Any] = {
-        "node_id": "gpu-01", "connection": ConnectionArgs(host="10.0.0.11"), "pki_dir": "/srv/llmgw/pki",
-        "settings": AgentSettings(servers=["cp1.example.net:7443"]),
-        "binary": BinarySource(version="v1.4.2", release_url="https://releases.example.net/llmgw")}
-    return NodeArgs(**{**given, **changes})
 
 
 def test_node_args_declare_the_same_settings_and_are_checked_the_same_way() -> None:

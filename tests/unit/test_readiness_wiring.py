@@ -5,35 +5,26 @@ kernel log's Xid lines and the declared HCAs' ports; the problems, the gate and 
 from __future__ import annotations
 
 import shlex
-import shutil
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lab.doubles import infiniband, nvidia_smi
-from llmgw_pulumi import errors, sessions
+from llmgw_pulumi import errors
 from llmgw_pulumi.providers.engines import EngineCheckProvider
-from tests.fakenode import FakeNode, FakeNodes
+from tests.fakenode import FakeNode
+from tests.unit import test_inventory_fake
 from tests.unit.test_health_verdict import FAULTS
 from tests.unit.test_inventory_fake import CAPTURED, on_path
-from tests.unit.test_providers_fake import ADDR, CONN, HOST_KEY, checked
+from tests.unit.test_providers_fake import CONN, HOST_KEY, checked
 
 H200 = {"gpu_count": 8, "gpu_model": "NVIDIA H200", "gpu_memory_mib": 143771, "min_driver": "570", "min_cuda": "12.8"}
 FABRIC = [{"name": "ib-east", "hcas": ["mlx5_0", "mlx5_1"]}]
 PORTS = {"state": "ACTIVE", "min_rate_gbps": 400}
+node = test_inventory_fake.node
+"""The fake node with the lab's stand-ins (a pytest fixture)."""
 ROW_REMAP = next(edits for fault, edits, *_ in FAULTS if fault == "row remap pending")
 PERSISTENCE_OFF = next(edits for fault, edits, *_ in FAULTS if fault == "persistence mode off")
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[FakeNode]:
-    if shutil.which("nvidia-smi"):
-        pytest.skip("this machine has a real nvidia-smi on PATH, which the fake node would find")
-    fake = FakeNode(tmp_path / "node", hostname="gpu-01", host_key=HOST_KEY)
-    with sessions.use(FakeNodes({ADDR: fake})):
-        yield fake
 
 
 def smi(node: FakeNode, edits: list[tuple[str, str]] | tuple[()] = (), gpu: int = 0) -> None:
