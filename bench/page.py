@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import growth
+from bench import growth, readiness
 from bench.backend import Backend
 from bench.config import DELAY_MS, FLOOR, SCALE_N, TARGET_N, UP
 from bench.fleet_targets import FLEET_N, issue21_targets
@@ -266,6 +266,9 @@ def report(bench: Harness, record: dict[str, Any], out: Path) -> int:
     plots = draw_plots(growth_figures(bench.results), out.parent, prefix=f"{out.stem}-")  # benchmark.md: benchmark-*.png
     doc = render(bench, record["machine"], record["fingerprint"], record["started"], record["seconds"],
                  record["command"], plots)
+    kept = readiness.kept_section(out.read_text()) if out.exists() else ""  # bench.readiness's, measured apart
+    if kept:
+        doc = readiness.replace_section(doc, kept)
     out.write_text(doc)
     print("\n" + doc)
     _, shard_notes = shard_comparison(bench.results)

@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,9 @@ import yaml
 
 from lab import pki as labpki
 from lab.control_plane import ControlPlane
+from lab.doubles.infiniband import PortState, install_hca
 from lab.doubles.llmgw import build_llmgw
-from lab.doubles.nvidia_smi import FIXTURES, build_nvidia_smi
+from lab.doubles.nvidia_smi import FIXTURES, Edit, build_nvidia_smi
 from lab.hosts import Host, Lab
 from lab.release_server import make_signing_key, publish_release
 from lab.stack import REPO, LabStack, engine_bin, engine_env
@@ -39,17 +41,26 @@ from lab.stack import REPO, LabStack, engine_bin, engine_env
 CACHE = Path(os.environ.get("LLMGW_CACHE", "/var/cache/llmgw-pulumi"))
 
 
-def give_hardware(host: Host, node: dict[str, Any]) -> None:
-    """What the lab has none of: the HCAs a node's fabric declares, as directories under its configured ibRoot;
-    and, on a node whose id says GPU, an nvidia-smi stand-in that replays a real 8x H200 node."""
+def give_hardware(host: Host, node: dict[str, Any], *, gpus: int = 8, smi_edits: Sequence[Edit] = (), smi_gpu: int = 0,
+                  ports: Mapping[str, Mapping[str, PortState]] | None = None, smi: bool | None = None) -> None:
+    """What the lab has none of, in the host's root before it boots: the HCAs a node's fabric declares, as
+    directories under its configured ibRoot, each with its ports' sysfs files (port 1 ACTIVE at NDR unless
+    ``ports`` says otherwise for that HCA: port -> lab.doubles.infiniband.PortState); and, on a node whose id says
+    GPU (or with ``smi``), an nvidia-smi stand-in replaying a real H200 node with ``gpus`` GPUs, its ``-q -x``
+    report carrying ``smi_edits`` on GPU ``smi_gpu`` (a fault of tests/fixtures/nvidia-h200/README.md)."""
     ib_root = (node.get("discovery") or {}).get("ibRoot")
     for hca in (node.get("fabric") or {}).get("hcas", []) if ib_root else []:
-        (host.upper / ib_root.lstrip("/") / hca).mkdir(parents=True, exist_ok=True)
-    if node["id"].startswith("gpu") and FIXTURES.is_dir():
-        smi = host.upper / "usr" / "bin" / "nvidia-smi"
-        smi.parent.mkdir(parents=True, exist_ok=True)
-        smi.write_text(build_nvidia_smi(8))
-        smi.chmod(0o755)
+        install_hca(host.upper / ib_root.lstrip("/"), hca, dict((ports or {}).get(hca) or {}) or None)
+    if (node["id"].startswith("gpu") if smi is None else smi) and FIXTURES.is_dir():
+        install_nvidia_smi(host, build_nvidia_smi(gpus, edits=smi_edits, gpu=smi_gpu))
+
+
+def install_nvidia_smi(host: Host, text: str, path: str = "/usr/bin/nvidia-smi") -> None:
+    """``text`` as the host's nvidia-smi (root's, mode 0755) before it boots."""
+    smi = host.upper / path.lstrip("/")
+    smi.parent.mkdir(parents=True, exist_ok=True)
+    smi.write_text(text)
+    smi.chmod(0o755)
 
 
 SIGNING_KEY_LINE = re.compile(r"^(\s*signingKey:).*$", re.MULTILINE)

@@ -20,7 +20,7 @@ anything is registered. Then it builds the node (``Node``).
 Only ``address`` and ``hostKey`` (a VM's outputs) and the secrets may be
 outputs of other resources; every other input is a plain value, so it is
 checked before anything happens. Its outputs are plain values: hostname,
-host key, certificate expiry, agent version, problems and inventory.
+host key, certificate expiry, agent version, problems, inventory and readiness.
 
 ``depends_on`` and ``replace_with`` given to the component reach its four
 resources, and each node runs in its shard's provider process
@@ -45,7 +45,7 @@ from .component_types import SECRETS as SECRETS  # the names of the component's 
 from .component_types import declared_settings as declared_settings
 from .component_types import schema_descriptions as schema_descriptions
 from .errors import LlmgwError
-from .node import NodeArgs, onboard
+from .node import NodeArgs, node_readiness, onboard
 from .shards import provider_for
 from .signer_interface import KIND_CA_KEY
 from .specs import Rollout
@@ -240,6 +240,8 @@ class Node(pulumi.ComponentResource):
     """Engine and hardware problems found on the node, each with its problem and hint (and engine or HCA)."""
     inventory: pulumi.Output[Inventory]
     """What the node has: its GPUs, driver and CUDA version, and InfiniBand HCAs."""
+    readiness: pulumi.Output[str]
+    """ready, degraded (warnings only) or not ready (a critical problem), as of the node's last probe."""
 
     def __init__(self, name: str, args: Mapping[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
         prepared = args if isinstance(args, Prepared) else prepare(name, args)
@@ -258,9 +260,10 @@ class Node(pulumi.ComponentResource):
         self.problems = check.problems.apply(lambda p: [{k: str(v) for k, v in i.items() if v is not None}
                                                         for i in p or []])
         self.inventory = check.inventory.apply(inventory_output)
+        self.readiness = node_readiness(check)
         self.register_outputs({"hostname": self.hostname, "hostKey": self.host_key,
                                "certificateNotAfter": self.certificate_not_after, "agentVersion": self.agent_version,
-                               "problems": self.problems, "inventory": self.inventory})
+                               "problems": self.problems, "inventory": self.inventory, "readiness": self.readiness})
 
 
 def _deployment() -> tuple[Any, ...]:

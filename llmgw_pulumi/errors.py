@@ -49,6 +49,7 @@ The hierarchy (``__all__`` is this list; tests/unit/test_public_api.py keeps it 
     ├── AgentStartError
     ├── AgentNotRegisteredError     the control plane does not list the node (llmgw:registration)
     ├── EngineWillNotRunError
+    ├── NodeNotReadyError           the readiness verdict (failOnProblems)
     ├── RolloutStoppedError
     └── RemoteCommandError          anything else a node's command did
 """
@@ -63,7 +64,7 @@ __all__ = [
     "HostKeyChangedError", "AuthenticationError", "SudoUnavailableError", "ReleaseFetchError", "ChecksumMismatchError",
     "ReleaseSignatureError", "ReleaseVersionError", "UnsafeDirectoryError", "NodeDiskFullError", "NodeBusyError",
     "NodeLockUnavailableError", "NodeChangedError", "NoKeygenError", "NodeKeyMissingError", "AgentStartError", "EngineWillNotRunError",
-    "RolloutStoppedError", "RemoteCommandError", "AgentNotRegisteredError",
+    "NodeNotReadyError", "RolloutStoppedError", "RemoteCommandError", "AgentNotRegisteredError",
 ]
 
 
@@ -312,6 +313,14 @@ class EngineWillNotRunError(LlmgwError):
 
     fix = ("fix the engine installation on the node (see the hint for each engine), "
            "or correct its path in the config")
+
+
+class NodeNotReadyError(LlmgwError):
+    """The node is not ready: the readiness verdict found a critical problem of its GPUs, fabric, driver or
+    engines (raised only when failOnProblems is set; llmgw_pulumi.readiness)."""
+
+    fix = ("fix each critical problem as its fix says, then `pulumi up --refresh`; or take the node out of the "
+           "stack until it is serviced")
 
 
 class RolloutStoppedError(LlmgwError):

@@ -31,6 +31,8 @@ from .desired import NodeFile
 from .text import printable
 
 ABSENT = "absent"
+CRITICAL = "critical"
+"""The severity of every engine and inventory problem: the node is not ready (``readiness.CRITICAL``)."""
 
 
 def from_node(text: str) -> str:
@@ -185,7 +187,7 @@ def engine_problem(probe: EngineProbe, node: str, target: str) -> dict[str, str]
     if probe.ok:
         return None
     if probe.status == UNSAFE:
-        return {"engine": probe.engine, "path": probe.path, "status": probe.status,
+        return {"engine": probe.engine, "path": probe.path, "status": probe.status, "severity": CRITICAL,
                 **changeable_problem(probe.engine, probe.path, probe.detail, node, target)}
     if probe.status == "missing":
         problem = f"{probe.engine} is configured at {probe.path}, which does not exist on {node}"
@@ -196,7 +198,8 @@ def engine_problem(probe: EngineProbe, node: str, target: str) -> dict[str, str]
     else:
         problem = f"{probe.engine} at {probe.path} exists but will not run on {node} ({probe.detail})"
         hint = f"usually a missing shared library: {ssh_command(target, 'ldd', probe.path)} | grep 'not found'"
-    return {"engine": probe.engine, "path": probe.path, "status": probe.status, "problem": problem, "hint": hint}
+    return {"engine": probe.engine, "path": probe.path, "status": probe.status, "severity": CRITICAL,
+            "problem": problem, "hint": hint}
 
 
 # --------------------------------------------------------------------------- GPU discovery
@@ -336,14 +339,14 @@ def inventory_problems(inv: Inventory, fabrics: Sequence[tuple[str, Sequence[str
     nvidia-smi that is configured but absent, or fails; a declared fabric HCA the node lacks."""
     out = []
     if inv.smi_status == UNSAFE:
-        out.append({"gpu": "nvidia-smi", "path": inv.smi_path, "status": UNSAFE,
+        out.append({"gpu": "nvidia-smi", "path": inv.smi_path, "status": UNSAFE, "severity": CRITICAL,
                     **changeable_problem("nvidia-smi", inv.smi_path, inv.smi_detail, node, target)})
     elif inv.smi_status == "missing":
-        out.append({"gpu": "nvidia-smi", "path": inv.smi_path, "status": "missing",
+        out.append({"gpu": "nvidia-smi", "path": inv.smi_path, "status": "missing", "severity": CRITICAL,
                     "problem": f"nvidia-smi is configured at {inv.smi_path}, which does not exist on {node}",
                     "hint": "install the NVIDIA driver utilities there, or fix discovery.nvidiaSmi in the stack config"})
     elif inv.smi_status == "fails":
-        out.append({"gpu": "nvidia-smi", "path": inv.smi_path, "status": "fails",
+        out.append({"gpu": "nvidia-smi", "path": inv.smi_path, "status": "fails", "severity": CRITICAL,
                     "problem": f"nvidia-smi at {inv.smi_path} fails on {node} ({inv.smi_detail}): "
                                "its GPUs are not usable",
                     "hint": f"{ssh_command(target, inv.smi_path)}; usually the NVIDIA kernel module is not loaded or does "
@@ -352,7 +355,7 @@ def inventory_problems(inv: Inventory, fabrics: Sequence[tuple[str, Sequence[str
         for hca in hcas:
             if hca not in inv.hcas:
                 found = ", ".join(inv.hcas) or "none"
-                out.append({"fabric": fabric, "hca": hca, "status": "missing",
+                out.append({"fabric": fabric, "hca": hca, "status": "missing", "severity": CRITICAL,
                             "problem": f"fabric {fabric} declares HCA {hca}, which {node} does not have "
                                        f"(under {ib_root}: {found})",
                             "hint": f"{ssh_command(target, 'ls', ib_root)}; list the node's HCAs in fabric.hcas, "

@@ -2,8 +2,9 @@
 
 The CLI prints a string output as it is, so the table is one multi-line
 string: per node its hostname, when its certificate expires and the days left,
-the agent version, the architecture, its GPUs (count and model) and its open
-problems (engine and hardware problems, as the node's EngineCheck reports them).
+the agent version, the architecture, its GPUs (count and model), its readiness
+(ready, degraded or not ready: llmgw_pulumi.readiness) and its open problems
+(engine and hardware problems, as the node's EngineCheck reports them).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-HEADER = ("NODE", "HOSTNAME", "CERT EXPIRES", "DAYS LEFT", "AGENT", "ARCH", "GPUS", "PROBLEMS")
+from .readiness import readiness_of
+
+HEADER = ("NODE", "HOSTNAME", "CERT EXPIRES", "DAYS LEFT", "AGENT", "ARCH", "GPUS", "READY", "PROBLEMS")
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,11 @@ def gpu_model(gpus: Sequence[Mapping[str, Any]]) -> str:
 
 
 def problem_label(problem: Mapping[str, Any]) -> str:
-    """A few words for one problem: ``vllm not-executable``, ``mlx5_1 missing``, ``nvidia-smi fails``."""
+    """A few words for one problem: ``vllm not-executable``, ``mlx5_1 missing``, ``nvidia-smi fails``; a problem
+    of the readiness verdict by what it is about and its check: ``GPU 3 row-remap-pending``,
+    ``mlx5_1 port 1 ib-phys-state``."""
+    if "check" in problem:
+        return f"{str(problem.get('subject') or '?').split(' (')[0]} {problem['check']}"
     what = problem.get("engine") or problem.get("hca") or problem.get("gpu") or "?"
     return f"{what} {problem.get('status', 'problem')}"
 
@@ -76,6 +83,6 @@ def fleet_table(rows: Sequence[FleetRow], now: dt.datetime) -> str:
     for r in rows:
         expires, days = expiry(r.not_after, now)
         lines.append((r.node_id, r.hostname or "?", expires, days, r.version or "?", r.arch or "?",
-                      gpu_summary(r.gpus), problem_summary(r.problems)))
+                      gpu_summary(r.gpus), readiness_of(r.problems), problem_summary(r.problems)))
     widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER) - 1)]
     return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(line, widths, strict=False)), line[-1]]) for line in lines)

@@ -258,10 +258,17 @@ def review(preview: Mapping[str, Any], now: dt.datetime | None = None) -> FleetR
             source = old_out if not ops & {"update", "create", "create-replacement", "replace"} else {}
             for problem in source.get(PROBLEMS) or []:
                 if isinstance(problem, Mapping):
-                    node.problems.append(printable(f"{problem.get(PROBLEM)} (fix: {problem.get(HINT)})"))
+                    node.problems.append(printable(problem_line(problem)))
     for diag in preview.get("diagnostics") or []:
         _diagnostic(nodes, diag)
     return FleetReview(nodes, stack)
+
+
+def problem_line(problem: Mapping[str, Any]) -> str:
+    """One standing problem with its fix; one of the readiness verdict's (llmgw_pulumi.readiness) says its
+    severity first (``critical: GPU 3 (...) on gpu-01: a row remap pending; ...``)."""
+    severity = f"{problem['severity']}: " if "check" in problem and problem.get("severity") else ""
+    return f"{severity}{problem.get(PROBLEM)} (fix: {problem.get(HINT)})"
 
 
 def _review_update(node: NodeReview, kind: str, old_in: Mapping[str, Any], old_out: Mapping[str, Any],

@@ -46,12 +46,13 @@ from .providers.agent import AgentInstall, AgentInstallArgs
 from .providers.certificate import ClientCertificate, ClientCertificateArgs
 from .providers.engines import EngineCheck, EngineCheckArgs
 from .providers.identity import NodeIdentity, NodeIdentityArgs
+from .readiness import readiness_of
 from .registration import RegistrationCheck
 from .registration import collect as collect_registration
 from .release_policy import OPT_OUT, unverified_warning, verification
 from .schema import Problems, SettingInfo, collect_fields, declared_in, describe_args
 from .shards import PACKAGE, provider_for
-from .specs import KEY_ORIGIN_NODE, CertificateSpec, Connection, EngineCheckSpec, NodeRollout, Rollout
+from .specs import KEY_ORIGIN_NODE, CertificateSpec, Connection, EngineCheckSpec, Hardware, NodeRollout, Rollout
 
 ConnectionArgs = Connection
 """How to reach the node over SSH: host, user, port, private_key (made secret) or private_key_path, host_key, wait."""
@@ -76,6 +77,12 @@ class NodeArgs:
     validity_hours: pulumi.Input[float] | None = declared_in(CertificateSpec, "validity_hours", default=None)
     renew_before_hours: pulumi.Input[float] | None = declared_in(CertificateSpec, "renew_before_hours", default=None)
     fail_on_engine_problems: pulumi.Input[bool] | None = declared_in(EngineCheckSpec, "fail_on_problems", default=None)
+    hardware: Hardware | None = declared_in(EngineCheckSpec, "hardware", default=None)
+    """What the node was declared to have (GPUs, driver, CUDA, HCA ports), for the readiness verdict; None: only
+    the health of what it has is checked."""
+    fail_on_critical_problems: pulumi.Input[bool] | None = declared_in(EngineCheckSpec, "fail_on_critical_problems",
+                                                                      default=None)
+    """Fail the node's EngineCheck when the node is not ready (a critical problem), instead of warning."""
     key_origin: str | None = declared_in(CertificateSpec, "key_origin", default=None)
     """Where the node's key pair is made: ``node`` (the default: it never leaves the node) or ``operator``."""
     signer: Mapping[str, Any] | None = declared_in(CertificateSpec, "signer", default=None)
@@ -170,8 +177,10 @@ def check_node_args(args: NodeArgs) -> list[ConfigError]:
     unverified = args.binary.unverified_release() if isinstance(args.binary, BinarySource) else None
     if unverified is not None:
         found.append((f"binary.{unverified[0]}", *unverified[1:]))
-    check("", lambda props, problems: collect_fields(EngineCheckSpec, props, problems, only=("fail_on_problems",)),
-          _as_inputs({"fail_on_problems": args.fail_on_engine_problems}),
+    check("", lambda props, problems: collect_fields(EngineCheckSpec, props, problems,
+                                                     only=("fail_on_problems", "hardware", "fail_on_critical_problems")),
+          _as_inputs({"fail_on_problems": args.fail_on_engine_problems, "hardware": args.hardware,
+                      "fail_on_critical_problems": args.fail_on_critical_problems}),
           rename={"fail_on_problems": "fail_on_engine_problems"})
     if args.rollout is not None:
         check("rollout.", lambda props, problems: collect_fields(Rollout, props, problems), _as_inputs(args.rollout))
@@ -210,18 +219,28 @@ class Node(pulumi.ComponentResource):
     identity: NodeIdentity
     agent: AgentInstall
     engine_check: EngineCheck
+    readiness: pulumi.Output[str]
+    """``ready``, ``degraded`` (warnings only) or ``not ready`` (a critical problem of its GPUs, fabric, driver or
+    engines), as of the node's last probe: for a program to act on (e.g. to keep the node out of a pool)."""
 
     def __init__(self, name: str, args: NodeArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         with recorded_frames(1):  # where the program made it (llmgw_pulumi.call_stack)
             super().__init__("llmgw:index:Node", name, None, opts)
         with pulumi_errors():  # a ConfigError reaches the program as a pulumi.RunError: no traceback
             self.certificate, self.identity, self.agent, self.engine_check = onboard(self, name, args, opts)
+        self.readiness = node_readiness(self.engine_check)
         # The component records no outputs of its own: each value it could repeat (hostname, host key,
         # certificate, agent hash, problems, inventory) is in its resources' state already, the stack
         # outputs show them (llmgw_pulumi.program), and a program reads them from the four resources'
         # attributes. Repeating them cost state for every node and ten more Outputs for
         # the SDK to wait on (it waits on every Output at the end of a run, each time one resolves).
         self.register_outputs({})
+
+
+def node_readiness(check: EngineCheck) -> pulumi.Output[str]:
+    """The node's readiness from its check's problems (``readiness.readiness_of``): the same verdict as the check's
+    ``readiness`` output, and one for a check recorded before that output existed."""
+    return check.problems.apply(readiness_of)
 
 
 def onboard(parent: pulumi.ComponentResource, name: str, args: NodeArgs,
@@ -305,6 +324,7 @@ def _onboard(parent: pulumi.ComponentResource, name: str, args: NodeArgs, opts: 
         known_jump_host_keys=identity.jump_host_keys, engines=args.settings.engines,
         fail_on_problems=args.fail_on_engine_problems,
         fabrics=args.settings.fabrics, discovery=args.settings.discovery,
+        hardware=args.hardware, fail_on_critical_problems=args.fail_on_critical_problems,
     ), pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[agent])))
 
     # Engine and hardware problems are warnings on this node's check, visible in `pulumi up`.

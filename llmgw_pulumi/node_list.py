@@ -14,8 +14,10 @@ export:
 
 A YAML file holds the list llmgw:nodes would hold (``- id: gpu-a01``...). A CSV column is a node setting,
 nested ones by dotted path (``fabric.name``, ``agent.version``, ``agent.sha256.amd64``: a pin of the row's
-version); ``port`` is a number, ``failOnEngineProblems`` and ``agent.allowUnverifiedRelease`` true or false,
-and ``servers``, ``jump`` and ``fabric.hcas`` lists separated by spaces. A row whose first cell starts with ``#`` is a comment.
+version); ``port`` is a number (as are ``hardware.gpuCount``, ``hardware.gpuMemoryMib`` and
+``hardware.hcaPorts.minRateGbps``), ``failOnEngineProblems``, ``failOnProblems`` and ``agent.allowUnverifiedRelease``
+true or false, and ``servers``, ``jump`` and ``fabric.hcas`` lists separated by spaces. A row whose first cell starts
+with ``#`` is a comment.
 
 Every row is validated by stack_config.parse exactly as llmgw:nodes is (the same validators, the same
 list of problems), each problem naming the file, the line and the field, together with those of the file
@@ -50,11 +52,13 @@ NAMESPACE = stack_config.NAMESPACE
 CONFIG_KEY = "inventory"
 """llmgw:inventory, as the issue asked for it (the file is called a node list file here)."""
 KINDS = {".yaml": "yaml", ".yml": "yaml", ".csv": "csv"}
-INTEGER_COLUMNS = frozenset({"port"})
-BOOLEAN_COLUMNS = frozenset({"failOnEngineProblems", f"agent.{OPT_OUT_SETTING}"})
+INTEGER_COLUMNS = frozenset({"port", "hardware.gpuCount", "hardware.gpuMemoryMib"})
+NUMBER_COLUMNS = frozenset({"hardware.hcaPorts.minRateGbps"})
+BOOLEAN_COLUMNS = frozenset({"failOnEngineProblems", "failOnProblems", f"agent.{OPT_OUT_SETTING}"})
 LIST_COLUMNS = frozenset({"servers", "jump", "fabric.hcas"})
-"""CSV cells are text: these columns are read as a whole number, true/false, or a list separated by spaces.
-A cell that is not what its column takes is passed on as text, so the setting's own validator refuses it."""
+"""CSV cells are text: these columns are read as a whole number, a number, true/false, or a list separated by
+spaces. A cell that is not what its column takes is passed on as text, so the setting's own validator refuses
+it. (hardware.minDriver and hardware.minCuda stay text: versions.)"""
 FREE_FORM_COLUMNS = frozenset({"agent.sha256"})
 """Settings that are mappings of free keys: a CSV column may add one more part (``agent.sha256.amd64``)."""
 
@@ -121,6 +125,11 @@ def _column_problem(column: str) -> tuple[str, str] | None:
 def _cell(column: str, text: str) -> Any:
     if column in INTEGER_COLUMNS and text.isdigit():
         return int(text)
+    if column in NUMBER_COLUMNS:
+        try:
+            return float(text)
+        except ValueError:
+            return text
     if column in BOOLEAN_COLUMNS and text.lower() in ("true", "false"):
         return text.lower() == "true"
     if column in LIST_COLUMNS:

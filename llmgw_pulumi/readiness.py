@@ -46,14 +46,15 @@ others are warnings.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, TypeGuard
 
 from .facts import ssh_command
-from .node_health import GpuHealth, IbPort, SmiReport, XidEvent, pci_address
+from .node_health import GpuHealth, IbPort, SmiReport, XidEvent, parse_ib_ports, parse_smi_xml, parse_xid_events, pci_address
 from .text import printable
 
 Severity = Literal["critical", "warning"]
@@ -108,12 +109,63 @@ def at_least(have: str, least: str) -> bool:
     return have_v + (0,) * (width - len(have_v)) >= least_v + (0,) * (width - len(least_v))
 
 
+def _is_number(value: object) -> TypeGuard[int | float]:
+    """A finite int or float, not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < float("inf")
+
+
 def dotted_version(value: object) -> tuple[str, str] | None:
     """A validator of ``min_driver`` and ``min_cuda``, in the shape of ``validate``'s: None when ``value`` is a
-    dotted version, else (what is wrong, the fix)."""
+    dotted version, else (what is wrong, the fix). A number is not one: YAML reads ``12.10`` as 12.1."""
     if isinstance(value, str) and version_tuple(value) is not None:
         return None
-    return f"{value!r} is not a version", "give dotted numbers as nvidia-smi prints them, e.g. 550.54.15 or 12.4"
+    return (f"{value!r} is not a version", "give dotted numbers as nvidia-smi prints them, e.g. 550.54.15 or 12.4, "
+                                           "quoted in YAML ('12.4') so that they stay text")
+
+
+def gpu_count(value: object) -> tuple[str, str] | None:
+    """A validator of ``gpu_count``: a whole number, 0 or more."""
+    if _is_number(value) and value == int(value) and 0 <= value <= 1024:
+        return None
+    return (f"{value!r} is not a number of GPUs",
+            "give how many GPUs nvidia-smi must list on the node, a whole number such as 8 (0: none)")
+
+
+def gpu_memory_mib(value: object) -> tuple[str, str] | None:
+    """A validator of ``gpu_memory_mib``: a whole number of MiB above 0."""
+    if _is_number(value) and value == int(value) and value >= 1:
+        return None
+    return (f"{value!r} is not an amount of memory in MiB",
+            "give each GPU's total memory in MiB as nvidia-smi reports it (fb_memory_usage), e.g. 143771 for an H200")
+
+
+def gpu_model(value: object) -> tuple[str, str] | None:
+    """A validator of ``gpu_model``: the product name as nvidia-smi prints it, one line of text."""
+    if isinstance(value, str) and value.strip() and value.isprintable() and len(value) <= 96:
+        return None
+    return (f"{value!r} is not a GPU model",
+            "give the model exactly as `nvidia-smi --query-gpu=name --format=csv` prints it, e.g. NVIDIA H200")
+
+
+PORT_STATES = ("ACTIVE", "ARMED", "INIT", "DOWN")
+"""The names sysfs gives a port's ``state`` (after its number: ``4: ACTIVE``)."""
+
+
+def port_state(value: object) -> tuple[str, str] | None:
+    """A validator of a declared HCA port state: one of ``PORT_STATES``."""
+    if isinstance(value, str) and value.strip().upper() in PORT_STATES:
+        return None
+    return (f"{value!r} is not a port state",
+            f"give one of {', '.join(PORT_STATES)} (what /sys/class/infiniband/<hca>/ports/<n>/state names; "
+            "a port in service is ACTIVE)")
+
+
+def rate_gbps(value: object) -> tuple[str, str] | None:
+    """A validator of a declared minimum port rate in Gb/s: a number above 0."""
+    if _is_number(value) and 0 < value <= 100_000:
+        return None
+    return (f"{value!r} is not a rate in Gb/s",
+            "give the least rate each port must have, in Gb/s as sysfs writes it: 400 for NDR 4X, 200 for HDR 4X")
 
 
 # --------------------------------------------------------------------------- what is found
@@ -403,3 +455,67 @@ class _Verdict:
                              f"at least {want.min_rate_gbps:g} Gb/sec", CRITICAL,
                              f"fix the fabric: a slower rate is usually a cable, transceiver or switch port that "
                              f"negotiated down; {look}")
+
+
+# --------------------------------------------------------------------------- the probe's report (probe-engines.sh)
+
+SMI_XML, XID_LINE = "smi-xml", "xid"
+"""The probe's line kinds: ``smi-xml<TAB>LINE`` per line of ``nvidia-smi -q -x``, ``xid<TAB>LINE`` per kernel log
+line with an Xid; its ``ib-port`` lines are ``node_health.parse_ib_ports``'."""
+
+
+IB_PORT = "ib-port"
+HEALTH_KINDS = (SMI_XML, XID_LINE, IB_PORT)
+
+
+def health_lines(text: str) -> dict[str, list[str]]:
+    """The probe's lines of each of ``HEALTH_KINDS``, without their kind, in one pass over its output."""
+    out: dict[str, list[str]] = {kind: [] for kind in HEALTH_KINDS}
+    for line in text.splitlines():
+        kind, tab, rest = line.partition("\t")
+        if tab and kind in out:
+            out[kind].append(rest)
+    return out
+
+
+def other_lines(text: str) -> str:
+    """The probe's lines that are not the health's: the engines and the inventory, for their own parsers (so that
+    they need not read the few hundred KiB of an 8-GPU report)."""
+    health = tuple(kind + "\t" for kind in HEALTH_KINDS)
+    return "\n".join(line for line in text.splitlines() if not line.startswith(health))
+
+
+def from_probe(node: str, expect: Expectations, text: str, smi_status: str, hcas: Sequence[str],
+               target: str = "") -> list[Problem]:
+    """The verdict on what probe-engines.sh printed: its nvidia-smi XML, Xid lines and InfiniBand ports.
+
+    ``smi_status`` is the inventory's (``facts.Inventory.smi_status``): with ``ok`` the XML is read; with
+    ``none`` the node has no nvidia-smi (so no GPU: a declared count is a problem); otherwise nvidia-smi is
+    missing, failing or unsafe, which the inventory reports itself, so no GPU is judged here. ``hcas`` are the
+    HCAs the node has: a declared one it lacks is the inventory's problem too, not a port problem here."""
+    lines = health_lines(text)
+    if smi_status == "ok":
+        xml = "\n".join(lines[SMI_XML])
+        smi: SmiReport | None = parse_smi_xml(xml) if xml.strip() else SmiReport(error="nothing (no XML)")
+    else:
+        smi = None
+        if smi_status != "none":
+            expect = dataclasses.replace(expect, gpu_count=None)
+    present = set(hcas)
+    expect = dataclasses.replace(expect, hcas=tuple(h for h in expect.hcas if h.hca in present))
+    ports = parse_ib_ports("\n".join(f"{IB_PORT}\t{line}" for line in lines[IB_PORT]))
+    return verdict(node, expect, smi, parse_xid_events("\n".join(lines[XID_LINE])), ports, target)
+
+
+def severity_of(problem: Mapping[str, Any]) -> Severity:
+    """A problem's severity as an output records it; a problem recorded before problems had one (an engine's,
+    nvidia-smi's, a missing HCA's) is critical."""
+    return WARNING if problem.get("severity") == WARNING else CRITICAL
+
+
+def readiness_of(problems: Iterable[Mapping[str, Any]] | None) -> Readiness:
+    """``readiness`` of the problems as EngineCheck records them (dicts)."""
+    severities = {severity_of(p) for p in problems or ()}
+    if CRITICAL in severities:
+        return "not ready"
+    return "degraded" if severities else "ready"

@@ -448,9 +448,9 @@ def describe_args(cls: type) -> list[SettingInfo]:
                                    default=REQUIRED if _required(f) else f.default, doc=doc, nested=True,
                                    secret=False, replaces=False, agent_yaml=None))
             out += describe(spec, (f.name,))
-        else:
-            (info,) = (i for i in describe(spec) if i.path == (name,))
-            out.append(dataclasses.replace(info, path=(f.name,)))
+        else:  # the setting, and its sub-settings when it nests others
+            out += [dataclasses.replace(info, path=(f.name, *info.path[1:])) for info in describe(spec)
+                    if info.path[0] == name]
     return out
 
 

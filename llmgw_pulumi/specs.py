@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import signer_interface, validate
+from . import readiness, signer_interface, validate
 from .agent_settings import DEFAULT_IB_ROOT as DEFAULT_IB_ROOT
 from .agent_settings import ENGINE_KEYS as ENGINE_KEYS
 from .agent_settings import AgentSettings as AgentSettings
@@ -388,6 +388,56 @@ class AgentSpec:
         )
 
 
+# --------------------------------------------------------------------------- declared hardware (readiness)
+
+
+@dataclass(frozen=True)
+class HcaPorts:
+    """What every port of each HCA of the node's fabrics must be (``/sys/class/infiniband/<hca>/ports/<n>/``)."""
+
+    state: str = setting("state", readiness.port_state, convert=lambda s: s.strip().upper(), default="ACTIVE",
+                         doc="The state each port must be in: ACTIVE (the default; then also physically LinkUp), "
+                             "ARMED, INIT or DOWN.")
+    min_rate_gbps: float | None = setting("minRateGbps", readiness.rate_gbps, convert=float, default=None,
+                                          doc="The least rate each port may have, in Gb/s (400 for NDR 4X); None: "
+                                              "any rate.")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the node was declared to have, checked at onboarding by the readiness verdict (llmgw_pulumi.readiness).
+
+    Every setting is optional: what is not declared is not compared (the health of the GPUs and the Xid events
+    in the kernel log are checked on every node with nvidia-smi). In the stack config, ``llmgw:hardware`` is the
+    stack's default and a node's ``hardware`` overrides it setting by setting.
+    """
+
+    gpu_count: int | None = setting("gpuCount", readiness.gpu_count, convert=int, default=None,
+                                    doc="How many GPUs nvidia-smi must list; fewer is critical, more a warning.")
+    gpu_model: str | None = setting("gpuModel", readiness.gpu_model, default=None,
+                                    doc="Each GPU's model exactly as nvidia-smi names it (NVIDIA H200), ignoring "
+                                        "case.")
+    gpu_memory_mib: int | None = setting("gpuMemoryMib", readiness.gpu_memory_mib, convert=int, default=None,
+                                         doc="Each GPU's total memory in MiB as nvidia-smi reports it, within 1 %.")
+    min_driver: str | None = setting("minDriver", readiness.dotted_version, default=None,
+                                     doc="The oldest NVIDIA driver accepted (550.54.15, or 550).")
+    min_cuda: str | None = setting("minCuda", readiness.dotted_version, default=None,
+                                   doc="The oldest CUDA version the driver must support (12.4).")
+    hca_ports: HcaPorts | None = setting("hcaPorts", nested=HcaPorts, default=None,
+                                         doc="What every port of each HCA of the node's fabrics must be; None: the "
+                                             "ports are not checked (a declared HCA must still exist).")
+
+    def expectations(self, fabrics: Sequence[Fabric]) -> readiness.Expectations:
+        """What ``readiness.verdict`` compares the node with: these settings, and each HCA of ``fabrics`` when
+        ``hca_ports`` is declared."""
+        ports = self.hca_ports
+        hcas = () if ports is None else tuple(
+            readiness.HcaExpectation(hca, ports.state, ports.min_rate_gbps or 0.0)
+            for hca in dict.fromkeys(h for f in fabrics for h in f.hcas))
+        return readiness.Expectations(self.gpu_count, self.gpu_model, self.gpu_memory_mib, self.min_driver,
+                                      self.min_cuda, hcas)
+
+
 # --------------------------------------------------------------------------- engine check
 
 
@@ -403,6 +453,19 @@ class EngineCheckSpec:
     # optional: a stack whose state predates them, or that declares none, has nothing to compare).
     fabrics: Sequence[Fabric] = same_as(AgentSettings, "fabrics", config=None)
     discovery: Discovery = same_as(AgentSettings, "discovery", config=None)
+    # The readiness verdict's settings: absent from the inputs unless given, so a stack made before them has
+    # the same inputs as before (an upgrade changes no node).
+    hardware: Hardware | None = setting("hardware", nested=Hardware, default=None,
+                                        doc="The node's declared hardware (GPU count, model and memory, minimum "
+                                            "driver and CUDA, HCA ports), checked by the readiness verdict.")
+    fail_on_critical_problems: bool | None = setting(
+        "failOnProblems", validate.boolean, default=None,
+        doc="Fail the node's EngineCheck when it is not ready (a critical problem of its GPUs, fabric, driver "
+            "or engines), instead of warning; warnings never fail it.")
+
+    @property
+    def expectations(self) -> readiness.Expectations:
+        return (self.hardware or Hardware()).expectations(self.fabrics)
 
     @property
     def nvidia_smi(self) -> str | None:

@@ -16,6 +16,8 @@ file in one pass. Reading secrets and local files happens in program.py.
       llmgw:certificate: {validityHours: 8760, renewBeforeHours: 720}   # keyOrigin: node (default) | operator
       # an encrypted ca-key.pem: `pulumi config set --secret llmgw:caKeyPassphrase`
       llmgw:failOnEngineProblems: false
+      llmgw:hardware: {gpuCount: 8, gpuModel: NVIDIA H200, minDriver: "570", hcaPorts: {minRateGbps: 400}}
+      llmgw:failOnProblems: true                  # a node that is not ready fails its EngineCheck
       llmgw:rollout: {maxParallel: 2, canary: [gpu-01]}   # how running agents are upgraded
       llmgw:registration: {command: [llmgw, ctl, nodes, --server, "cp1.example.net:7443"], timeoutSeconds: 30}
       llmgw:nodes:
@@ -59,6 +61,7 @@ from .specs import (
     CertificateSpec,
     Connection,
     EngineCheckSpec,
+    Hardware,
     Rollout,
     check_renewal,
     hops_as_given,
@@ -154,6 +157,11 @@ class NodeConfig:
     """This node's own binary source (e.g. a canary on a newer release); None: the stack's."""
     key_origin: str = CertificateSpec.key_origin
     """Where the node's key pair is made (``keyOrigin``): on the node, or on the operator's machine."""
+    hardware: Hardware | None = None
+    """What the node was declared to have (``hardware``: the stack's llmgw:hardware, overridden setting by
+    setting by the node's own); None when neither declares any."""
+    fail_on_critical_problems: bool | None = None
+    """``failOnProblems``, the node's or the stack's; None when neither gives it (off)."""
 
 
 @dataclass(frozen=True)
@@ -300,7 +308,19 @@ def _node(raw: Mapping[str, Any], agent: BinarySource | None, config: Mapping[st
         fail_on_engine_problems=raw.get("failOnEngineProblems", config.get("failOnEngineProblems", False)),
         agent=agent,
         key_origin=raw.get("keyOrigin", cert.get("keyOrigin", CertificateSpec.key_origin)),
+        hardware=node_hardware(config.get("hardware"), raw.get("hardware")),
+        fail_on_critical_problems=raw.get("failOnProblems", config.get("failOnProblems")),
     )
+
+
+def node_hardware(stack: Mapping[str, Any] | None, node: Mapping[str, Any] | None) -> Hardware | None:
+    """A node's declared hardware: the stack's llmgw:hardware with the node's own ``hardware`` over it, setting by
+    setting (hcaPorts as a whole); None when neither declares any (validated values)."""
+    merged = {**(stack or {}), **(node or {})}
+    if not merged:
+        return None
+    built: Hardware = build(Hardware, renamed(Hardware, merged))
+    return built
 
 
 def _rollout(value: Any, node_ids: list[Any], p: Problems) -> Rollout | None:

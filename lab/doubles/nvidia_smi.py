@@ -4,7 +4,8 @@
 files' text, exactly what is recorded: plain ``nvidia-smi``, ``-L``,
 ``--version``, ``--query-gpu=<the fields of query-gpu.csv> --format=csv`` and
 ``--query-gpu=<those and memory.used, as captured> --format=csv,noheader,nounits``
-(the query llmgw_pulumi's inventory makes). A query naming a field nvidia-smi
+(the query llmgw_pulumi's inventory makes) and ``-q -x`` (the readiness verdict's report; with ``edits``, a
+fault of the fixtures' README made on one GPU). A query naming a field nvidia-smi
 does not have fails as the real one does (query-bad-field.txt: its message on
 stdout, exit 2); anything else was not recorded and fails with nvidia-smi's
 usage error, exit 2.
@@ -17,6 +18,8 @@ driver is gone (nvidia-smi's own message for it, exit 9).
 
 from __future__ import annotations
 
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,13 +80,50 @@ def _listing(text: str, first: _Gpu, gpus: list[_Gpu]) -> str:
     return "".join(_per_gpu(line, first, g).replace(f"GPU {first.index}:", f"GPU {g.index}:", 1) + "\n" for g in gpus)
 
 
+Edit = tuple[str, str]
+"""``(path, value)``: the element at ``path`` under a ``<gpu>`` (from the root ``<nvidia_smi_log>`` when it starts
+with ``/``) holds ``value``: the fault edits of tests/fixtures/nvidia-h200/README.md."""
+
+
+def smi_xml(gpus: int = 1, edits: Sequence[Edit] = (), fixtures: Path = FIXTURES, gpu: int = 0) -> str:
+    """``nvidia-smi -q -x`` of an N-GPU node made from the recorded one, with ``edits`` made on GPU ``gpu`` (or the
+    root): the recorded file as it is for one GPU and no edit; otherwise its first two lines (the XML declaration
+    and nvidia-smi's DOCTYPE) and the edited tree, each GPU numbered as the other answers number them."""
+    recorded = (fixtures / "nvidia-smi-q.xml").read_text()
+    if gpus == 1 and not edits:
+        return recorded
+    first, *rest = _gpus(fixtures, gpus)
+    root = ET.fromstring(recorded.split("\n", 2)[2])
+    element = root.find("gpu")
+    assert element is not None, "the recorded report has a <gpu>"
+    root.remove(element)
+    recorded_gpu = ET.tostring(element, encoding="unicode")
+    for g in (first, *rest):
+        copy = ET.fromstring(_per_gpu(recorded_gpu, first, g).replace(first.bus_id.upper(), g.bus_id.upper()))
+        for path, value in (("minor_number", str(g.index)), ("pci/pci_device", g.bus_id.split(":")[-1][:2].upper())):
+            if (el := copy.find(path)) is not None:
+                el.text = value
+        root.append(copy)
+    if (count := root.find("attached_gpus")) is not None:
+        count.text = str(gpus)
+    target = root.findall("gpu")[gpu]
+    for path, value in edits:
+        el = root.find(path[1:]) if path.startswith("/") else target.find(path)
+        if el is None:
+            raise ValueError(f"{path} is not an element of the recorded nvidia-smi -q -x")
+        el.text = value
+    head = "".join(recorded.splitlines(keepends=True)[:2])
+    return head + ET.tostring(root, encoding="unicode") + "\n"
+
+
 def _heredoc(text: str) -> str:
     assert "NVSMI_END" not in text
     return f"cat <<'NVSMI_END'\n{text}NVSMI_END\n"
 
 
-def build_nvidia_smi(gpus: int = 1, fixtures: Path = FIXTURES) -> str:
-    """The stand-in's text (install it executable as nvidia-smi)."""
+def build_nvidia_smi(gpus: int = 1, fixtures: Path = FIXTURES, edits: Sequence[Edit] = (), gpu: int = 0) -> str:
+    """The stand-in's text (install it executable as nvidia-smi). ``edits``: a fault of GPU ``gpu`` in its
+    ``-q -x`` report (see ``smi_xml``); the other answers stay as recorded."""
     all_gpus = _gpus(fixtures, gpus)
     first = all_gpus[0]
     read = lambda name: (fixtures / name).read_text()  # noqa: E731
@@ -96,6 +136,7 @@ def build_nvidia_smi(gpus: int = 1, fixtures: Path = FIXTURES) -> str:
         "": _plain(read("nvidia-smi.txt"), first, all_gpus),
         "-L": _listing(read("nvidia-smi-L.txt"), first, all_gpus),
         "--version": read("nvidia-smi-version.txt"),
+        "-q -x": smi_xml(gpus, edits, fixtures, gpu),
         f"--query-gpu={query_fields} --format=csv": _csv_rows(read("query-gpu.csv"), first, all_gpus, True),
         f"--query-gpu={QUERY_NOHEADER_FIELDS} --format=csv,noheader,nounits":
             _csv_rows(read("query-gpu-noheader-nounits.csv"), first, all_gpus, False),

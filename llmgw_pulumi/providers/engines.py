@@ -30,14 +30,14 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 
-from .. import facts, remote
-from ..errors import EngineWillNotRunError, UnreachableError
+from .. import facts, readiness, remote
+from ..errors import EngineWillNotRunError, NodeNotReadyError, UnreachableError
 from ..schema import defaults, replace_keys
-from ..specs import Connection, Discovery, EngineCheckSpec, Fabric, engines_input
+from ..specs import Connection, Discovery, EngineCheckSpec, Fabric, Hardware, engines_input
 from . import _glue
 
 INPUT_KEYS = ("node_id", "connection", "known_host_key", "known_jump_host_keys", "engines", "fail_on_problems",
-              "fabrics", "discovery")
+              "fabrics", "discovery", "hardware", "fail_on_critical_problems")
 REPLACE_KEYS = replace_keys(Connection, "connection.")
 """Another address or port is another machine (a new node id is only another name for the check)."""
 
@@ -49,16 +49,24 @@ def _probe(spec: EngineCheckSpec, known: tuple[str | None, Any]) -> dict[str, An
                     timeout=remote.ENGINE_PROBE_TIMEOUT * 4 + 30)
     _glue.raise_for(res, spec.node_id, f"probing the engines on {spec.connection.host}")
     target = spec.connection.target
-    probes = facts.parse_engine_probes(res.stdout, spec.engines)
+    text = readiness.other_lines(res.stdout)  # the health's lines are read by readiness.from_probe
+    probes = facts.parse_engine_probes(text, spec.engines)
     problems = [p for p in (facts.engine_problem(pr, spec.node_id, target) for pr in probes) if p]
-    inventory = facts.parse_inventory(res.stdout)
+    inventory = facts.parse_inventory(text)
     problems += facts.inventory_problems(inventory, [(f.name, f.hcas) for f in spec.fabrics], spec.ib_root,
                                          spec.node_id, target)
     if problems and spec.fail_on_problems:
         raise EngineWillNotRunError(
             spec.node_id, "; ".join(f"{p['problem']} (hint: {p['hint']})" for p in problems))
+    found = readiness.from_probe(spec.node_id, spec.expectations, res.stdout, inventory.smi_status, inventory.hcas,
+                                 target)
+    problems += [p.as_dict() for p in found]
+    critical = [p for p in problems if readiness.severity_of(p) == readiness.CRITICAL]
+    if critical and spec.fail_on_critical_problems:
+        raise NodeNotReadyError(spec.node_id, "not ready: " + "; ".join(
+            f"{p['problem']} (fix: {p['hint']})" for p in critical))
     return {"problems": problems, "engines_ok": not any("engine" in p for p in problems),
-            "inventory": inventory.as_output()}
+            "inventory": inventory.as_output(), "readiness": readiness.readiness_of(problems)}
 
 
 class EngineCheckProvider(_glue.ModuleProvider):
@@ -86,7 +94,7 @@ class EngineCheckProvider(_glue.ModuleProvider):
 
     @_glue.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        spec = EngineCheckSpec.from_props({**props, "fail_on_problems": False})
+        spec = EngineCheckSpec.from_props({**props, "fail_on_problems": False, "fail_on_critical_problems": False})
         spec = dataclasses.replace(spec, connection=_glue.for_read(spec.connection))
         try:
             probed = _glue.read_once_more(lambda: _probe(spec, _glue.known_keys(props)), spec.node_id)
@@ -112,6 +120,10 @@ class EngineCheckArgs(_glue.OnboardedNodeArgs):
     """The fabrics the node is declared on, as AgentSettings.fabrics: each HCA must exist on the node."""
     discovery: pulumi.Input[Discovery] | None = None
     """Where nvidia-smi and the InfiniBand sysfs directory are, as AgentSettings.discovery."""
+    hardware: pulumi.Input[Hardware] | None = None
+    """What the node was declared to have, for the readiness verdict (NodeArgs.hardware)."""
+    fail_on_critical_problems: pulumi.Input[bool] | None = None
+    """Fail when the node is not ready (a critical problem), instead of warning (NodeArgs.fail_on_critical_problems)."""
 
 
 class EngineCheck(_glue.NodeResource, module="llmgw", name="EngineCheck"):
@@ -123,6 +135,9 @@ class EngineCheck(_glue.NodeResource, module="llmgw", name="EngineCheck"):
     engines_ok: pulumi.Output[bool]
     inventory: pulumi.Output[dict[str, Any]]
     """{gpus: [{index, name, memory_mib, uuid, pci_bus_id, compute_cap}], driver, cuda, hcas: [...]}."""
+    readiness: pulumi.Output[str]
+    """ready, degraded (warnings only) or not ready (a critical problem), as of the last probe: the readiness
+    verdict (llmgw_pulumi.readiness) on ``problems``."""
 
     def __init__(self, name: str, args: EngineCheckArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(*self.registration(name, args, opts))

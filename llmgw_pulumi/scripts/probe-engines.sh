@@ -10,6 +10,9 @@
 # Prints `engine<TAB>NAME<TAB>runs|missing|not-executable|fails|unsafe<TAB>DETAIL` per engine,
 # `smi<TAB>ok|none|missing|fails|unsafe<TAB>PATH<TAB>DETAIL`, then when ok `gpu<TAB>CSV ROW` per GPU and
 # `smi-header<TAB>LINE` (driver and CUDA version), and `hca<TAB>NAME` per HCA (facts.parse_inventory).
+# For the readiness verdict (llmgw_pulumi.readiness.from_probe), in the same run: `smi-xml<TAB>LINE` per line
+# of `nvidia-smi -q -x`, `xid<TAB>LINE` per Xid line of the kernel log since boot (when there is an
+# nvidia-smi), and `ib-port<TAB>HCA<TAB>PORT<TAB>STATE<TAB>PHYS_STATE<TAB>RATE` per port of each HCA.
 #
 # This runs as root. An engine, or nvidia-smi, that a user other than root could
 # change is never run, not even `ldd` (which may execute it): it is `unsafe`,
@@ -23,6 +26,7 @@
 # agent runs the engines as root too.)
 TIMEOUT=$1 smi=$2 ib_root=$3 fields=$4
 shift 4
+MAX_XML=8388608 MAX_XID=256 smi_found=none
 
 # elf_words FILE OFFSET SIZE WIDTH: the SIZE bytes at OFFSET in FILE as
 # unsigned 32-bit words in the file's byte order ($el_order), WIDTH bytes a line.
@@ -153,18 +157,49 @@ inventory() {
   out=$(timeout "$TIMEOUT" "$run" --query-gpu="$fields" --format=csv,noheader,nounits 2>&1 </dev/null) || rc=$?
   [ "$rc" -ne 0 ] || plain=$(timeout "$TIMEOUT" "$run" 2>&1 </dev/null) || { rc=$?; out=$plain; }
   if [ "$rc" -ne 0 ]; then
-    printf 'smi\tfails\t%s\trc=%s; %s\n' "$smi" "$rc" "$(last_line "$out")"
+    printf 'smi\tfails\t%s\trc=%s; %s\n' "$smi" "$rc" "$(last_line "$out")"; smi_found=fails
     return 0
   fi
-  printf 'smi\tok\t%s\t\n' "$smi"
+  printf 'smi\tok\t%s\t\n' "$smi"; smi_found=ok
   printf '%s\n' "$out" | awk 'NF { print "gpu\t" $0 }'
   printf '%s\n' "$plain" | awk '/CUDA Version/ { print "smi-header\t" $0; exit }'
+  # The GPUs' health, for the readiness verdict: the whole report, at most MAX_XML bytes.
+  { timeout "$TIMEOUT" "$run" -q -x 2>/dev/null </dev/null || :; } | head -c "$MAX_XML" | awk '{ print "smi-xml\t" $0 }'
+}
+
+# xid_lines: the driver's Xid lines in the kernel log since boot (the last MAX_XID of them, each cut to 512
+# characters): from journald, which keeps the whole boot, or where it cannot be read from dmesg (the kernel's
+# ring buffer, which forgets). Each is run from the system's root-owned directories, never from PATH.
+xid_lines() {
+  for log in /usr/bin/journalctl /bin/journalctl /usr/bin/dmesg /bin/dmesg; do
+    [ -x "$R$log" ] || continue
+    if changeable_by_others "$R" "$log" >/dev/null; then continue; fi
+    case $log in
+    */journalctl)
+      timeout "$TIMEOUT" "$R$log" -k -b -q -n 0 --no-pager </dev/null >/dev/null 2>&1 || continue
+      how='-k -b -q -o short-monotonic --no-pager' ;;
+    *) how='' ;;
+    esac
+    # shellcheck disable=SC2086  # $how: the options above, split into words
+    timeout "$TIMEOUT" "$R$log" $how </dev/null 2>/dev/null | grep -F 'NVRM: Xid' | tail -n "$MAX_XID" \
+      | cut -c 1-512 | awk '{ print "xid\t" $0 }'
+    return 0
+  done
 }
 
 inventory
+case $smi_found in ok | fails) xid_lines ;; esac
 if [ -d "$R$ib_root" ]; then
   for d in "$R$ib_root"/*; do
-    [ -e "$d" ] && printf 'hca\t%s\n' "${d##*/}"
+    [ -e "$d" ] || continue
+    printf 'hca\t%s\n' "${d##*/}"
+    # Each port's state, physical state and rate: the first line of each file, empty when it cannot be read.
+    for p in "$d"/ports/*; do
+      [ -d "$p" ] || continue
+      printf 'ib-port\t%s\t%s' "${d##*/}" "${p##*/}"
+      for f in state phys_state rate; do printf '\t%s' "$(head -n 1 "$p/$f" 2>/dev/null | tr '\t' ' ' | cut -c 1-128)"; done
+      printf '\n'
+    done
   done
 fi
 

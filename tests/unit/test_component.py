@@ -83,7 +83,9 @@ def test_the_secret_settings_are_secret_inputs_of_the_schema():
 def test_the_outputs_are_typed_values():
     s = schema()
     outputs = s["resources"]["llmgw:index:Node"]["properties"]
-    assert set(outputs) == {"hostname", "hostKey", "certificateNotAfter", "agentVersion", "problems", "inventory"}
+    assert set(outputs) == {"hostname", "hostKey", "certificateNotAfter", "agentVersion", "problems", "inventory",
+                            "readiness"}
+    assert outputs["readiness"]["type"] == "string"
     assert outputs["problems"]["type"] == "array" and outputs["problems"]["items"]["type"] == "object"
     assert all("$ref" not in p or p["$ref"] != "pulumi.json#/Any" for p in outputs.values()), outputs
     inventory = s["types"][outputs["inventory"]["$ref"].removeprefix("#/types/")]

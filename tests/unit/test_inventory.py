@@ -82,12 +82,14 @@ def test_the_fleet_table_has_one_aligned_line_per_node() -> None:
     ]
     text = fleet.fleet_table(rows, NOW)
     lines = text.splitlines()
-    assert lines[0].split() == ["NODE", "HOSTNAME", "CERT", "EXPIRES", "DAYS", "LEFT", "AGENT", "ARCH", "GPUS", "PROBLEMS"]
+    assert lines[0].split() == ["NODE", "HOSTNAME", "CERT", "EXPIRES", "DAYS", "LEFT", "AGENT", "ARCH", "GPUS", "READY",
+                                "PROBLEMS"]
     assert lines[1].split() == ["gpu-07", "gpu-07.dc1", "2027-11-30", "11:00", "UTC", "364", "v1.4.2", "amd64",
-                                "8x", "NVIDIA", "H200", "1:", "mlx5_1", "missing"]
-    assert lines[2].split() == ["cpu-1", "cpu-1", "2026-12-10", "12:00", "UTC", "10", "v1.5.0", "arm64", "-", "none"]
+                                "8x", "NVIDIA", "H200", "not", "ready", "1:", "mlx5_1", "missing"]
+    assert lines[2].split() == ["cpu-1", "cpu-1", "2026-12-10", "12:00", "UTC", "10", "v1.5.0", "arm64", "-", "ready",
+                                "none"]
     # Columns line up: each starts where its heading starts.
-    for heading in ("HOSTNAME", "DAYS LEFT", "GPUS", "PROBLEMS"):
+    for heading in ("HOSTNAME", "DAYS LEFT", "GPUS", "READY", "PROBLEMS"):
         col = lines[0].index(heading)
         assert all(line[col - 2:col] == "  " and line[col] != " " for line in lines[1:]), (heading, text)
 
@@ -102,4 +104,4 @@ def test_the_fleet_table_says_when_a_certificate_expired_and_counts_several_mode
 
 def test_an_empty_fleet_is_the_header_alone() -> None:
     assert fleet.fleet_table([], NOW).split() == ["NODE", "HOSTNAME", "CERT", "EXPIRES", "DAYS", "LEFT", "AGENT", "ARCH",
-                                                 "GPUS", "PROBLEMS"]
+                                                 "GPUS", "READY", "PROBLEMS"]

@@ -163,8 +163,9 @@ MISSPELLED = [
     ("discovery", ("nodes", 0, "discovery"), {"nvidiaSMI": "/usr/bin/nvidia-smi"}, "node gpu-01", "discovery.nvidiaSMI",
      "did you mean nvidiaSmi?"),
     ("nothing close", ("zzz",), 1, "llmgw", "zzz", "use one of agent, caKey, caKeyPassphrase, certificate, "
-                                                     "failOnEngineProblems, inventory, nodes, pkiDir, registration, rollout, "
-                                                     "servers, signer, ssh, sshKeyPassphrase, sshPrivateKey"),
+                                                     "failOnEngineProblems, failOnProblems, hardware, inventory, nodes, "
+                                                     "pkiDir, registration, rollout, servers, signer, ssh, sshKeyPassphrase, "
+                                                     "sshPrivateKey"),
 ]
 
 

@@ -1,0 +1,123 @@
+"""The readiness verdict (issue 38) end to end under the pulumi CLI, on three lab hosts.
+
+Each carries the nvidia-smi stand-in replaying the real H200 (lab/doubles/nvidia_smi.py) and, where its fabric
+declares HCAs, a /sys/class/infiniband stand-in under its ibRoot (lab/doubles/infiniband.py): one node is
+healthy (8 GPUs, its HCA ACTIVE at NDR), one has a row remap pending on its GPU (a fault of
+tests/fixtures/nvidia-h200/README.md), one has an HCA whose port is down. The problems appear under the right
+node with their fix; a no-op `up` reaches no node; with llmgw:failOnProblems the faulty nodes fail and the
+healthy one onboards; the faults fixed, `up --refresh` clears them.
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+
+import pytest
+
+from lab.doubles import infiniband
+from lab.doubles.nvidia_smi import FIXTURES, build_nvidia_smi
+from lab.local import give_hardware
+from tests.conftest import ssh, stack_config
+from tests.unit.test_health_verdict import FAULTS
+
+pytestmark = [pytest.mark.hosts, pytest.mark.engine,
+              pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared/fixtures not beside the checkout")]
+
+IB_ROOT = "/var/lib/llmgw-test/infiniband"
+ROW_REMAP = next(edits for fault, edits, *_ in FAULTS if fault == "row remap pending")
+HARDWARE = {"gpuModel": "NVIDIA H200", "gpuMemoryMib": 143771, "minDriver": "570", "minCuda": "12.8",
+            "hcaPorts": {"minRateGbps": 400}}
+
+
+def by_node(run, severity: str) -> dict[str, list[str]]:
+    """The CLI's diagnostics of ``severity``, by the node of the EngineCheck they are under."""
+    out: dict[str, list[str]] = {}
+    for d in run.diagnostics(severity):
+        if "llmgw:EngineCheck::" in d.get("urn", ""):
+            out.setdefault(d["urn"].rsplit("::", 1)[1], []).append(d["message"])
+    return out
+
+
+def fleet_lines(stack) -> dict[str, str]:
+    table = stack.cli("stack", "output", "fleet", "--stack", stack.name).stdout
+    print(table)
+    return {line.split()[0]: line for line in table.splitlines()[1:]}
+
+
+def test_problems_appear_under_their_node_the_gate_fails_only_them_and_fixing_clears_them(cluster, hosts, new_stack):
+    healthy, faulty, fabric = hosts(3, start=False)
+    nodes = [
+        {"id": healthy.hostname, "address": healthy.addr, "fabric": {"name": "ib-test", "hcas": ["mlx5_0"]},
+         "discovery": {"ibRoot": IB_ROOT}, "hardware": {"gpuCount": 8}},
+        {"id": faulty.hostname, "address": faulty.addr, "hardware": {"gpuCount": 1}},
+        {"id": fabric.hostname, "address": fabric.addr, "fabric": {"name": "ib-test", "hcas": ["mlx5_0", "mlx5_1"]},
+         "discovery": {"ibRoot": IB_ROOT}, "hardware": {"gpuCount": 1}},
+    ]
+    give_hardware(healthy, nodes[0], gpus=8, smi=True)
+    give_hardware(faulty, nodes[1], gpus=1, smi_edits=ROW_REMAP, smi=True)
+    give_hardware(fabric, nodes[2], gpus=1, ports={"mlx5_1": {"1": infiniband.DOWN}}, smi=True)
+    for h in (healthy, faulty, fabric):
+        h.start()
+    config = stack_config(cluster, [healthy, faulty, fabric], nodes=nodes, hardware=HARDWARE)
+    stack = new_stack(config)
+
+    # Without the gate: every node onboards; the problems are warnings under the node's check, with their fix.
+    up = stack.up()
+    assert up.ok, up.output
+    warned = by_node(up, "warning")
+    assert healthy.hostname not in warned, warned
+    (remap,) = warned[faulty.hostname]
+    assert "GPU 0 (GPU-65decab1-06a8-ac78-1f56-8a52138b6ec2, 00000000:00:06.0)" in remap and "row remap" in remap
+    assert f"ssh deploy@{faulty.addr} sudo nvidia-smi -r -i 0" in remap
+    (down,) = warned[fabric.hostname]
+    assert "mlx5_1 port 1" in down and "Disabled" in down and f"ssh deploy@{fabric.addr} ibstat mlx5_1 1" in down
+
+    out = stack.outputs()
+    assert [out[h.hostname]["readiness"] for h in (healthy, faulty, fabric)] == ["ready", "not ready", "not ready"]
+    assert out[healthy.hostname]["problems"] == []
+    (problem,) = out[faulty.hostname]["problems"]
+    assert (problem["check"], problem["severity"]) == ("row-remap-pending", "critical")
+    assert "sudo nvidia-smi -r -i 0" in problem["hint"]
+    (problem,) = out[fabric.hostname]["problems"]
+    assert (problem["subject"], problem["check"]) == ("mlx5_1 port 1", "ib-phys-state")
+    lines = fleet_lines(stack)
+    assert " ready " in lines[healthy.hostname] and lines[healthy.hostname].endswith("none")
+    assert " not ready " in lines[faulty.hostname] and lines[faulty.hostname].endswith("1: GPU 0 row-remap-pending")
+    assert lines[fabric.hostname].endswith("1: mlx5_1 port 1 ib-phys-state")
+
+    # A standing problem is no change, and a no-op `up` reaches no node.
+    opens = [h.passive_tcp_opens() for h in (healthy, faulty, fabric)]
+    again = stack.up()
+    assert again.ok and set(again.changes) == {"same"}, again.output
+    assert [h.passive_tcp_opens() for h in (healthy, faulty, fabric)] == opens, "a no-op up reached a node"
+
+    # The gate on, stack-wide: the nodes that are not ready fail, each with its problem and fix; the healthy one
+    # onboards.
+    stack.set_config({**config, "failOnProblems": True})
+    gated = stack.up()
+    assert not gated.ok, gated.output
+    failed = by_node(gated, "error")
+    assert set(failed) == {faulty.hostname, fabric.hostname}, failed
+    assert "not ready" in failed[faulty.hostname][0] and "sudo nvidia-smi -r -i 0" in failed[faulty.hostname][0]
+    assert "mlx5_1 port 1" in failed[fabric.hostname][0]
+    checks = {r["outputs"]["node_id"]: r for r in stack.export()["resources"] if r["type"].endswith("EngineCheck")}
+    assert checks[healthy.hostname]["inputs"].get("fail_on_critical_problems") is True
+    assert checks[healthy.hostname]["outputs"]["readiness"] == "ready"
+
+    # Fixed: the GPU reset (its remap done), the cable plugged in. `up --refresh` reads them again and passes.
+    smi = base64.b64encode(build_nvidia_smi(1).encode()).decode()
+    rc, text = ssh(faulty, cluster, f"echo {smi} | base64 -d | sudo tee /usr/bin/nvidia-smi >/dev/null")
+    assert rc == 0, text
+    port = f"{IB_ROOT}/mlx5_1/ports/1"
+    for name, value in (("state", "4: ACTIVE"), ("phys_state", "5: LinkUp"), ("rate", "400 Gb/sec (4X NDR)")):
+        rc, text = ssh(fabric, cluster, f"echo {shlex.quote(value)} | sudo tee {port}/{name} >/dev/null")
+        assert rc == 0, text
+    fixed = stack.up(refresh=True)
+    assert fixed.ok, fixed.output
+    assert not by_node(fixed, "warning") and not by_node(fixed, "error"), fixed.output
+    out = stack.outputs()
+    assert [out[h.hostname]["readiness"] for h in (healthy, faulty, fabric)] == ["ready"] * 3
+    assert all(out[h.hostname]["problems"] == [] for h in (healthy, faulty, fabric))
+    lines = fleet_lines(stack)
+    assert all(" ready " in lines[h.hostname] and lines[h.hostname].endswith("none") for h in (healthy, faulty, fabric))
