@@ -110,6 +110,20 @@ def language_stack(new_stack: Any, lang: str, config: dict[str, Any], deps: tupl
     return stack
 
 
+GO_PROGRAM = "bin/llmgw-go-vm"
+"""Where the Go language host builds the Go example's program in the first run of
+test_language_example_boots_onboards_reimages_and_destroys_in_order (``buildTarget``); the later runs run that
+build as it is (``binary``), as a CI job with a build step does: the program does not change between them."""
+
+
+def set_runtime_options(stack: Any, options: dict[str, str]) -> None:
+    """Pulumi.yaml's ``runtime.options`` of the stack's project, as an operator would write them."""
+    project = yaml.safe_load((stack.work_dir / "Pulumi.yaml").read_text())
+    runtime = project["runtime"] if isinstance(project["runtime"], dict) else {"name": project["runtime"]}
+    project["runtime"] = {**runtime, "options": options}
+    (stack.work_dir / "Pulumi.yaml").write_text(yaml.safe_dump(project, sort_keys=False))
+
+
 def not_after_on(addr: str, cluster: Any) -> dt.datetime:
     rc, pem = ssh(SimpleNamespace(addr=addr), cluster, "cat /etc/llmgw/agent.pem")
     assert rc == 0, pem
@@ -149,10 +163,16 @@ def test_language_example_boots_onboards_reimages_and_destroys_in_order(lang, la
     index, addr = vm
     stack = language_stack(new_stack, lang, vm_command_config(lab, cluster, index, "debian-12-r1"), language_deps,
                            package_adds)
+    program = stack.work_dir / GO_PROGRAM
+    if lang == "go":
+        set_runtime_options(stack, {"buildTarget": str(program)})
 
-    # Preview: the VM is not booted, its address unknown, the node's resources to create.
+    # Preview: the program builds, the VM is not booted, its address unknown, the node's resources to create.
     preview = stack.preview(diff=True)
     assert preview.ok, preview.output
+    if lang == "go":
+        assert program.is_file(), f"the Go language host did not build {program}"
+        set_runtime_options(stack, {"binary": str(program)})
     assert not nspawn_running(lab, index)
     node_ops = {k: v for k, v in step_ops(preview).items() if k.startswith("llmgw:") or "$llmgw:" in k}
     assert node_ops == {k: "create" for k in NODE_RESOURCES}, preview.output
