@@ -55,7 +55,6 @@ SLOW_FIRST: dict[str, int] = {
     "tests/e2e/test_languages.py::test_language_example_boots_onboards_reimages_and_destroys_in_order": 110,
     "tests/e2e/test_fleet.py::test_ten_nodes_behind_one_bastion_are_onboarded_through_it": 80,
     "tests/e2e/test_signer.py::test_a_ci_runner_with_only_the_signer_takes_the_fleet_over_changing_nothing": 70,
-    "tests/e2e/test_lifecycle.py::test_a_node_gone_for_good_is_kept_by_refresh_and_let_go_when_removed_from_the_config": 70,
     "tests/e2e/test_review.py::test_every_policy_rule_fails_a_preview_warns_when_advisory_and_passes_a_compliant_one": 60,
     "tests/e2e/test_signer.py::test_a_signer_that_fails_changes_nothing_on_the_node_and_the_next_up_recovers": 60,
     "tests/e2e/test_faults.py::test_release_server_fault_during_an_upgrade_keeps_the_running_agent": 55,
@@ -65,6 +64,7 @@ SLOW_FIRST: dict[str, int] = {
     "tests/e2e/test_signer.py::test_the_ca_key_as_a_stack_secret_signs_and_never_reaches_state": 54,
     "tests/e2e/test_rollout.py::test_onboarding_is_not_gated_and_a_version_bump_restarts_two_at_a_time_canary_first": 53,
     "tests/e2e/test_postgres_backend.py::test_two_checkouts_share_a_stack_in_postgres": 53,
+    "tests/e2e/test_ci_credentials.py::test_a_pull_request_s_job_previews_with_read_access_to_the_state_alone": 53,
     "tests/e2e/test_lifecycle.py::test_preview_names_what_changes_and_updates_happen_in_place": 52,
     "tests/e2e/test_fleet.py::test_modes_and_owners_drift_is_seen_by_refresh_and_repaired_by_up": 50,
     "tests/e2e/test_examples.py::test_vm_command_example_boots_onboards_reimages_and_destroys_in_order": 48,
@@ -72,6 +72,8 @@ SLOW_FIRST: dict[str, int] = {
     "tests/e2e/test_trust_renewal.py::test_another_machine_at_the_address_is_refused_and_the_real_node_renews_once_back": 44,
     "tests/e2e/test_release_trust.py::test_nodes_without_a_route_to_the_release_server_are_onboarded_with_fetch_operator": 40,
     "tests/e2e/test_faults.py::test_pulumi_up_interrupted_mid_deployment": 38,
+    "tests/e2e/test_inventory.py::test_inventory_and_fleet_show_the_gpus_and_a_missing_hca": 37,
+    "tests/e2e/test_lifecycle.py::test_a_node_gone_for_good_is_kept_by_refresh_and_let_go_when_removed_from_the_config": 35,
 }
 """Known slow tests (node id prefix: rough seconds of the call on 2 busy cores), run first: pytest-xdist hands tests
 out in collection order, so a long test collected last would run alone at the end while the other processes idle.

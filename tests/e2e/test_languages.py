@@ -3,8 +3,8 @@
 Each example is set up with the README's commands ("From TypeScript or Go"):
 its dependencies (`npm ci` from the pinned lock; the Go modules from the
 proxy, cached), `pulumi package add <this repository>`, which generates the
-SDK (run for real by the first stack of each language in a test run, copied
-into the later ones), and the one setting, PULUMI_RUNTIME_VIRTUALENV. Each asserts what the
+SDK (run by scripts/package-adds.sh, cached until one of its inputs changes;
+each stack gets a copy), and the one setting, PULUMI_RUNTIME_VIRTUALENV. Each asserts what the
 Python VM example asserts (tests/e2e/test_examples.py): the preview shows the
 address unknown and the node's resources to create; one `up` boots and
 onboards the node; a re-image re-onboards it in the same `up` without a
@@ -15,7 +15,6 @@ and each of the component's outputs is checked against the host.
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import re
 import shutil
 import subprocess
@@ -26,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import yaml
 from cryptography import x509
 
 import llmgw_pulumi
@@ -63,31 +63,23 @@ def language_deps() -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
-def package_adds(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
-    """Where this test run keeps what `pulumi package add` wrote into a project, per language: one directory
-    for the whole run, its xdist processes included (their temp dirs share a parent; the run's id names it)."""
-    run = getattr(request.config, "workerinput", {}).get("testrunuid")
-    root = tmp_path_factory.getbasetemp()
-    return root.parent / f"package-add-{run}" if run else root / "package-add"
+def package_adds(language_deps: tuple[Path, Path]) -> dict[str, Path]:
+    """Per language, what `pulumi package add <this repository>` left in the example's project
+    (scripts/package-adds.sh: run once and cached, keyed by everything the command reads)."""
+    out = subprocess.run([str(REPO / "scripts" / "package-adds.sh")], check=True, capture_output=True, text=True)
+    root, *keys = out.stdout.strip().splitlines()
+    return {lang: Path(root) / f"{lang}-{key}" for lang, key in (line.split() for line in keys)}
 
 
-def package_add(stack: Any, lang: str, node_modules: Path, package_adds: Path) -> None:
-    """`pulumi package add <this repository>` in the stack's project, one at a time on this machine: it
-    (re)installs this package into the plugin's virtualenv. The first stack of each language in a test run runs
-    it for real; the later ones get a copy of what it left in the project (the generated SDK, the manifests it
-    edited, the dependencies it linked), which is what it would write again: its inputs do not change in a run."""
-    done = package_adds / lang
-    with open(CACHE / ".package-add.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (done / ".complete").exists():
-            if lang == "typescript":  # `npm ci`, from the cache scripts/language-hosts.sh filled (hard links: seconds)
-                subprocess.run(["cp", "-al", str(node_modules), str(stack.work_dir / "node_modules")], check=True)
-            stack.cli("package", "add", str(REPO))
-            shutil.rmtree(done, ignore_errors=True)
-            copy_project(stack.work_dir, done)
-            (done / ".complete").touch()
-            return
-    copy_project(done, stack.work_dir)
+def package_add(stack: Any, lang: str, package_adds: dict[str, Path]) -> None:
+    """The project as `pulumi package add <this repository>` leaves it (the generated SDK, the manifests it
+    edited, the dependencies it linked): a copy of what the command wrote, its inputs unchanged; the one
+    path it records, this repository's (Pulumi.yaml's ``packages``), names this checkout."""
+    copy_project(package_adds[lang], stack.work_dir)
+    project = yaml.safe_load((stack.work_dir / "Pulumi.yaml").read_text())
+    assert set(project["packages"]) == {"llmgw"}, project
+    project["packages"]["llmgw"] = str(REPO)
+    (stack.work_dir / "Pulumi.yaml").write_text(yaml.safe_dump(project, sort_keys=False))
 
 
 def copy_project(src: Path, dst: Path) -> None:
@@ -102,7 +94,8 @@ def copy_project(src: Path, dst: Path) -> None:
             shutil.copy2(item, dst / item.name)
 
 
-def language_stack(new_stack: Any, lang: str, config: dict[str, Any], deps: tuple[Path, Path], package_adds: Path,
+def language_stack(new_stack: Any, lang: str, config: dict[str, Any], deps: tuple[Path, Path],
+                   package_adds: dict[str, Path],
                    virtualenv: str | None = VIRTUALENV) -> Any:
     """A stack of examples/<lang>-vm set up with the README's commands, the language host on PATH."""
     stack = new_stack(config, project=EXAMPLES / f"{lang}-vm")
@@ -113,8 +106,22 @@ def language_stack(new_stack: Any, lang: str, config: dict[str, Any], deps: tupl
     stack.env["GOMODCACHE"] = str(CACHE / "go" / "mod")
     stack.env["GOCACHE"] = str(CACHE / "go" / "build")
     stack.env["GOFLAGS"] = "-mod=mod"
-    package_add(stack, lang, deps[1], package_adds)
+    package_add(stack, lang, package_adds)
     return stack
+
+
+GO_PROGRAM = "bin/llmgw-go-vm"
+"""Where the Go language host builds the Go example's program in the first run of
+test_language_example_boots_onboards_reimages_and_destroys_in_order (``buildTarget``); the later runs run that
+build as it is (``binary``), as a CI job with a build step does: the program does not change between them."""
+
+
+def set_runtime_options(stack: Any, options: dict[str, str]) -> None:
+    """Pulumi.yaml's ``runtime.options`` of the stack's project, as an operator would write them."""
+    project = yaml.safe_load((stack.work_dir / "Pulumi.yaml").read_text())
+    runtime = project["runtime"] if isinstance(project["runtime"], dict) else {"name": project["runtime"]}
+    project["runtime"] = {**runtime, "options": options}
+    (stack.work_dir / "Pulumi.yaml").write_text(yaml.safe_dump(project, sort_keys=False))
 
 
 def not_after_on(addr: str, cluster: Any) -> dt.datetime:
@@ -156,10 +163,16 @@ def test_language_example_boots_onboards_reimages_and_destroys_in_order(lang, la
     index, addr = vm
     stack = language_stack(new_stack, lang, vm_command_config(lab, cluster, index, "debian-12-r1"), language_deps,
                            package_adds)
+    program = stack.work_dir / GO_PROGRAM
+    if lang == "go":
+        set_runtime_options(stack, {"buildTarget": str(program)})
 
-    # Preview: the VM is not booted, its address unknown, the node's resources to create.
+    # Preview: the program builds, the VM is not booted, its address unknown, the node's resources to create.
     preview = stack.preview(diff=True)
     assert preview.ok, preview.output
+    if lang == "go":
+        assert program.is_file(), f"the Go language host did not build {program}"
+        set_runtime_options(stack, {"binary": str(program)})
     assert not nspawn_running(lab, index)
     node_ops = {k: v for k, v in step_ops(preview).items() if k.startswith("llmgw:") or "$llmgw:" in k}
     assert node_ops == {k: "create" for k in NODE_RESOURCES}, preview.output

@@ -194,7 +194,10 @@ def test_refresh_shows_drift_and_up_repairs_exactly_that(cluster, hosts, new_sta
 
 def test_a_node_gone_for_good_is_kept_by_refresh_and_let_go_when_removed_from_the_config(cluster, hosts, new_stack):
     (h, other) = hosts(2)
-    config = stack_config(cluster, [h, other])
+    # A short ssh.wait: the node is gone, so refresh and the removal each wait it out in full; its length is not
+    # what this guards (test_fleet.py's late login user is waited for).
+    config = stack_config(cluster, [h, other], ssh={"user": "deploy", "privateKeyPath": str(cluster.ssh_key_path),
+                                                    "wait": 5})
     stack = new_stack(config)
     up_clean(stack)
     h.stop()
