@@ -105,6 +105,11 @@ def ssh_credentials(spec: stack_config.StackSpec, secrets: dict[str, pulumi.Outp
     operation. It must be readable for `pulumi up`; a preview may run without
     it (a reviewer's machine), with a warning. With neither, the providers log
     in with the keys of the ssh-agent at $SSH_AUTH_SOCK.
+
+    A path under the home directory, written ``~/...``, is recorded as written
+    (the providers expand it where they run): the same stack file then reads
+    the same from every operator's machine and CI runner, whatever their home
+    directory. Any other path is recorded absolute.
     """
     credentials: dict[str, Any] = {}
     if stack_config.PASSPHRASE_KEY in secrets:
@@ -122,7 +127,8 @@ def ssh_credentials(spec: stack_config.StackSpec, secrets: dict[str, pulumi.Outp
             raise ConfigError("llmgw", "ssh.privateKeyPath", f"cannot read {path}: {reason}",
                               "point it at the operator's SSH private key, or set the llmgw:sshPrivateKey secret")
     refuse_exposed("ssh.privateKeyPath", path, secret=True)
-    return {**credentials, "private_key_path": str(path)}
+    written = spec.ssh_private_key_path
+    return {**credentials, "private_key_path": written if written.startswith(validate.HOME_PREFIX) else str(path)}
 
 
 def refuse_exposed(field: str, path: str | os.PathLike[str], secret: bool) -> None:

@@ -37,6 +37,7 @@ from ..schema import replace_keys
 from ..sessions import Runner
 from ..specs import Connection, Problems, is_unknown
 from ..text import printable
+from ..validate import HOME_PREFIX
 from . import _diagnostics
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -140,6 +141,8 @@ def changed_keys(olds: Mapping[str, Any], news: Mapping[str, Any], keys: Iterabl
                     # An unpinned host key is recorded in outputs; a missing key is a
                     # reviewer's preview. Neither is a change.
                     continue
+                if sub == "private_key_path" and same_key_file(old.get(sub), new.get(sub)):
+                    continue
                 if is_unknown(new.get(sub)) or normalise(old.get(sub)) != normalise(new.get(sub)):
                     changed.append(f"connection.{sub}")
         elif key == "known_jump_host_keys" and (is_unknown(new) or not new):
@@ -147,6 +150,19 @@ def changed_keys(olds: Mapping[str, Any], news: Mapping[str, Any], keys: Iterabl
         elif is_unknown(new) or normalise(old) != normalise(new):
             changed.append(key)
     return changed
+
+
+def same_key_file(old: Any, new: Any) -> bool:
+    """Do two recorded SSH key paths name the same file as written: equal, or ``~/.ssh/id_fleet`` against the
+    absolute path an earlier package recorded for it (``/home/alice/.ssh/id_fleet``, under whichever home
+    directory ran it). Where the home directory is differs from machine to machine, not what the path says."""
+    if not isinstance(old, str) or not isinstance(new, str):
+        return False
+    if old == new:
+        return True
+    written, absolute = (new, old) if new.startswith(HOME_PREFIX) else (old, new)
+    return (written.startswith(HOME_PREFIX) and absolute.startswith("/")
+            and absolute.endswith(written[len(HOME_PREFIX) - 1:]))
 
 
 def operator_side_only(changes: Iterable[str]) -> bool:

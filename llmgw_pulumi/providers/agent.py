@@ -125,8 +125,11 @@ def drift(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
 
 
 def changed_inputs(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
-    """The inputs that changed, the texts compared by their digests (the outputs keep no more of them)."""
-    return _glue.changed_keys(digested(olds), digested(news), INPUT_KEYS)
+    """The inputs that changed, the texts compared by their digests (the outputs keep no more of them). A local
+    build is compared by its sha256: where it lies on the machine running Pulumi is no change to the node."""
+    found = _glue.changed_keys(digested(olds), digested(news), INPUT_KEYS)
+    same_build = isinstance(news.get("binary_sha256"), str) and olds.get("binary_sha256") == news["binary_sha256"]
+    return [k for k in found if not (k == "binary_path" and same_build)]
 
 
 def changes(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
