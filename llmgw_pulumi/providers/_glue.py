@@ -105,6 +105,9 @@ def check(news: Mapping[str, Any], collect: Callable[[Mapping[str, Any], Problem
         for key in machine_facts:
             if is_unknown(inputs.get(key)) and olds.get(key) is not None:
                 inputs[key] = olds[key]
+    if "known_jump_host_keys" in inputs and no_jump_hosts(inputs) and (
+            is_unknown(inputs["known_jump_host_keys"]) or not inputs["known_jump_host_keys"]):
+        del inputs["known_jump_host_keys"]  # none to know: not a value a preview waits for
     collect(inputs, problems)
     # The engine prints a reason as it is: a bad node id (or key) given with a newline or an escape is shown escaped.
     failures = [CheckFailure("", printable(f"{problems.node}: {name}: {problem}. Fix: {fix}"))
@@ -112,6 +115,12 @@ def check(news: Mapping[str, Any], collect: Callable[[Mapping[str, Any], Problem
     if not failures and derive is not None:
         derive(inputs)
     return CheckResult(inputs, failures)
+
+
+def no_jump_hosts(inputs: Mapping[str, Any]) -> bool:
+    """The connection is known and goes through no jump host."""
+    conn = inputs.get("connection")
+    return isinstance(conn, Mapping) and not is_unknown(conn.get("jump")) and not conn.get("jump")
 
 
 def same_machine(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:

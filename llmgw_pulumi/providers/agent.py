@@ -227,6 +227,17 @@ def rollout_of(props: dict[str, Any]) -> NodeRollout | None:
     return built
 
 
+def with_approved_digests(olds: Mapping[str, Any], news: dict[str, Any]) -> dict[str, Any]:
+    """A preview's inputs (which leave the digests out: it fetches nothing) with the digests approved for the same
+    release at the last `up`, so that `preview --diff` does not show them as removed."""
+    if news.get("release_sha256") is not None or not olds.get("release_sha256"):
+        return news
+    if any(is_unknown(news.get(k)) or _glue.normalise(news.get(k)) != _glue.normalise(olds.get(k))
+           for k in ("version", "release_url")):
+        return news
+    return {**news, "release_sha256": olds["release_sha256"]}
+
+
 def _outputs(props: dict[str, Any], computed: dict[str, Any]) -> dict[str, Any]:
     """The inputs but RELEASE_KEYS, the texts as their digests, and what the operation found."""
     return _glue.outputs(digested({k: v for k, v in props.items() if k not in RELEASE_KEYS}), **computed)
@@ -239,7 +250,7 @@ def _migrated(props: Mapping[str, Any]) -> dict[str, Any]:
 class AgentInstallProvider(_glue.ModuleProvider):
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        return _glue.check(news, AgentSpec.collect, derive=derive, olds=olds,
+        return _glue.check(with_approved_digests(olds, news), AgentSpec.collect, derive=derive, olds=olds,
                            machine_facts=("hostname", "known_host_key", "known_jump_host_keys"))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:

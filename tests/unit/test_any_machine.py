@@ -10,6 +10,7 @@ from typing import Any
 
 import pulumi
 import pytest
+from pulumi.output import Unknown
 
 from llmgw_pulumi import program, validate
 from llmgw_pulumi.errors import ConfigError
@@ -18,9 +19,9 @@ from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
-from llmgw_pulumi.specs import Connection, Problems
-from llmgw_pulumi.ssh_keys import load_private_key
 from llmgw_pulumi.providers.identity import wanted as identity_wanted
+from llmgw_pulumi.specs import Connection, Problems, is_unknown
+from llmgw_pulumi.ssh_keys import load_private_key
 from tests.unit.test_operator_files import Mocks
 from tests.unit.test_providers import as_installed, as_seen
 
@@ -140,3 +141,34 @@ def test_a_local_build_is_compared_by_its_sha256_not_by_where_it_lies() -> None:
     assert p.diff("gpu-01", olds, moved).changes is False
     rebuilt = p.check({}, {**build, "binary_path": "/builds/ci/llmgw/llmgw", "binary_sha256": "b" * 64}).inputs
     assert p.diff("gpu-01", olds, rebuilt).changes is True
+
+
+def test_a_preview_of_the_same_release_shows_the_digests_approved_at_the_last_up_not_their_removal() -> None:
+    p = AgentInstallProvider()
+    digests = {"amd64": "a" * 64, "arm64": "b" * 64}
+    olds = {**inputs_of(p, "~/.ssh/id_fleet"), "release_sha256": digests}
+    preview = {k: v for k, v in olds.items() if k not in ("release_sha256", "agent_yaml", "unit")}
+    assert p.check(olds, preview).inputs["release_sha256"] == digests
+    # Another release: its digests are not known before `up` approves them.
+    for key, value in (("version", "v1.2.4"), ("release_url", "https://r.example/other"), ("version", Unknown())):
+        assert "release_sha256" not in p.check(olds, {**preview, key: value}).inputs, key
+    # `up` gives them: those are kept.
+    given = {"amd64": "c" * 64}
+    assert p.check(olds, {**preview, "release_sha256": given}).inputs["release_sha256"] == given
+
+
+@pytest.mark.parametrize("provider", PROVIDERS[1:], ids=lambda p: type(p).__name__)
+def test_a_node_behind_no_jump_host_waits_for_no_jump_host_keys_and_its_recorded_host_key_is_carried(
+        provider: Any) -> None:
+    olds = inputs_of(provider, "~/.ssh/id_fleet")
+    # In a preview the node's host keys come from a resource being updated: not known yet.
+    pending = {**olds, "known_host_key": Unknown(), "known_jump_host_keys": Unknown()}
+    checked = provider.check(olds, pending).inputs
+    assert checked["known_host_key"] == HOST_KEY
+    assert "known_jump_host_keys" not in checked
+    assert provider.diff("gpu-01", recorded(provider, "~/.ssh/id_fleet"), checked).changes is False
+    # Behind a jump host its keys are waited for; on another machine nothing is carried.
+    jumped = {**pending, "connection": {**olds["connection"], "jump": [{"address": "deploy@10.0.0.1"}]}}
+    assert is_unknown(provider.check(olds, jumped).inputs["known_jump_host_keys"])
+    moved = {**pending, "connection": {**olds["connection"], "host": "10.0.0.12"}}
+    assert is_unknown(provider.check(olds, moved).inputs["known_host_key"])
