@@ -334,7 +334,7 @@ def main() -> dict[str, Node]:
 
 
 def register(registration: Registration) -> dict[str, Node]:
-    """One Node per configured node, and the stack outputs: each node's, nextSteps and fleet."""
+    """One Node per configured node, and the stack outputs: nodes, nextSteps and fleet."""
     spec = registration.spec
     nodes: dict[str, Node] = {}
     # Canaries are registered first, so that the engine reaches their updates before the others'.
@@ -344,12 +344,13 @@ def register(registration: Registration) -> dict[str, Node]:
     with recorded_frames(0):
         for n in sorted(spec.nodes, key=lambda n: n.node_id not in canaries):
             nodes[n.node_id] = Node(n.node_id, node_args(registration, n))  # in its shard's provider process (llmgw_pulumi.shards)
-    for n in spec.nodes:
-        pulumi.export(n.node_id, node_output(nodes[n.node_id]))
-    rows = [fleet_row(n.node_id, nodes[n.node_id]) for n in spec.nodes]
-    pulumi.export(NEXT_STEPS_OUTPUT, next_steps([n.node_id for n in spec.nodes]))
+    ids = [n.node_id for n in spec.nodes]
+    pulumi.export(NODES_OUTPUT, pulumi.Output.all(*(node_output(nodes[i]) for i in ids)).apply(
+        lambda known: fleet.nodes_lines(dict(zip(ids, known, strict=True)))))
+    rows = [fleet_row(i, nodes[i]) for i in ids]
+    pulumi.export(NEXT_STEPS_OUTPUT, next_steps(ids))
     pulumi.export(FLEET_OUTPUT, pulumi.Output.all(*rows).apply(
-        lambda known: fleet.fleet_table(known, dt.datetime.now(dt.UTC))))
+        lambda known: fleet.fleet_lines(known, dt.datetime.now(dt.UTC))))
     return nodes
 
 
@@ -373,14 +374,17 @@ def node_args(registration: Registration, n: stack_config.NodeConfig) -> NodeArg
 
 
 FLEET_OUTPUT = "fleet"
-"""The stack output `pulumi stack output fleet` prints: a table, one line per node (see llmgw_pulumi.fleet)."""
+"""The stack output for a person: node id -> one line (see llmgw_pulumi.fleet)."""
+NODES_OUTPUT = "nodes"
+"""The stack output for programs: each node's outputs (``node_output``), one line of JSON per node
+(``llmgw_pulumi.fleet.read_nodes`` reads it)."""
 
 
-def node_output(node: Node) -> dict[str, Any]:
-    """A node's stack output: who it is, its certificate, its hardware and its problems."""
+def node_output(node: Node) -> pulumi.Output[dict[str, Any]]:
+    """A node's entry in the ``nodes`` output: who it is, its certificate, its hardware and its problems."""
     check = node.engine_check
     inventory = check.inventory.apply(lambda inv: inv or {})
-    return {
+    return pulumi.Output.all(**{
         "hostname": node.identity.hostname,
         "agent_version": node.agent.version,
         "certificate_not_after": node.certificate.not_after,
@@ -392,7 +396,7 @@ def node_output(node: Node) -> dict[str, Any]:
         "driver": inventory.apply(lambda inv: inv.get("driver", "")),
         "cuda": inventory.apply(lambda inv: inv.get("cuda", "")),
         "hcas": inventory.apply(lambda inv: inv.get("hcas") or []),
-    }
+    })
 
 
 def fleet_row(node_id: str, node: Node) -> pulumi.Output[fleet.FleetRow]:
