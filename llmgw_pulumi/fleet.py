@@ -1,23 +1,29 @@
-"""The stack output ``fleet``: one line per node, for a person reading `pulumi stack output fleet` (pure).
+"""The stack outputs ``fleet`` and ``nodes`` (pure).
 
-The CLI prints a string output as it is, so the table is one multi-line
-string: per node its hostname, when its certificate expires and the days left,
-the agent version, the architecture, its GPUs (count and model), its readiness
-(ready, degraded or not ready: llmgw_pulumi.readiness) and its open problems
-(engine and hardware problems, as the node's EngineCheck reports them).
+``fleet`` is for a person: a map of node id to one line, which the CLI
+prints one node per line, in `pulumi up`'s Outputs as in `pulumi stack output
+fleet` (a string of several lines it would print escaped, cut after three).
+Each line says the node's hostname, when its certificate expires and the days
+left, the agent version, the architecture, its GPUs (count and model), its
+readiness (ready, degraded or not ready: llmgw_pulumi.readiness) and its open
+problems (engine and hardware problems, as the node's EngineCheck reports
+them); the fields are padded so that they line up from node to node.
+
+``nodes`` is for programs: each node's data as one line of JSON (JSON Lines),
+one output for the whole fleet that `pulumi up` shows in a few lines
+(``read_nodes`` reads it back).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .readiness import readiness_of
-
-HEADER = ("NODE", "HOSTNAME", "CERT EXPIRES", "DAYS LEFT", "AGENT", "ARCH", "GPUS", "READY", "PROBLEMS")
 
 
 @dataclass(frozen=True)
@@ -77,12 +83,31 @@ def expiry(not_after: str, now: dt.datetime) -> tuple[str, str]:
     return when.strftime("%Y-%m-%d %H:%M UTC"), f"{int(days)}" if days >= 0 else f"expired ({int(days)})"
 
 
-def fleet_table(rows: Sequence[FleetRow], now: dt.datetime) -> str:
-    """The table, a header line and one line per node (in the order given), columns padded to align."""
-    lines = [HEADER]
+def fleet_lines(rows: Sequence[FleetRow], now: dt.datetime) -> dict[str, str]:
+    """Node id -> its line, the fields padded to line up across ``rows``."""
+    fields = []
     for r in rows:
         expires, days = expiry(r.not_after, now)
-        lines.append((r.node_id, r.hostname or "?", expires, days, r.version or "?", r.arch or "?",
-                      gpu_summary(r.gpus), readiness_of(r.problems), problem_summary(r.problems)))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER) - 1)]
-    return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(line, widths, strict=False)), line[-1]]) for line in lines)
+        fields.append((r.hostname or "?", f"cert {expires}", f"({days} days left)" if days.isdigit() else f"({days})",
+                       f"agent {r.version or '?'}", r.arch or "?", gpu_summary(r.gpus), readiness_of(r.problems),
+                       f"problems: {problem_summary(r.problems)}"))
+    widths = [max((len(f[i]) for f in fields), default=0) for i in range(7)]
+    return {r.node_id: "  ".join([*(c.ljust(w) for c, w in zip(f, widths, strict=False)), f[-1]])
+            for r, f in zip(rows, fields, strict=True)}
+
+
+def nodes_lines(nodes: Mapping[str, Mapping[str, Any]]) -> str:
+    """The ``nodes`` output: one line of JSON per node, ``{"node": id, ...its outputs}``, in the order given."""
+    return "\n".join(json.dumps({"node": node, **data}, separators=(",", ":"), sort_keys=False)
+                     for node, data in nodes.items())
+
+
+def read_nodes(text: str) -> dict[str, dict[str, Any]]:
+    """The ``nodes`` output read back: node id -> its outputs (``pulumi stack output nodes``; a program reading the
+    stack through a StackReference gets the same text)."""
+    found = {}
+    for line in text.splitlines():
+        if line.strip():
+            data = json.loads(line)
+            found[data.pop("node")] = data
+    return found

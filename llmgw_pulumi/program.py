@@ -114,6 +114,11 @@ def ssh_credentials(spec: stack_config.StackSpec, secrets: dict[str, pulumi.Outp
     operation. It must be readable for `pulumi up`; a preview may run without
     it (a reviewer's machine), with a warning. With neither, the providers log
     in with the keys of the ssh-agent at $SSH_AUTH_SOCK.
+
+    A path under the home directory, written ``~/...``, is recorded as written
+    (the providers expand it where they run): the same stack file then reads
+    the same from every operator's machine and CI runner, whatever their home
+    directory. Any other path is recorded absolute.
     """
     credentials: dict[str, Any] = {}
     if stack_config.PASSPHRASE_KEY in secrets:
@@ -131,7 +136,8 @@ def ssh_credentials(spec: stack_config.StackSpec, secrets: dict[str, pulumi.Outp
             raise ConfigError("llmgw", "ssh.privateKeyPath", f"cannot read {path}: {reason}",
                               "point it at the operator's SSH private key, or set the llmgw:sshPrivateKey secret")
     refuse_exposed("ssh.privateKeyPath", path, secret=True)
-    return {**credentials, "private_key_path": str(path)}
+    written = spec.ssh_private_key_path
+    return {**credentials, "private_key_path": written if written.startswith(validate.HOME_PREFIX) else str(path)}
 
 
 def refuse_exposed(field: str, path: str | os.PathLike[str], secret: bool) -> None:
@@ -347,7 +353,7 @@ def main() -> dict[str, Node]:
 
 
 def register(registration: Registration) -> dict[str, Node]:
-    """One Node per configured node, and the stack outputs: each node's, nextSteps and fleet."""
+    """One Node per configured node, and the stack outputs: nodes, nextSteps and fleet."""
     spec = registration.spec
     nodes: dict[str, Node] = {}
     # Canaries are registered first, so that the engine reaches their updates before the others'.
@@ -357,12 +363,13 @@ def register(registration: Registration) -> dict[str, Node]:
     with recorded_frames(0):
         for n in sorted(spec.nodes, key=lambda n: n.node_id not in canaries):
             nodes[n.node_id] = Node(n.node_id, node_args(registration, n))  # in its shard's provider process (llmgw_pulumi.shards)
-    for n in spec.nodes:
-        pulumi.export(n.node_id, node_output(nodes[n.node_id]))
-    rows = [fleet_row(n.node_id, nodes[n.node_id]) for n in spec.nodes]
-    pulumi.export(NEXT_STEPS_OUTPUT, next_steps([n.node_id for n in spec.nodes]))
+    ids = [n.node_id for n in spec.nodes]
+    pulumi.export(NODES_OUTPUT, pulumi.Output.all(*(node_output(nodes[i]) for i in ids)).apply(
+        lambda known: fleet.nodes_lines(dict(zip(ids, known, strict=True)))))
+    rows = [fleet_row(i, nodes[i]) for i in ids]
+    pulumi.export(NEXT_STEPS_OUTPUT, next_steps(ids))
     pulumi.export(FLEET_OUTPUT, pulumi.Output.all(*rows).apply(
-        lambda known: fleet.fleet_table(known, dt.datetime.now(dt.UTC))))
+        lambda known: fleet.fleet_lines(known, dt.datetime.now(dt.UTC))))
     return nodes
 
 
@@ -389,14 +396,17 @@ def node_args(registration: Registration, n: stack_config.NodeConfig) -> NodeArg
 
 
 FLEET_OUTPUT = "fleet"
-"""The stack output `pulumi stack output fleet` prints: a table, one line per node (see llmgw_pulumi.fleet)."""
+"""The stack output for a person: node id -> one line (see llmgw_pulumi.fleet)."""
+NODES_OUTPUT = "nodes"
+"""The stack output for programs: each node's outputs (``node_output``), one line of JSON per node
+(``llmgw_pulumi.fleet.read_nodes`` reads it)."""
 
 
-def node_output(node: Node) -> dict[str, Any]:
-    """A node's stack output: who it is, its certificate, its hardware and its problems."""
+def node_output(node: Node) -> pulumi.Output[dict[str, Any]]:
+    """A node's entry in the ``nodes`` output: who it is, its certificate, its hardware and its problems."""
     check = node.engine_check
     inventory = check.inventory.apply(lambda inv: inv or {})
-    return {
+    return pulumi.Output.all(**{
         "hostname": node.identity.hostname,
         "agent_version": node.agent.version,
         "certificate_not_after": node.certificate.not_after,
@@ -409,7 +419,7 @@ def node_output(node: Node) -> dict[str, Any]:
         "driver": inventory.apply(lambda inv: inv.get("driver", "")),
         "cuda": inventory.apply(lambda inv: inv.get("cuda", "")),
         "hcas": inventory.apply(lambda inv: inv.get("hcas") or []),
-    }
+    })
 
 
 def fleet_row(node_id: str, node: Node) -> pulumi.Output[fleet.FleetRow]:

@@ -129,8 +129,9 @@ class Connection:
     wait: float = setting("wait", validate.ssh_wait, convert=float, default=DEFAULT_SSH_WAIT,
                           doc="Seconds to keep retrying while the node refuses SSH (cloud-init restarts sshd).")
     private_key_path: str | None = setting(
-        "privateKeyPath", lambda v: validate.abs_path(v, "path of the SSH private key"), default=None,
-        doc="Where the key is on the machine running Pulumi: then the key never enters state at all.")
+        "privateKeyPath", lambda v: validate.operator_path(v, "path of the SSH private key"), default=None,
+        doc="Where the key is on the machine running Pulumi, absolute or as ~/...: then the key never enters state "
+            "at all. ~/ is the home directory of whoever runs Pulumi, read at each operation.")
     passphrase: str | None = setting(None, collect=_any_secret, secret=True, default=None, repr=False,
                                      doc="The passphrase of a protected key (a secret); a key in ssh-agent needs none.")
     jump: tuple[Hop, ...] = setting("jump", collect=_collect_jump, default=(),

@@ -50,7 +50,7 @@ def load_private_key(conn: Connection, node: str) -> paramiko.PKey | None:
     text = conn.private_key
     if not text and conn.private_key_path:
         try:
-            with open(conn.private_key_path) as f:
+            with open(os.path.expanduser(conn.private_key_path)) as f:  # ~/...: this machine's user's home
                 text = f.read()
         except OSError as exc:
             raise ConfigError(node, "connection.private_key_path", f"cannot read {conn.private_key_path}: {exc.strerror}",

@@ -154,6 +154,24 @@ def abs_path(value: object, what: str = "path", on_node: bool = False) -> Proble
     return None
 
 
+HOME_PREFIX = "~/"
+"""How a path on the machine running Pulumi names the home directory of whoever runs it (``~/.ssh/id_fleet``)."""
+
+
+def operator_path(value: object, what: str = "path") -> Problem:
+    """A path on the machine running Pulumi, recorded as written: absolute, or under the home directory of whoever
+    runs Pulumi (``~/...``), so that one stack file reads the same from every operator's machine."""
+    if isinstance(value, str) and value.startswith(HOME_PREFIX):
+        found = abs_path(value[len(HOME_PREFIX) - 1:], what)
+        if found is not None:
+            return found[0].replace(repr(value[len(HOME_PREFIX) - 1:]), repr(value)), found[1]
+        return None
+    found = abs_path(value, what)
+    if found is not None and isinstance(value, str) and value and not value.startswith("/"):
+        return found[0], f"give the absolute {what}, starting with / or ~/"
+    return found
+
+
 def local_path(value: object, what: str = "path") -> Problem:
     """A path on the machine running Pulumi, as the operator writes it (relative, or with ~, is fine)."""
     if not isinstance(value, str) or not value:

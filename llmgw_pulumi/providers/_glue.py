@@ -37,6 +37,7 @@ from ..schema import replace_keys
 from ..sessions import Runner
 from ..specs import Connection, Problems, is_unknown
 from ..text import printable
+from ..validate import HOME_PREFIX
 from . import _diagnostics
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -104,6 +105,9 @@ def check(news: Mapping[str, Any], collect: Callable[[Mapping[str, Any], Problem
         for key in machine_facts:
             if is_unknown(inputs.get(key)) and olds.get(key) is not None:
                 inputs[key] = olds[key]
+    if "known_jump_host_keys" in inputs and no_jump_hosts(inputs) and (
+            is_unknown(inputs["known_jump_host_keys"]) or not inputs["known_jump_host_keys"]):
+        del inputs["known_jump_host_keys"]  # none to know: not a value a preview waits for
     collect(inputs, problems)
     # The engine prints a reason as it is: a bad node id (or key) given with a newline or an escape is shown escaped.
     failures = [CheckFailure("", printable(f"{problems.node}: {name}: {problem}. Fix: {fix}"))
@@ -111,6 +115,12 @@ def check(news: Mapping[str, Any], collect: Callable[[Mapping[str, Any], Problem
     if not failures and derive is not None:
         derive(inputs)
     return CheckResult(inputs, failures)
+
+
+def no_jump_hosts(inputs: Mapping[str, Any]) -> bool:
+    """The connection is known and goes through no jump host."""
+    conn = inputs.get("connection")
+    return isinstance(conn, Mapping) and not is_unknown(conn.get("jump")) and not conn.get("jump")
 
 
 def same_machine(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
@@ -140,6 +150,8 @@ def changed_keys(olds: Mapping[str, Any], news: Mapping[str, Any], keys: Iterabl
                     # An unpinned host key is recorded in outputs; a missing key is a
                     # reviewer's preview. Neither is a change.
                     continue
+                if sub == "private_key_path" and same_key_file(old.get(sub), new.get(sub)):
+                    continue
                 if is_unknown(new.get(sub)) or normalise(old.get(sub)) != normalise(new.get(sub)):
                     changed.append(f"connection.{sub}")
         elif key == "known_jump_host_keys" and (is_unknown(new) or not new):
@@ -147,6 +159,19 @@ def changed_keys(olds: Mapping[str, Any], news: Mapping[str, Any], keys: Iterabl
         elif is_unknown(new) or normalise(old) != normalise(new):
             changed.append(key)
     return changed
+
+
+def same_key_file(old: Any, new: Any) -> bool:
+    """Do two recorded SSH key paths name the same file as written: equal, or ``~/.ssh/id_fleet`` against the
+    absolute path an earlier package recorded for it (``/home/alice/.ssh/id_fleet``, under whichever home
+    directory ran it). Where the home directory is differs from machine to machine, not what the path says."""
+    if not isinstance(old, str) or not isinstance(new, str):
+        return False
+    if old == new:
+        return True
+    written, absolute = (new, old) if new.startswith(HOME_PREFIX) else (old, new)
+    return (written.startswith(HOME_PREFIX) and absolute.startswith("/")
+            and absolute.endswith(written[len(HOME_PREFIX) - 1:]))
 
 
 def operator_side_only(changes: Iterable[str]) -> bool:

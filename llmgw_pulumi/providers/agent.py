@@ -126,8 +126,11 @@ def drift(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
 
 
 def changed_inputs(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
-    """The inputs that changed, the texts compared by their digests (the outputs keep no more of them)."""
-    return _glue.changed_keys(digested(olds), digested(news), INPUT_KEYS)
+    """The inputs that changed, the texts compared by their digests (the outputs keep no more of them). A local
+    build is compared by its sha256: where it lies on the machine running Pulumi is no change to the node."""
+    found = _glue.changed_keys(digested(olds), digested(news), INPUT_KEYS)
+    same_build = isinstance(news.get("binary_sha256"), str) and olds.get("binary_sha256") == news["binary_sha256"]
+    return [k for k in found if not (k == "binary_path" and same_build)]
 
 
 def changes(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
@@ -235,6 +238,17 @@ def rollout_of(props: dict[str, Any]) -> NodeRollout | None:
     return built
 
 
+def with_approved_digests(olds: Mapping[str, Any], news: dict[str, Any]) -> dict[str, Any]:
+    """A preview's inputs (which leave the digests out: it fetches nothing) with the digests approved for the same
+    release at the last `up`, so that `preview --diff` does not show them as removed."""
+    if news.get("release_sha256") is not None or not olds.get("release_sha256"):
+        return news
+    if any(is_unknown(news.get(k)) or _glue.normalise(news.get(k)) != _glue.normalise(olds.get(k))
+           for k in ("version", "release_url")):
+        return news
+    return {**news, "release_sha256": olds["release_sha256"]}
+
+
 def _outputs(props: dict[str, Any], computed: dict[str, Any]) -> dict[str, Any]:
     """The inputs but RELEASE_KEYS, the texts as their digests, and what the operation found."""
     return _glue.outputs(digested({k: v for k, v in props.items() if k not in RELEASE_KEYS}), **computed)
@@ -262,7 +276,7 @@ def carry_version(olds: Mapping[str, Any], news: dict[str, Any]) -> dict[str, An
 class AgentInstallProvider(_glue.ModuleProvider):
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        return _glue.check(carry_version(olds, news), AgentSpec.collect, derive=derive, olds=olds,
+        return _glue.check(with_approved_digests(olds, carry_version(olds, news)), AgentSpec.collect, derive=derive, olds=olds,
                            machine_facts=("hostname", "known_host_key", "known_jump_host_keys"))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:

@@ -154,7 +154,9 @@ class NodeIdentityProvider(_glue.ModuleProvider):
             if new_machine and operator_key_unguarded(operator_key, conn.get("host_key"), props):
                 problems.add("hostKey", *OPERATOR_KEY_UNGUARDED)
 
-        return _glue.check(news, collect, defaults=defaults(CertificateSpec, ("key_origin",)))
+        # The host keys ClientCertificate recorded: the same while the machine is (it refuses another).
+        return _glue.check(news, collect, defaults=defaults(CertificateSpec, ("key_origin",)), olds=olds,
+                           machine_facts=("known_host_key", "known_jump_host_keys"))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # A replacement is created before the old one is deleted; the delete

@@ -71,16 +71,15 @@ def test_inventory_and_fleet_show_the_gpus_and_a_missing_hca(cluster, hosts, new
     assert len({g["uuid"] for g in inventories[eight.hostname]["gpus"]}) == 8
     assert inventories[none.hostname] == {"gpus": [], "driver": "", "cuda": "", "hcas": []}
 
-    # `pulumi stack output fleet`, as a person reads it: one line per node.
-    fleet = stack.cli("stack", "output", "fleet").stdout
-    print(fleet)
-    lines = {line.split()[0]: line for line in fleet.splitlines()[1:]}
-    assert fleet.splitlines()[0].split()[:2] == ["NODE", "HOSTNAME"]
+    # The stack output `fleet`, as a person reads it: one line per node, in `up`'s Outputs too.
+    lines = out["fleet"]
     assert "1x NVIDIA H200" in lines[one.hostname] and "1: mlx5_1 missing" in lines[one.hostname]
     assert "8x NVIDIA H200" in lines[eight.hostname] and lines[eight.hostname].endswith("none")
     for h in (one, eight, none):
-        assert f" {h.hostname} " in lines[h.hostname] and " amd64 " in lines[h.hostname] and " v1.4.2 " in lines[h.hostname]
-        assert " 364 " in lines[h.hostname] or " 365 " in lines[h.hostname], lines[h.hostname]  # a year's certificate
+        line = lines[h.hostname]
+        assert line.startswith(f"{h.hostname} ") and " amd64 " in line and " v1.4.2 " in line, line
+        assert "(364 days left)" in line or "(365 days left)" in line, line  # a year's certificate
+        assert f"{h.hostname}: \"{line}\"" in up.output, up.output
     assert " - " in lines[none.hostname] + " "
 
     # A standing problem is a warning, not a change.
@@ -101,5 +100,5 @@ def test_inventory_and_fleet_show_the_gpus_and_a_missing_hca(cluster, hosts, new
     assert again.ok and set(again.changes) == {"same"}, again.output
     assert not warned(again, missing), again.output
     assert stack.outputs()[one.hostname]["hcas"] == ["mlx5_0", "mlx5_1"]
-    line = next(x for x in stack.cli("stack", "output", "fleet").stdout.splitlines() if x.startswith(one.hostname))
+    line = stack.outputs()["fleet"][one.hostname]
     assert "1x NVIDIA H200" in line and line.endswith("none"), line

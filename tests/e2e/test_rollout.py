@@ -83,11 +83,9 @@ def versions(hosts: list[Any]) -> dict[str, bytes | None]:
     return {h.hostname: h.read_file(BINARY) for h in hosts}
 
 
-def fleet_versions(table: str) -> dict[str, str]:
-    """node -> the AGENT column of `pulumi stack output fleet`."""
-    header, *lines = table.splitlines()
-    at = header.index("AGENT")
-    return {line.split()[0]: line[at:].split()[0] for line in lines}
+def fleet_versions(lines: dict[str, str]) -> dict[str, str]:
+    """node -> the agent version its line of the stack output `fleet` shows."""
+    return {node: line.split(" agent ")[1].split()[0] for node, line in lines.items()}
 
 
 def main_pid(host: Any, cluster: Any) -> str:

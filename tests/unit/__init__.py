@@ -10,3 +10,8 @@ AGENT_YAML_COMMENTS = ("# {}, written by llmgw-pulumi. Only overrides are writte
                      "# the agent finds everything else out for itself. `pulumi up` rewrites this file.\n")
 """agent.yaml's two comment lines, for a node id (``.format(node_id)``), as the file on a node begins: written
 here, not taken from the package. AgentInstall's input leaves them out; the file and its digest hold them."""
+
+
+RELEASE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOye5XaKTaeYA/zgWk9ecXIR32Hr3T4v0AfbdBmZ70Cl release@example.net"
+"""A release signing key's public line, for configs that must verify their release (no private key is behind
+it in the tests that only read configs)."""

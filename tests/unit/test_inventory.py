@@ -74,34 +74,41 @@ NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 H200 = {"index": 0, "name": "NVIDIA H200", "memory_mib": 143771.0}
 
 
-def test_the_fleet_table_has_one_aligned_line_per_node() -> None:
+def test_the_fleet_output_is_one_line_per_node_its_fields_lined_up() -> None:
     rows = [
         fleet.FleetRow("gpu-07", "gpu-07.dc1", "2027-11-30T11:00:00+00:00", "v1.4.2", "amd64", [H200] * 8,
                        [{"fabric": "ib-east", "hca": "mlx5_1", "status": "missing", "problem": "...", "hint": "..."}]),
         fleet.FleetRow("cpu-1", "cpu-1", "2026-12-10T12:00:00+00:00", "v1.5.0", "arm64"),
     ]
-    text = fleet.fleet_table(rows, NOW)
-    lines = text.splitlines()
-    assert lines[0].split() == ["NODE", "HOSTNAME", "CERT", "EXPIRES", "DAYS", "LEFT", "AGENT", "ARCH", "GPUS", "READY",
-                                "PROBLEMS"]
-    assert lines[1].split() == ["gpu-07", "gpu-07.dc1", "2027-11-30", "11:00", "UTC", "364", "v1.4.2", "amd64",
-                                "8x", "NVIDIA", "H200", "not", "ready", "1:", "mlx5_1", "missing"]
-    assert lines[2].split() == ["cpu-1", "cpu-1", "2026-12-10", "12:00", "UTC", "10", "v1.5.0", "arm64", "-", "ready",
-                                "none"]
-    # Columns line up: each starts where its heading starts.
-    for heading in ("HOSTNAME", "DAYS LEFT", "GPUS", "READY", "PROBLEMS"):
-        col = lines[0].index(heading)
-        assert all(line[col - 2:col] == "  " and line[col] != " " for line in lines[1:]), (heading, text)
+    lines = fleet.fleet_lines(rows, NOW)
+    assert list(lines) == ["gpu-07", "cpu-1"]
+    assert lines["gpu-07"].split() == ["gpu-07.dc1", "cert", "2027-11-30", "11:00", "UTC", "(364", "days", "left)",
+                                       "agent", "v1.4.2", "amd64", "8x", "NVIDIA", "H200", "not", "ready", "problems:", "1:", "mlx5_1",
+                                       "missing"]
+    assert lines["cpu-1"].split() == ["cpu-1", "cert", "2026-12-10", "12:00", "UTC", "(10", "days", "left)", "agent",
+                                      "v1.5.0", "arm64", "-", "ready", "problems:", "none"]
+    # Fields line up: each starts at the same column on every line, and no line is cut by the CLI (150 characters).
+    for field in ("cert", "agent", "problems:"):
+        assert len({line.index(field) for line in lines.values()}) == 1, (field, lines)
+    assert all(len(line) <= 150 for line in lines.values())
 
 
-def test_the_fleet_table_says_when_a_certificate_expired_and_counts_several_models() -> None:
+def test_the_fleet_output_says_when_a_certificate_expired_and_counts_several_models() -> None:
     row = fleet.FleetRow("n", "h", "2026-11-29T00:00:00+00:00", "v1", "amd64",
                          [H200, {"name": "NVIDIA L40S"}, H200], [{"engine": "vllm", "status": "missing"}] * 2)
-    line = fleet.fleet_table([row], NOW).splitlines()[1]
-    assert "expired (-2)" in line and "2x NVIDIA H200, 1x NVIDIA L40S" in line and "2: vllm missing, vllm missing" in line
+    line = fleet.fleet_lines([row], NOW)["n"]
+    assert "(expired (-2))" in line and "2x NVIDIA H200, 1x NVIDIA L40S" in line and "2: vllm missing, vllm missing" in line
     assert fleet.gpu_model(row.gpus) == "NVIDIA H200 + NVIDIA L40S" and fleet.gpu_model([]) == ""
 
 
-def test_an_empty_fleet_is_the_header_alone() -> None:
-    assert fleet.fleet_table([], NOW).split() == ["NODE", "HOSTNAME", "CERT", "EXPIRES", "DAYS", "LEFT", "AGENT", "ARCH",
-                                                 "GPUS", "READY", "PROBLEMS"]
+def test_an_empty_fleet_has_no_line() -> None:
+    assert fleet.fleet_lines([], NOW) == {}
+
+
+def test_the_nodes_output_is_a_line_of_json_per_node_a_program_reads_back() -> None:
+    data = {"gpu-10": {"hostname": "gpu-10", "problems": [{"engine": "vllm"}], "gpus": 8},
+            "gpu-2": {"hostname": "gpu-2\nforged", "problems": [], "gpus": 0}}
+    text = fleet.nodes_lines(data)
+    assert len(text.splitlines()) == 2  # a newline in a value stays inside its line, escaped
+    assert fleet.read_nodes(text) == data and list(fleet.read_nodes(text)) == ["gpu-10", "gpu-2"]
+    assert fleet.nodes_lines({}) == "" and fleet.read_nodes("") == {}

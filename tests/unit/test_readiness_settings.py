@@ -16,13 +16,14 @@ from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.readiness import Expectations, HcaExpectation
 from llmgw_pulumi.specs import EngineCheckSpec, Fabric, Hardware, HcaPorts
 from llmgw_pulumi.stack_config import StackConfigError
+from tests.unit import RELEASE_KEY
 from tests.unit.test_config_errors import _args
 from tests.unit.test_providers_fake import CONN, HOST_KEY
 
 GOOD: dict[str, Any] = {
     "pkiDir": "/srv/llmgw/pki",
     "servers": ["cp1.example.net:7443"],
-    "agent": {"version": "v1.4.2", "releaseUrl": "https://releases.example.net/llmgw"},
+    "agent": {"version": "v1.4.2", "signingKey": RELEASE_KEY, "releaseUrl": "https://releases.example.net/llmgw"},
     "ssh": {"user": "deploy", "privateKeyPath": "/home/op/.ssh/id_ed25519"},
     "hardware": {"gpuCount": 8, "gpuModel": "NVIDIA H200", "minDriver": "570", "hcaPorts": {"minRateGbps": 400}},
     "failOnProblems": True,
@@ -190,11 +191,14 @@ def test_the_fleet_table_shows_each_nodes_readiness_and_its_problems_by_gpu_or_p
             fleet.FleetRow("gpu-02", "gpu-02", "", "v1", "amd64", problems=[remap, port]),
             fleet.FleetRow("gpu-03", "gpu-03", "", "v1", "amd64", problems=[slow]),
             fleet.FleetRow("gpu-04", "gpu-04", "", "v1", "amd64", problems=[engine])]
-    table = fleet.fleet_table(rows, dt.datetime(2026, 12, 1, tzinfo=dt.UTC)).splitlines()
-    at = table[0].index("READY")
-    assert [line[at:].split("  ")[0] for line in table[1:]] == ["ready", "not ready", "degraded", "not ready"]
-    assert table[2].endswith("2: GPU 3 row-remap-pending, mlx5_1 port 1 ib-phys-state")
-    assert table[4].endswith("1: vllm missing")
+    lines = fleet.fleet_lines(rows, dt.datetime(2026, 12, 1, tzinfo=dt.UTC))
+    at = {line.index("problems:") for line in lines.values()}
+    assert len(at) == 1  # the fields line up
+    col = at.pop()
+    readiness = [line[:col].rstrip().rsplit("  ", 1)[-1].strip() for line in lines.values()]
+    assert readiness == ["ready", "not ready", "degraded", "not ready"]
+    assert lines["gpu-02"].endswith("2: GPU 3 row-remap-pending, mlx5_1 port 1 ib-phys-state")
+    assert lines["gpu-04"].endswith("1: vllm missing")
 
 
 def test_the_benchmark_section_of_the_verdict_is_replaced_in_place_and_kept_by_a_new_render() -> None:
