@@ -62,7 +62,8 @@ def test_install_keeps_the_users_newest_sdk_and_exposes_the_public_api(tmp_path:
     # *.egg-info in the work tree; installed non-editable, like any dependency.
     src = tmp_path / "src"
     src.mkdir()
-    shutil.copy(REPO / "pyproject.toml", src)
+    for name in ("pyproject.toml", PROJECT["readme"], *PROJECT["license-files"]):
+        shutil.copy(REPO / name, src)
     shutil.copytree(REPO / "llmgw_pulumi", src / "llmgw_pulumi", ignore=shutil.ignore_patterns("__pycache__"))
     run(pip, "install", "-q", src)
 
