@@ -35,7 +35,7 @@ want=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "python virtualenv .venv"
   python3 -m venv .venv
-  PIP_CACHE_DIR=$LLMGW_CACHE/pip .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,policy]' >&2
+  PIP_CACHE_DIR=$LLMGW_CACHE/pip .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,policy,examples]' >&2
   echo "$want" > "$stamp"
 fi
 

@@ -6,9 +6,12 @@ reads its metadata back from an installed copy."""
 
 from __future__ import annotations
 
+import ast
 import re
 import tomllib
 from pathlib import Path
+
+from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -27,3 +30,32 @@ def test_the_wheel_says_what_it_is_whose_it_is_and_where_to_read_more() -> None:
     # A Python version is claimed only where the suite runs: the one mypy and ruff target.
     claimed = {c.rsplit(" :: ", 1)[1] for c in classifiers if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)}
     assert claimed == {"3.11"}
+
+
+def imported_modules(package: Path) -> set[str]:
+    """The top-level name of every module the package's source imports (absolute imports)."""
+    found: set[str] = set()
+    for source in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text(), str(source))):
+            if isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return found
+
+
+def test_pulumi_command_is_only_the_examples_extra_and_the_package_never_imports_it() -> None:
+    base = {Requirement(r).name for r in PROJECT["dependencies"]}
+    assert "pulumi-command" not in base
+    assert [Requirement(r).name for r in PROJECT["optional-dependencies"]["examples"]] == ["pulumi-command"]
+    imported = imported_modules(REPO / "llmgw_pulumi")
+    assert {"pulumi", "cryptography", "paramiko", "yaml"} <= imported  # the scan sees the package's imports
+    assert "pulumi_command" not in imported
+    # What does use it: the example that boots its VM with it.
+    assert "pulumi_command" in imported_modules(REPO / "examples" / "vm-command")
+
+
+def test_the_import_scan_sees_every_form_of_import(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("import pulumi_command.local as c\nfrom . import sibling\n")
+    (tmp_path / "b.py").write_text("def f():\n    from pulumi_command import local\n")
+    assert imported_modules(tmp_path) == {"pulumi_command"}
