@@ -277,3 +277,13 @@ def test_the_section_reader_sees_the_readmes_order(tmp_path: Path) -> None:
     readme.write_text("# T\n\nintro\n\n## Develop and test\n\n```sh\nsudo scripts/test\n```\n\n## Quick start\n\ntext\n")
     assert [t for t, _ in sections(readme)] == ["Develop and test", "Quick start"]
     assert code_blocks(dict(sections(readme))["Develop and test"]) == ["sudo scripts/test\n"]
+
+
+def test_llmgw_inventory_means_the_node_list_file_only() -> None:
+    # The main program reads `llmgw:inventory` as a node list file; no example's own program gives it another
+    # meaning (examples/own-program's id -> address map is its own `llmgw:addresses`).
+    programs = {p.parent.name: p for p in (REPO / "examples").glob("*/__main__.py")}
+    read = {name: set(CONFIG_READ.findall(p.read_text())) for name, p in programs.items()}
+    assert "addresses" in read["own-program"]  # the scan sees what an example reads
+    assert [name for name, keys in read.items() if "inventory" in keys] == []
+    assert "inventory" in declared_settings()
