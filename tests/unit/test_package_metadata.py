@@ -11,6 +11,7 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,6 +31,17 @@ def test_the_wheel_says_what_it_is_whose_it_is_and_where_to_read_more() -> None:
     # A Python version is claimed only where the suite runs: the one mypy and ruff target.
     claimed = {c.rsplit(" :: ", 1)[1] for c in classifiers if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)}
     assert claimed == {"3.11"}
+
+
+def ranges() -> list[Requirement]:
+    extras = PROJECT["optional-dependencies"]
+    return [Requirement(r) for r in [*PROJECT["dependencies"], *extras["policy"], *extras["examples"]]]
+
+
+@pytest.mark.parametrize("requirement", ranges(), ids=str)
+def test_every_dependency_a_user_installs_is_a_range_bounded_at_both_ends(requirement: Requirement) -> None:
+    operators = {spec.operator for spec in requirement.specifier}
+    assert ">=" in operators and "<" in operators, f"{requirement}: give a lower bound (>=) and an upper one (<)"
 
 
 def imported_modules(package: Path) -> set[str]:
