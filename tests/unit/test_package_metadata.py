@@ -71,3 +71,40 @@ def test_the_import_scan_sees_every_form_of_import(tmp_path: Path) -> None:
     (tmp_path / "a.py").write_text("import pulumi_command.local as c\nfrom . import sibling\n")
     (tmp_path / "b.py").write_text("def f():\n    from pulumi_command import local\n")
     assert imported_modules(tmp_path) == {"pulumi_command"}
+
+
+UNPUBLISHED = re.compile(r"llmgw-pulumi(?:\[\w+\])?(?!'s)(?!\S*\s*@\s*https://)(?=[\s\"'=<>~!]|$)")
+"""A requirement on llmgw-pulumi by name from an index (the project publishes to none), not a direct URL."""
+
+
+def unpublished(text: str) -> list[str]:
+    """The lines of a CI file that would install llmgw-pulumi by name (comments and step names are prose)."""
+    prose = re.compile(r"\s*(?:-\s*)?(?:#|name:)")
+    return [line for line in text.splitlines() if not prose.match(line) and UNPUBLISHED.search(line)]
+
+
+def ci_files() -> list[Path]:
+    return sorted(p for p in (REPO / "examples" / "ci").rglob("*") if p.is_file())
+
+
+def test_the_ci_examples_install_the_teams_own_wheel_not_a_name_from_an_index() -> None:
+    files = ci_files()
+    assert any(p.name == ".gitlab-ci.yml" for p in files) and any(p.suffix == ".yml" and ".github" in p.parts for p in files)
+    texts = {p.relative_to(REPO): p.read_text() for p in files}
+    assert [f"{p}: {line}" for p, t in texts.items() for line in unpublished(t)] == []
+    # What they install instead: the variable holding the team's wheel by URL and hash, checked before use.
+    for path, text in texts.items():
+        if "pip install" in text:
+            assert "LLMGW_PULUMI_REQUIREMENT" in text and "#sha256=" in text, path
+
+
+@pytest.mark.parametrize(("text", "found"), [
+    ('LLMGW_PULUMI: llmgw-pulumi[policy]\n', True),
+    ('pip install "llmgw-pulumi==0.3.0"\n', True),
+    ("pip install llmgw-pulumi\n", True),
+    ("#   llmgw-pulumi[policy] @ https://artifacts.example.net/llmgw_pulumi-0.3.0-py3-none-any.whl#sha256=ab\n", False),
+    ("what pip installs for the package (llmgw-pulumi's wheel)\n", False),
+])
+def test_the_ci_scan_tells_a_name_from_a_url(text: str, found: bool) -> None:
+    assert bool(unpublished(text)) is found
+    assert unpublished(f"      - name: Install {text}") == [] and unpublished(f"  # {text}") == []
