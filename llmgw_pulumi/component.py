@@ -199,7 +199,7 @@ def node_args(parsed: Parsed) -> NodeArgs:
     connection = dataclasses.replace(args.connection, **{k: v for k, v in replaced.items() if v is not None})  # type: ignore[arg-type]
     settings = args.settings
     if "servers" in parsed.outputs and settings is not None:
-        settings = dataclasses.replace(settings, servers=parsed.outputs["servers"])
+        settings = dataclasses.replace(settings, servers=parsed.outputs["servers"])  # type: ignore[arg-type]
     return dataclasses.replace(args, connection=connection, settings=settings)
 
 

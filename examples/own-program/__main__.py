@@ -1,8 +1,8 @@
 """Nodes built by this program's own code, with the public API only (not from `llmgw:nodes`).
 
 The fleet is a list in the program; per-node settings are computed here. Only
-the addresses (an inventory, as a CMDB or another stack's outputs would give
-them) and the cluster settings come from the stack config. Each `Node` runs
+the addresses (`llmgw:addresses`, node id -> address, as a CMDB or another
+stack's outputs would give them) and the cluster settings come from the stack config. Each `Node` runs
 its resources in one of several provider processes by itself (see
 `llmgw_pulumi.shards`), so the nodes are onboarded in parallel.
 """
@@ -18,14 +18,14 @@ FLEET = [
 ]
 
 config = pulumi.Config("llmgw")
-inventory = config.require_object("inventory")  # node id -> address
+addresses = config.require_object("addresses")  # node id -> address
 ssh = config.require_object("ssh")
 agent = config.require_object("agent")
 
 for node_id, fabric in FLEET:
     node = Node(node_id, NodeArgs(
         node_id=node_id,
-        connection=ConnectionArgs(host=inventory[node_id], user=ssh.get("user", "root"),
+        connection=ConnectionArgs(host=addresses[node_id], user=ssh.get("user", "root"),
                                   private_key_path=ssh["privateKeyPath"], wait=ssh.get("wait", 120)),
         pki_dir=config.require("pkiDir"),
         settings=AgentSettings(servers=config.require_object("servers"), fabrics=[fabric] if fabric else []),

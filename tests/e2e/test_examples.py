@@ -248,7 +248,7 @@ def test_vm_command_example_boots_onboards_reimages_and_destroys_in_order(lab, c
 def test_own_program_example_onboards_nodes_built_in_its_code_each_in_its_shard(cluster, hosts, new_stack):
     a, b = hosts(2, hostnames=["gpu-a", "gpu-b"])
     base = stack_config(cluster, [], nodes=[])
-    config = {"inventory": {"gpu-a": a.addr, "gpu-b": b.addr},
+    config = {"addresses": {"gpu-a": a.addr, "gpu-b": b.addr},
               **{k: base[k] for k in ("pkiDir", "servers", "agent", "ssh")}}
     stack = new_stack(config, project=EXAMPLES / "own-program")
     up = stack.up()

@@ -4,7 +4,6 @@ stack config, its wiring under the SDK's mock monitor, and the Python the dynami
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +175,7 @@ def test_the_python_the_plugin_would_run_is_checked():
     assert missing is not None
     assert missing.startswith("llmgw Node gpu-01: the dynamic-provider plugin would run /usr/bin/python3 (no "
                               "PULUMI_RUNTIME_VIRTUALENV is set), which does not have llmgw-pulumi"), missing
-    assert f"fix: export PULUMI_RUNTIME_VIRTUALENV={sys.prefix} " in missing
+    assert f"fix: export PULUMI_RUNTIME_VIRTUALENV={REPO / '.venv'} " in missing  # the checkout's, which has one
     not_a_venv = component.python_problem("gpu-01", {"PULUMI_RUNTIME_VIRTUALENV": "/nonexistent"})
     assert not_a_venv is not None and "PULUMI_RUNTIME_VIRTUALENV=/nonexistent, which does not" in not_a_venv
 

@@ -242,3 +242,48 @@ def test_a_docs_page_and_an_example_readme_are_checked_too(fake_repo: Path) -> N
     (fake_repo / "examples" / "racks" / "README.md").write_text("# Racks\n\n[up](../../docs/gone.md)\n")
     problems = all_problems(fake_repo, DECLARED)
     assert sorted(p.split(":")[0] for p in problems) == ["docs/other.md", "examples/racks/README.md"], problems
+
+
+def sections(path: Path) -> list[tuple[str, str]]:
+    """The README's second-level sections in order: (heading text, the Markdown source under it)."""
+    toks, lines = tokens(path), path.read_text().splitlines()
+    starts = [(toks[i + 1].content, tok.map[0]) for i, tok in enumerate(toks)
+              if tok.type == "heading_open" and tok.tag == "h2" and tok.map]
+    ends = [line for _, line in starts[1:]] + [len(lines)]
+    return [(title, "\n".join(lines[start:end])) for (title, start), end in zip(starts, ends, strict=True)]
+
+
+def code_blocks(markdown: str) -> list[str]:
+    return [t.content for t in PARSER.parse(markdown) if t.type in ("fence", "code_block")]
+
+
+def test_the_readme_opens_with_an_operators_quick_start_then_real_machines_then_the_lab() -> None:
+    titles = [title for title, _ in sections(REPO / "README.md")]
+    assert titles[0] == "Quick start", titles
+    assert titles.index("Running it against real machines") < titles.index("Develop and test"), titles
+    quick = dict(sections(REPO / "README.md"))["Quick start"]
+    commands = "\n".join(code_blocks(quick))
+    # What an operator runs on their own machine, in order, and none of it as root.
+    steps = ["python3 -m venv", "pip install -c constraints.txt", "pulumi login", "pulumi stack init", "pulumi preview"]
+    where = [commands.find(step) for step in steps]
+    assert -1 not in where and where == sorted(where), dict(zip(steps, where, strict=True))
+    assert "sudo" not in quick and "scripts/" not in commands
+    develop = dict(sections(REPO / "README.md"))["Develop and test"]
+    assert "scripts/local-up" in "\n".join(code_blocks(develop)) and "scripts/test" in "\n".join(code_blocks(develop))
+
+
+def test_the_section_reader_sees_the_readmes_order(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# T\n\nintro\n\n## Develop and test\n\n```sh\nsudo scripts/test\n```\n\n## Quick start\n\ntext\n")
+    assert [t for t, _ in sections(readme)] == ["Develop and test", "Quick start"]
+    assert code_blocks(dict(sections(readme))["Develop and test"]) == ["sudo scripts/test\n"]
+
+
+def test_llmgw_inventory_means_the_node_list_file_only() -> None:
+    # The main program reads `llmgw:inventory` as a node list file; no example's own program gives it another
+    # meaning (examples/own-program's id -> address map is its own `llmgw:addresses`).
+    programs = {p.parent.name: p for p in (REPO / "examples").glob("*/__main__.py")}
+    read = {name: set(CONFIG_READ.findall(p.read_text())) for name, p in programs.items()}
+    assert "addresses" in read["own-program"]  # the scan sees what an example reads
+    assert [name for name, keys in read.items() if "inventory" in keys] == []
+    assert "inventory" in declared_settings()

@@ -275,8 +275,6 @@ WEAK = {
                   "an EC key on curve secp256k1, which is not one of P-256, P-384, P-521"),
     "brainpoolP256r1": (lambda: ec.generate_private_key(ec.BrainpoolP256R1()),
                         "an EC key on curve brainpoolP256r1, which is not one of P-256, P-384, P-521"),
-    "sect283k1": (lambda: ec.generate_private_key(ec.SECT283K1()),
-                  "an EC key on curve sect283k1, which is not one of P-256, P-384, P-521"),
     "P-224": (lambda: ec.generate_private_key(ec.SECP224R1()),
               "an EC key on curve secp224r1, which is not one of P-256, P-384, P-521"),
     "RSA 2047": (lambda: rsa.generate_private_key(65537, 2047), "an RSA key of 2047 bits, fewer than 2048"),
@@ -284,6 +282,10 @@ WEAK = {
     "DSA": (lambda: dsa.generate_private_key(2048), "a DSA key, which is not one of P-256, P-384, P-521, Ed25519 or RSA"),
     "Ed448": (ed448.Ed448PrivateKey.generate, "a Ed448 key, which is not one of P-256, P-384, P-521, Ed25519 or RSA"),
 }
+if hasattr(ec, "SECT283K1"):
+    # A binary curve, while cryptography still has them (46 is the last that does; 47 dropped them).
+    WEAK["sect283k1"] = (lambda: ec.generate_private_key(ec.SECT283K1()),
+                         "an EC key on curve sect283k1, which is not one of P-256, P-384, P-521")
 KEY_FIX = ("give the node a P-256, P-384 or P-521 (ECDSA), Ed25519, or RSA key of at least 2048 bits: "
            "`pulumi up --replace` on its ClientCertificate has node-key.sh make a P-256 pair")
 

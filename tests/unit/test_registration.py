@@ -21,11 +21,12 @@ from llmgw_pulumi.providers import _registration
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.registration import RegistrationCheck, listed, shown
 from llmgw_pulumi.specs import AgentSpec
+from tests.unit import RELEASE_KEY
 from tests.unit.test_providers import AGENT, as_installed, checked
 
 BASE: dict[str, Any] = {
     "pkiDir": "/srv/pki", "servers": ["cp1.example.net:7443"],
-    "agent": {"version": "v1.4.2", "releaseUrl": "https://releases.example.net/llmgw"},
+    "agent": {"version": "v1.4.2", "signingKey": RELEASE_KEY, "releaseUrl": "https://releases.example.net/llmgw"},
     "ssh": {"user": "deploy", "privateKeyPath": "/home/me/.ssh/id_ed25519"},
     "nodes": [{"id": "gpu-01", "address": "10.0.0.11"}],
 }
@@ -101,7 +102,8 @@ def test_agent_install_checks_the_input_under_its_input_names() -> None:
 def test_node_args_problems_name_the_registration_field() -> None:
     args = NodeArgs(node_id="gpu-01", connection=ConnectionArgs(host="10.0.0.11", user="deploy"), pki_dir="/srv/pki",
                     settings=AgentSettings(servers=["cp1:7443"]), binary=BinarySource(version="v1.4.2",
-                                                                                   release_url="https://r.example"),
+                                                                                   release_url="https://r.example",
+                                                                                   signing_key=RELEASE_KEY),
                     registration=RegistrationCheck(command=("bin/llmgw", "ctl", "nodes"), timeout_seconds=0))
     found = {e.field.split(":")[0] for e in check_node_args(args)}
     assert found == {"registration.command", "registration.timeout_seconds"}, check_node_args(args)
