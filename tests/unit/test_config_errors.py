@@ -21,9 +21,7 @@ from llmgw_pulumi import node_list, stack_config
 from llmgw_pulumi.agent_settings import AgentSettings, BinarySource
 from llmgw_pulumi.errors import ConfigError, StackConfigError
 from llmgw_pulumi.node import ConnectionArgs, NodeArgs, check_node_args
-
-RELEASE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOye5XaKTaeYA/zgWk9ecXIR32Hr3T4v0AfbdBmZ70Cl release@example.net"
-"""A release signing key's public line: a release nothing verifies is refused."""
+from tests.unit import RELEASE_KEY
 
 GOOD: dict[str, Any] = {
     "pkiDir": "/srv/llmgw/pki",

@@ -18,9 +18,7 @@ from llmgw_pulumi import AgentSettings, BinarySource, ConnectionArgs, Node, Node
 from llmgw_pulumi.call_stack import recorded_frames
 from llmgw_pulumi.errors import ConfigError
 from llmgw_pulumi.shards import PROVIDER_SHARDS, SHARDS_ENV, provider_for, shard_count, shard_name, shard_of
-
-RELEASE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOye5XaKTaeYA/zgWk9ecXIR32Hr3T4v0AfbdBmZ70Cl release@example.net"
-"""A release signing key's public line: Node refuses a release nothing verifies."""
+from tests.unit import RELEASE_KEY
 
 NODE_TYPES = {"pulumi-python:dynamic/llmgw:" + t for t in ("ClientCertificate", "NodeIdentity", "AgentInstall", "EngineCheck")}
 PROVIDER_TYPE = "pulumi:providers:pulumi-python"

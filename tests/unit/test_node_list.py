@@ -15,9 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from llmgw_pulumi import node_list, stack_config
 from llmgw_pulumi.stack_config import StackConfigError
-
-RELEASE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOye5XaKTaeYA/zgWk9ecXIR32Hr3T4v0AfbdBmZ70Cl release@example.net"
-"""A release signing key's public line: a release nothing verifies is refused."""
+from tests.unit import RELEASE_KEY
 
 HOST_KEY = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
     serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()

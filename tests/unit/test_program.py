@@ -11,9 +11,7 @@ import pytest
 
 from llmgw_pulumi import program
 from llmgw_pulumi.stack_config import StackConfigError
-
-RELEASE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOye5XaKTaeYA/zgWk9ecXIR32Hr3T4v0AfbdBmZ70Cl release@example.net"
-"""A release signing key's public line: a release nothing verifies is refused."""
+from tests.unit import RELEASE_KEY
 
 STACK = {
     "llmgw:pkiDir": "/srv/llmgw/pki",

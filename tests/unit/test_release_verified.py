@@ -18,8 +18,9 @@ from llmgw_pulumi.boundary import to_inputs
 from llmgw_pulumi.errors import ConfigError, StackConfigError
 from llmgw_pulumi.node import ConnectionArgs, NodeArgs, check_node_args, recorded_binary
 from llmgw_pulumi.specs import AgentSettings
+from tests.unit import RELEASE_KEY
 
-KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOye5XaKTaeYA/zgWk9ecXIR32Hr3T4v0AfbdBmZ70Cl release@example.net"
+KEY = RELEASE_KEY
 OLD, NEW = "a" * 64, "b" * 64
 URL = "https://releases.example.net/llmgw"
 TOP: dict[str, Any] = {

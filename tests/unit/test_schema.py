@@ -19,9 +19,7 @@ from lab.doubles import llmgw as double
 from llmgw_pulumi import desired, node, schema, specs, stack_config
 from llmgw_pulumi.agent_settings import AgentSettings, BinarySource
 from llmgw_pulumi.providers import agent, certificate, engines, identity
-
-RELEASE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOye5XaKTaeYA/zgWk9ecXIR32Hr3T4v0AfbdBmZ70Cl release@example.net"
-"""A release signing key's public line: a release nothing verifies is refused."""
+from tests.unit import RELEASE_KEY
 
 PACKAGE = Path(llmgw_pulumi.__file__).parent
 

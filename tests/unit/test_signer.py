@@ -20,9 +20,7 @@ from lab.hsm import SIGNER, Token
 from llmgw_pulumi import pki, signer, signing
 from llmgw_pulumi.errors import SignedCertificateError, SignerError
 from llmgw_pulumi.providers.certificate import CA_KEY_INPUT, ClientCertificateProvider, _ca_keys
-
-RELEASE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOye5XaKTaeYA/zgWk9ecXIR32Hr3T4v0AfbdBmZ70Cl release@example.net"
-"""A release signing key's public line: a release nothing verifies is refused."""
+from tests.unit import RELEASE_KEY
 
 NOW = dt.datetime.now(dt.UTC)
 DAY = dt.timedelta(days=1)

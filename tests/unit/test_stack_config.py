@@ -9,9 +9,7 @@ from llmgw_pulumi import boundary, errors, stack_config
 from llmgw_pulumi.errors import ConfigError
 from llmgw_pulumi.specs import Fabric
 from llmgw_pulumi.stack_config import StackConfigError
-
-RELEASE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOye5XaKTaeYA/zgWk9ecXIR32Hr3T4v0AfbdBmZ70Cl release@example.net"
-"""A release signing key's public line: a release nothing verifies is refused."""
+from tests.unit import RELEASE_KEY
 
 GOOD = {
     "pkiDir": "/srv/llmgw/pki",
