@@ -1,5 +1,9 @@
 """Pure tests: no network, no root."""
 
+import copy
+from collections.abc import Sequence
+from typing import Any
+
 
 def fake_pem(kind: str, body: str) -> str:
     """A PEM-shaped string with no key in it (so no key-shaped text is committed)."""
@@ -15,3 +19,13 @@ here, not taken from the package. AgentInstall's input leaves them out; the file
 RELEASE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOye5XaKTaeYA/zgWk9ecXIR32Hr3T4v0AfbdBmZ70Cl release@example.net"
 """A release signing key's public line, for configs that must verify their release (no private key is behind
 it in the tests that only read configs)."""
+
+
+def with_value(config: Any, path: Sequence[Any], value: Any) -> Any:
+    """A deep copy of ``config`` with the value at ``path`` (keys and list indexes) set to ``value``."""
+    copied = copy.deepcopy(config)
+    target = copied
+    for part in path[:-1]:
+        target = target[part]
+    target[path[-1]] = value
+    return copied

@@ -4,7 +4,6 @@ the node, the field and a fix."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
@@ -16,7 +15,7 @@ from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.readiness import Expectations, HcaExpectation
 from llmgw_pulumi.specs import EngineCheckSpec, Fabric, Hardware, HcaPorts
 from llmgw_pulumi.stack_config import StackConfigError
-from tests.unit import RELEASE_KEY
+from tests.unit import RELEASE_KEY, with_value
 from tests.unit.test_config_errors import _args
 from tests.unit.test_providers_fake import CONN, HOST_KEY
 
@@ -61,15 +60,6 @@ def test_the_expectations_hold_each_hca_of_the_nodes_fabrics_only_when_ports_are
     assert Hardware(gpu_count=8).expectations(fabrics).hcas == ()
 
 
-def _with(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
-    config = copy.deepcopy(GOOD)
-    into = config
-    for key in path[:-1]:
-        into = into[key]
-    into[path[-1]] = value
-    return config
-
-
 BAD = [
     (("hardware", "gpuCount"), -1, "llmgw", "hardware.gpuCount"),
     (("hardware", "gpuCount"), 2.5, "llmgw", "hardware.gpuCount"),
@@ -93,7 +83,7 @@ BAD = [
 def test_a_bad_declaration_is_refused_naming_the_node_the_field_and_a_fix(path: tuple[Any, ...], value: Any, node: str,
                                                                           field: str) -> None:
     with pytest.raises(StackConfigError) as err:
-        stack_config.parse(_with(path, value))
+        stack_config.parse(with_value(GOOD, path, value))
     found = [p for p in err.value.problems if p[:2] == (node, field)]
     assert len(found) == 1, err.value.problems
     assert found[0][3], "a fix"

@@ -2,7 +2,6 @@
 node and the field named: by the stack config reader, and by each provider's check() (which runs first in every
 preview and up, and is all a program that builds its nodes itself goes through)."""
 
-import copy
 
 import pytest
 
@@ -13,7 +12,7 @@ from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from llmgw_pulumi.stack_config import StackConfigError
 from llmgw_pulumi.text import printable
-from tests.unit import fake_pem
+from tests.unit import fake_pem, with_value
 
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE3xKPxu6nJJKFsDdOlnXSh6kp1jpfjf1W6cXBx5OfVZ"
 
@@ -66,15 +65,6 @@ def node_of(path, cfg):
     return f"nodes[{path[1]}]" if path[2:] == ("id",) else f"node {cfg['nodes'][path[1]]['id']}"
 
 
-def put(cfg, path, value):
-    cfg = copy.deepcopy(cfg)
-    target = cfg
-    for part in path[:-1]:
-        target = target[part]
-    target[path[-1]] = value
-    return cfg
-
-
 SETTINGS = list(text_settings(FULL))
 SMUGGLED = {
     "trailing newline": lambda v: v + "\n",
@@ -93,7 +83,7 @@ def test_the_full_config_parses_and_every_text_setting_is_tried():
 @pytest.mark.parametrize("how", SMUGGLED)
 @pytest.mark.parametrize("path", [p for p, _ in SETTINGS], ids=[".".join(map(str, p)) for p, _ in SETTINGS])
 def test_a_control_character_in_any_text_setting_is_refused_naming_node_and_field(path, how):
-    cfg = put(FULL, path, SMUGGLED[how](dict(SETTINGS)[path]))
+    cfg = with_value(FULL, path, SMUGGLED[how](dict(SETTINGS)[path]))
     try:
         spec = stack_config.parse(cfg)
     except StackConfigError as exc:
@@ -168,7 +158,7 @@ def test_the_good_inputs_pass_check(provider, good):
 @pytest.mark.parametrize("how", ["trailing newline", "escape sequence", "NUL"])
 @pytest.mark.parametrize("provider,good,path,field", INPUTS, ids=[f"{p.__name__}:{f}" for p, _, _, f in INPUTS])
 def test_check_refuses_a_control_character_in_any_text_input_naming_the_field(provider, good, path, field, how):
-    news = put(good, path, SMUGGLED[how](get(good, path)))
+    news = with_value(good, path, SMUGGLED[how](get(good, path)))
     failures = provider().check({}, news).failures
     assert failures, f"{field} accepted {get(news, path)!r}"
     reasons = [f.reason for f in failures]
