@@ -203,7 +203,7 @@ def readiness(problems: Iterable[Problem]) -> Readiness:
 
 # --------------------------------------------------------------------------- Xid codes
 
-Action = Literal["reset", "reboot", "service", "application"]
+Action = Literal["reset", "reboot", "service", "application", "monitor"]
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,8 @@ class XidMeaning:
     meaning: str
     action: Action
     """reset: reset the GPU; reboot: reboot the node; service: reseat or service the GPU; application: the
-    application that was running should be restarted, the GPU itself needs nothing."""
+    application that was running should be restarted, the GPU itself needs nothing; monitor: nothing is needed
+    now, but it may come before an error that does (a warning)."""
 
 
 XID_CODES: dict[int, XidMeaning] = {
@@ -227,8 +228,9 @@ XID_CODES: dict[int, XidMeaning] = {
     64: XidMeaning("a row remap (or page retirement) could not be recorded", "service"),
     74: XidMeaning("an NVLink error: a link between GPUs failed", "reset"),
     79: XidMeaning("the GPU has fallen off the bus: the host can no longer reach it over PCIe", "reboot"),
-    92: XidMeaning("a high rate of single-bit (correctable) ECC errors", "service"),
-    94: XidMeaning("a contained uncorrectable ECC error: only the application that hit it was affected", "reset"),
+    92: XidMeaning("a high rate of single-bit (correctable) ECC errors, which were corrected", "monitor"),
+    94: XidMeaning("a contained uncorrectable ECC error: only the application that hit it was affected",
+                   "application"),
     95: XidMeaning("an uncontained uncorrectable ECC error: every application on the GPU was affected", "reset"),
     119: XidMeaning("a call to the GPU System Processor (GSP) firmware timed out", "reset"),
     120: XidMeaning("the GPU System Processor (GSP) firmware reported an error", "reset"),
@@ -423,10 +425,12 @@ class _Verdict:
             fix = {"reset": self.reset(gid, label), "reboot": self.reboot(),
                    "service": self.service(label, f"Xid {code}"),
                    "application": "restart the application that was running; the GPU needs nothing unless it recurs "
-                                  "with other applications"}[action]
+                                  "with other applications",
+                   "monitor": f"nothing now: watch {label} for an uncorrectable ECC error (Xid 48, 94, 95) or a row "
+                              "remap failure (Xid 64), which would need it reset or serviced"}[action]
             if action == "reboot":
                 fix += f"; if it happens again, {self.service(label, f'Xid {code} again')}"
-            self.add(subject, "xid", found, "no Xid since boot", WARNING if action == "application" else CRITICAL,
+            self.add(subject, "xid", found, "no Xid since boot", WARNING if action in ("application", "monitor") else CRITICAL,
                      fix)
 
     # ---------------------------------------------------------------- InfiniBand
