@@ -19,13 +19,13 @@ from lab.doubles import infiniband
 from lab.doubles.nvidia_smi import FIXTURES, build_nvidia_smi
 from lab.local import give_hardware
 from tests.conftest import ssh, stack_config
-from tests.unit.test_health_verdict import FAULTS
+from tests.fixtures.faults import fault
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine,
               pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared/fixtures not beside the checkout")]
 
 IB_ROOT = "/var/lib/llmgw-test/infiniband"
-ROW_REMAP = next(edits for fault, edits, *_ in FAULTS if fault == "row remap pending")
+ROW_REMAP = fault("row remap pending").edits
 HARDWARE = {"gpuModel": "NVIDIA H200", "gpuMemoryMib": 143771, "minDriver": "570", "minCuda": "12.8",
             "hcaPorts": {"minRateGbps": 400}}
 
