@@ -50,9 +50,10 @@ def by_node(run, severity: str) -> dict[str, list[str]]:
 
 
 def fleet_lines(stack) -> dict[str, str]:
-    table = stack.cli("stack", "output", "fleet", "--stack", stack.name).stdout
-    print(table)
-    return {line.split()[0]: line for line in table.splitlines()[1:]}
+    """The stack output ``fleet``: node id -> its line."""
+    lines: dict[str, str] = stack.outputs()["fleet"]
+    print("\n".join(lines.values()))
+    return lines
 
 
 def test_problems_appear_under_their_node_the_gate_fails_only_them_and_fixing_clears_them(cluster, hosts, new_stack):
@@ -177,8 +178,7 @@ def test_every_fault_fixture_and_an_xid_reach_their_node_through_the_probe_and_r
         install(spec, known, "/usr/bin/journalctl", build_journalctl(hostname=host.hostname))
     refreshed = stack.up(refresh=True)
     assert refreshed.ok, refreshed.output
-    outputs = stack.outputs()
-    out = outputs[host.hostname]
+    out = stack.outputs()[host.hostname]
     assert out["readiness"] == "not ready"
     problems = {p["check"]: p for p in out["problems"]}
     assert set(problems) == {width.check, "xid"}, out["problems"]
@@ -187,7 +187,7 @@ def test_every_fault_fixture_and_an_xid_reach_their_node_through_the_probe_and_r
     assert xid["subject"] == "GPU 0 (GPU-65decab1-06a8-ac78-1f56-8a52138b6ec2, 00000000:00:06.0)", xid
     assert xid["found"].startswith("Xid 79 since boot: the GPU has fallen off the bus"), xid
     assert xid["severity"] == "critical" and f"reboot {host.hostname}: {target}sudo systemctl reboot" in xid["hint"]
-    line = outputs["fleet"][host.hostname]
+    line = fleet_lines(stack)[host.hostname]
     assert " not ready " in line and line.endswith(f"problems: 2: GPU 0 {width.check}, GPU 0 xid"), line
 
     # The node's own journalctl back: the probe reads no Xid from it (nor did it before: every fault was alone).
