@@ -71,6 +71,7 @@ SLOW_FIRST: dict[str, int] = {
     "tests/e2e/test_trust_renewal.py::test_new_host_keys_are_refused_until_the_confirmed_key_is_pinned": 45,
     "tests/e2e/test_trust_renewal.py::test_another_machine_at_the_address_is_refused_and_the_real_node_renews_once_back": 44,
     "tests/e2e/test_release_trust.py::test_nodes_without_a_route_to_the_release_server_are_onboarded_with_fetch_operator": 40,
+    "tests/e2e/test_readiness.py::test_every_fault_fixture_and_an_xid_reach_their_node": 44,
     "tests/e2e/test_faults.py::test_pulumi_up_interrupted_mid_deployment": 38,
     "tests/e2e/test_inventory.py::test_inventory_and_fleet_show_the_gpus_and_a_missing_hca": 37,
     "tests/e2e/test_lifecycle.py::test_a_node_gone_for_good_is_kept_by_refresh_and_let_go_when_removed_from_the_config": 35,

@@ -14,6 +14,7 @@ import pytest
 from llmgw_pulumi import readiness
 from llmgw_pulumi.node_health import SmiReport, parse_ib_ports, parse_smi_xml, parse_xid_events
 from llmgw_pulumi.readiness import CRITICAL, WARNING, Expectations, HcaExpectation, Problem, verdict
+from tests.fixtures.faults import FAULTS
 from tests.unit.test_health_parse import IB_ROOT, sysfs_lines
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -60,23 +61,6 @@ def n_gpu_xml(n: int, xml: str = REAL_XML) -> str:
     assert count is not None
     count.text = str(n)
     return ET.tostring(root, encoding="unicode")
-
-
-def fault_rows() -> list[tuple[str, list[tuple[str, str]], str, str, str]]:
-    """The README's fault table: (fault, edits, check, severity, text the fix holds) per row."""
-    rows = []
-    for line in (H200 / "README.md").read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
-        if len(cells) != 5 or not cells[1].startswith("`"):
-            continue
-        edits = [tuple(e.split("=", 1)) for e in re.findall(r"`([^`]+)`", cells[1])]
-        fix = re.fullmatch(r"`([^`]+)`", cells[4])
-        assert fix and all(len(e) == 2 for e in edits), line
-        rows.append((cells[0], [(e[0], e[1]) for e in edits], cells[2], cells[3], fix.group(1)))
-    return rows
-
-
-FAULTS = fault_rows()
 
 
 def checks(problems: list[Problem]) -> list[tuple[str, str]]:

@@ -13,8 +13,8 @@ from lab.doubles import infiniband, nvidia_smi
 from llmgw_pulumi import errors
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from tests.fakenode import FakeNode
+from tests.fixtures.faults import fault
 from tests.unit import test_inventory_fake
-from tests.unit.test_health_verdict import FAULTS
 from tests.unit.test_inventory_fake import CAPTURED, on_path
 from tests.unit.test_providers_fake import CONN, HOST_KEY, checked
 
@@ -23,8 +23,8 @@ FABRIC = [{"name": "ib-east", "hcas": ["mlx5_0", "mlx5_1"]}]
 PORTS = {"state": "ACTIVE", "min_rate_gbps": 400}
 node = test_inventory_fake.node
 """The fake node with the lab's stand-ins (a pytest fixture)."""
-ROW_REMAP = next(edits for fault, edits, *_ in FAULTS if fault == "row remap pending")
-PERSISTENCE_OFF = next(edits for fault, edits, *_ in FAULTS if fault == "persistence mode off")
+ROW_REMAP = fault("row remap pending").edits
+PERSISTENCE_OFF = fault("persistence mode off").edits
 
 
 def smi(node: FakeNode, edits: list[tuple[str, str]] | tuple[()] = (), gpu: int = 0) -> None:
