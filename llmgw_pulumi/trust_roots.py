@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from . import validate
+from .agent_settings import BinarySource
 from .fleet_review import AGENT, CERTIFICATE, CONNECTION, ENGINES, HOST_KEY, IDENTITY, JUMP, UNKNOWN, VERSION
 from .release_policy import key_fingerprint
 from .text import printable
@@ -222,11 +223,24 @@ SETTINGS = {root.setting: root for root in TRUST_ROOTS}
 # ---------------------------------------------------------------------------
 
 
+RELEASE_ROOTS = ("agent.signingKey", "agent.sha256", "agent.releaseCa")
+"""The trust roots an AgentInstall records among its release inputs (``BinarySource.RELEASE_FIELDS``), which its
+outputs do not keep: a refresh that finds the node drifted records inputs rebuilt from the outputs, without them."""
+
+
+def release_recorded(old: Mapping[str, Any]) -> bool:
+    """Whether recorded AgentInstall inputs hold the release inputs (every install records how its release was
+    verified); not after a refresh rebuilt them, when they are not known and so not judged."""
+    return any(old.get(key) is not None for key in BinarySource.RELEASE_FIELDS)
+
+
 def changes(kind: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
     """The trust roots a resource of ``kind`` changes, from its recorded inputs to its new ones (both given: a
     resource created or deleted changes none)."""
     found = []
     for root in TRUST_ROOTS:
+        if root.setting in RELEASE_ROOTS and not release_recorded(old):
+            continue
         if kind in root.kinds and root.compared(old, new):
             before, after = root.show(old), root.show(new)
             if before != after:

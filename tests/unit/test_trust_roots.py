@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from llmgw_pulumi import fleet_rules, review, trust_roots
+from llmgw_pulumi.agent_settings import BinarySource
 from llmgw_pulumi.fleet_review import AGENT, CERTIFICATE, ENGINES, IDENTITY, UNKNOWN
 from llmgw_pulumi.trust_roots import NOT_KNOWN, NOT_SET, Change
 from tests.unit.test_review import NOW, created, preview, step
@@ -290,3 +291,16 @@ def test_a_shown_value_is_inert_in_the_summary(path):
     shown = [t.content for t in leaves(PARSER.parse(summary)) if t.type == "code_inline" and "pwn" in t.content]
     assert shown == [path.replace("\n", "\\n")], shown
     assert len(table_rows(summary)) == len([line for line in summary.splitlines() if line.startswith("| ")])
+
+
+def test_release_roots_a_refresh_did_not_record_are_not_judged_but_an_opt_out_is():
+    # A refresh that finds the agent drifted records inputs rebuilt from its outputs, which keep no release inputs.
+    rebuilt = {k: v for k, v in AGENT_INPUTS.items() if k not in BinarySource.RELEASE_FIELDS}
+    assert not trust_roots.release_recorded(rebuilt)
+    assert trust_roots.changes(AGENT, rebuilt, AGENT_INPUTS) == []
+    # A node installed under the opt-out records that: a key added later is a change to judge.
+    opted_out = {**rebuilt, "verification": "opt-out"}
+    assert [c.setting for c in trust_roots.changes(AGENT, opted_out, AGENT_INPUTS)] == ["agent.signingKey"]
+    # The other trust roots of the same resource are judged as before.
+    moved = {**AGENT_INPUTS, "release_url": "https://other.example/llmgw"}
+    assert [c.setting for c in trust_roots.changes(AGENT, rebuilt, moved)] == ["agent.releaseUrl"]
