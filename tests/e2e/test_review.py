@@ -176,7 +176,8 @@ def cluster_binary(version: str) -> bytes:
     return build_llmgw(version)
 
 
-def test_every_policy_rule_fails_a_preview_warns_when_advisory_and_passes_a_compliant_one(cluster, hosts, new_stack):
+def test_every_policy_rule_fails_a_preview_warns_when_advisory_and_passes_a_compliant_one(cluster, hosts, new_stack,
+                                                                                           tmp_path):
     fleet = hosts(3)
     a, b, c = (h.hostname for h in fleet)
     config = stack_config(cluster, fleet)
@@ -199,6 +200,8 @@ def test_every_policy_rule_fails_a_preview_warns_when_advisory_and_passes_a_comp
         "release-verified": f"{b}: release {NEXT_RELEASE} is installed from a checksums.txt nobody signed",
         "rollout-required": "2 running agents would restart at once",
         "removal-allowed": f"{c}: this change removes the node",
+        # Dropping the signing key for the opt-out is a change of a trust root.
+        "trust-roots-unchanged": f"{b}: agent.signingKey changes from SHA256:",
     }
     strict = {name: {"enforcementLevel": "mandatory"} for name in messages}
     strict["certificate-validity"]["maxHours"] = 720
@@ -223,7 +226,10 @@ def test_every_policy_rule_fails_a_preview_warns_when_advisory_and_passes_a_comp
                       "certificate": {"validityHours": 720, "renewBeforeHours": 72}, "rollout": {"maxParallel": 1, "canary": [a]},
                       "nodes": [{"id": a, "address": fleet[0].addr, "hostKey": pins[a]},
                                 {"id": b, "address": fleet[1].addr, "hostKey": pins[b]}]})
-    allowed = {**strict, "removal-allowed": {"enforcementLevel": "mandatory", "allowed": [c]}}
+    # Pinning the host keys is a change of trust roots too: the base branch's policy config approves each pin.
+    approved = [{"setting": "hostKey", "to": fingerprint(pins[n], tmp_path)} for n in (a, b)]
+    allowed = {**strict, "removal-allowed": {"enforcementLevel": "mandatory", "allowed": [c]},
+               "trust-roots-unchanged": {"enforcementLevel": "mandatory", "allowed": approved}}
     passed = policy_preview(stack, allowed)
     out = passed.stdout + passed.stderr
     assert passed.returncode == 0, out
