@@ -17,7 +17,7 @@ Pulumi program, once per `pulumi up`, never in a preview) learns the sha256 of
 The digests reach each node as an input of its AgentInstall; the node downloads
 only the binary, checks its sha256 and that its ``--version`` reports the tag,
 before anything is installed. With ``agent.fetch: operator`` the binary is
-downloaded here instead (``fetch_binary``: once per architecture, into a cache
+downloaded here instead (``fetch_binary_file``: once per architecture, into a cache
 named by digest) and pushed to the node over SSH.
 
 Why OpenSSH signatures: ``ssh-keygen`` is already on every machine that runs
@@ -244,9 +244,4 @@ def fetch_binary_file(release: Release, arch: str, digest: str, directory: Path 
         os.replace(out.name, cached)
         return cached
 
-
-def fetch_binary(release: Release, arch: str, digest: str, directory: Path | None = None) -> bytes:
-    """The bytes of ``release``'s binary for ``arch`` (``fetch_binary_file``), for a push: read from the
-    verified file only once the download is done and checked."""
-    return fetch_binary_file(release, arch, digest, directory).read_bytes()
 

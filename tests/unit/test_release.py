@@ -174,13 +174,13 @@ def test_fetch_operator_downloads_once_per_digest_and_refuses_other_bytes(monkey
     monkeypatch.setattr(release, "_download", download)
     source = release.Release("https://r.example", TAG)
     digest = sha(b"the release")
-    assert release.fetch_binary(source, "amd64", digest, tmp_path) == b"the release"
-    assert release.fetch_binary(source, "amd64", digest, tmp_path) == b"the release"
+    assert release.fetch_binary_file(source, "amd64", digest, tmp_path).read_bytes() == b"the release"
+    assert release.fetch_binary_file(source, "amd64", digest, tmp_path).read_bytes() == b"the release"
     assert calls == [f"https://r.example/{TAG}/llmgw-{TAG}-linux-amd64"]
     (tmp_path / digest).write_bytes(b"planted")  # the cache is hashed again when read
     served["bytes"] = b"evil"
     with pytest.raises(errors.ChecksumMismatchError, match="nothing was pushed to any node"):
-        release.fetch_binary(source, "amd64", digest, tmp_path)
+        release.fetch_binary_file(source, "amd64", digest, tmp_path)
     assert (tmp_path / digest).read_bytes() == b"planted" and len(calls) == 2
 
 

@@ -165,7 +165,7 @@ def test_fetch_operator_downloads_over_the_release_ca_into_a_private_cache(serve
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))
     umask = os.umask(0o022)
     try:
-        assert release.fetch_binary(release.Release(url, TAG, ca_file=ca), "amd64", sha(BINARY), cache) == BINARY
+        assert release.fetch_binary_file(release.Release(url, TAG, ca_file=ca), "amd64", sha(BINARY), cache).read_bytes() == BINARY
     finally:
         os.umask(umask)
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
@@ -178,10 +178,10 @@ def test_fetch_operator_leaves_nothing_behind_when_the_download_fails_or_does_no
     url, ca, _ = server
     source = release.Release(url, TAG, ca_file=ca)
     with pytest.raises(errors.ReleaseFetchError, match="HTTP 404"):
-        release.fetch_binary(source, "riscv64", "e" * 64, tmp_path)
+        release.fetch_binary_file(source, "riscv64", "e" * 64, tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["e" * 64 + ".lock"]
     with pytest.raises(errors.ChecksumMismatchError) as err:
-        release.fetch_binary(source, "arm64", sha(b"arm"), tmp_path)
+        release.fetch_binary_file(source, "arm64", sha(b"arm"), tmp_path)
     assert str(err.value) == (
         f"llmgw: {url}/{TAG}/llmgw-{TAG}-linux-arm64 has sha256 {sha(b'tampered')}, but {sha(b'arm')} was approved "
         "(from checksums.txt as the server sent it over https (no signingKey or sha256 pin)); nothing was pushed to "
@@ -328,7 +328,7 @@ def test_a_release_is_streamed_to_disk_and_hashed_on_the_way(server: tuple[str, 
     # The control of the bound above: reading the file whole, as before, peaks past it.
     tracemalloc.start()
     try:
-        assert release.fetch_binary(source, "huge", sha(path.read_bytes()), tmp_path)
+        assert release.fetch_binary_file(source, "huge", sha(path.read_bytes()), tmp_path).read_bytes()
         assert tracemalloc.get_traced_memory()[1] >= 16 << 20
     finally:
         tracemalloc.stop()
