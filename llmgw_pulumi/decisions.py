@@ -4,7 +4,9 @@ The providers (llmgw_pulumi.providers) make these decisions when they run; the r
 (llmgw_pulumi.fleet_review) reads a preview's JSON and says what the providers will do. Both call what
 is here, so the summary of a pull request cannot say something the `up` then does not do:
 
-- whether the same machine gets a new client certificate, and why (``reissue``).
+- whether the same machine gets a new client certificate, and why (``reissue``);
+- which inputs concern only how the operator's side reaches a node (a change to them alone updates the
+  record and reaches no node), and which never touch the node at all (``touches_node``).
 
 It imports nothing but the standard library and llmgw_pulumi.specs' defaults.
 """
@@ -12,7 +14,7 @@ It imports nothing but the standard library and llmgw_pulumi.specs' defaults.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,3 +78,32 @@ def reissue(recorded: Mapping[str, Any], wanted: Mapping[str, Any], now: dt.date
     if recorded.get("key_origin", KEY_ORIGIN_NODE) != wanted.get("key_origin", KEY_ORIGIN_NODE):
         reasons.append(KEY_ORIGIN_CHANGED)
     return Reissue(tuple(reasons))
+
+
+# --------------------------------------------------------------------------- what touches the node
+
+OPERATOR_SIDE = frozenset({
+    "connection.user", "connection.wait", "connection.jump", "connection.private_key", "connection.private_key_path",
+    "connection.passphrase", "known_jump_host_keys",
+})
+"""Inputs that concern only how the operator's side reaches the node (a connection's field as
+``connection.<field>``). A change to them alone updates the record, so the next operation uses them, and
+reaches no node: the agent does not restart."""
+NOT_NODE_CHANGES = frozenset({
+    "__provider", "__urn", "pki_dir", "signer", "rollout", "release_sha256", "signing_key", "release_ca", "fetch",
+    "allow_unverified_release", "verification", "ca_key_passphrase", "registration", "drift",
+})
+"""Inputs whose change alone does not touch the node: how certificates are signed, how a release is verified and
+carried, how updates are spread, what must list the node once its agent started, what a refresh found (``drift``:
+the paths it names are the change). ``__urn`` is what stacks of earlier versions recorded."""
+
+
+def operator_side_only(changes: Iterable[str]) -> bool:
+    """Do these changed inputs (``connection.<field>`` for a connection's) concern only the operator's side?"""
+    changes = set(changes)
+    return bool(changes) and changes <= OPERATOR_SIDE
+
+
+def touches_node(changes: Iterable[str]) -> bool:
+    """Does one of these changed inputs (or drifted paths) change what the node holds or runs?"""
+    return any(c not in NOT_NODE_CHANGES and c not in OPERATOR_SIDE for c in changes)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import decisions, release_policy
+from .decisions import touches_node as touches_node  # what restarts the agent: the providers' decision
 from .schema import normalise  # engine values compared as the providers' diff compares them
 from .text import printable
 
@@ -46,13 +47,6 @@ CONNECTION, HOST_KEY, JUMP = "connection", "host_key", "jump"
 FABRICS, FABRIC_NAME, BINARY_PATH = "fabrics", "name", "binary_path"
 VERIFICATION = "verification"
 """How the agent's binary is verified, as the program records it (release_policy.VERIFICATIONS)."""
-OPERATOR_SIDE = frozenset({"user", "wait", "jump", "private_key", "private_key_path", "passphrase"})
-"""Connection fields that change only how the operator's side reaches a node: never a change to it."""
-NOT_NODE_CHANGES = frozenset({"__provider", "__urn", "pki_dir", "signer", "known_jump_host_keys", "rollout",
-                              "release_sha256", "signing_key", "release_ca", "fetch", "allow_unverified_release",
-                              VERIFICATION, "ca_key_passphrase", DRIFT})
-"""Inputs whose change alone does not touch the node (how certificates are signed, how a release is verified
-and carried, how updates are spread, what a refresh found)."""
 NEW_LOCAL_BUILD = "a new local build (its version is read by pulumi up)"
 """The new version of a local build a preview did not run (its version is empty there): another sha256."""
 UNREADABLE = ("cannot reach", "could not be read", "its state is kept as it was")
@@ -159,11 +153,6 @@ def changed_inputs(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str]:
         elif normalise(a) != normalise(b):
             found.add(key)
     return found
-
-
-def touches_node(changes: Iterable[str]) -> bool:
-    return any(c not in NOT_NODE_CHANGES and not (c.startswith(f"{CONNECTION}.") and c.split(".", 1)[1] in OPERATOR_SIDE)
-               for c in changes)
 
 
 def certificate_reasons(old_in: Mapping[str, Any], old_out: Mapping[str, Any], new_in: Mapping[str, Any],

@@ -15,6 +15,7 @@ import pytest
 from llmgw_pulumi import decisions, fleet_review, review
 from llmgw_pulumi.decisions import CA_CHANGED, EXPIRES, KEY_LOST, KEY_ORIGIN_CHANGED
 from llmgw_pulumi.providers import certificate
+from tests.unit import AGENT_YAML_COMMENTS
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 HOUR = dt.timedelta(hours=1)
@@ -118,3 +119,127 @@ def test_a_window_not_known_yet_decides_nothing() -> None:
     assert decisions.reissue(due, {**WANTED, "renew_before_hours": Unknown()}, NOW).reasons == ()
     unknown_in_json = review.review(certificate_update(due, {**WANTED, "renew_before_hours": review.UNKNOWN}), NOW)
     assert unknown_in_json.nodes["gpu-01"].certificate == ()
+
+
+# --------------------------------------------------------------------------- what touches the node
+
+HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA"
+# The node listens nowhere (port 1 of loopback refuses): a provider that reaches for it fails at once.
+CONN = {"host": "127.0.0.1", "user": "deploy", "port": 1.0, "wait": 0.0, "private_key_path": "/k/id_fleet"}
+AGENT = {"node_id": "gpu-01", "connection": CONN, "known_host_key": HOST_KEY, "hostname": "gpu-01",
+         "servers": ["cp1:7443"], "version": "v1.2.3", "release_url": "https://r.example/llmgw"}
+
+OPERATOR_SIDE_CHANGES = [
+    ("connection.user", {"connection": {**CONN, "user": "ops"}}),
+    ("connection.wait", {"connection": {**CONN, "wait": 1.0}}),
+    ("connection.jump", {"connection": {**CONN, "jump": [{"address": "deploy@127.0.0.1:1"}]}}),
+    ("connection.private_key", {"connection": {**CONN, "private_key": "-----BEGIN OPENSSH PRIVATE KEY-----\nQQ==\n"
+                                                                     "-----END OPENSSH PRIVATE KEY-----\n"}}),
+    ("connection.private_key_path", {"connection": {**CONN, "private_key_path": "/k/id_other"}}),
+    ("connection.passphrase", {"connection": {**CONN, "passphrase": "new"}}),
+    ("known_jump_host_keys", {"known_jump_host_keys": {"127.0.0.1:1": "ssh-ed25519 AAAAB"}}),
+]
+NODE_CHANGES = [
+    ("servers", {"servers": ["cp2:7443"]}),
+    ("known_host_key", {"known_host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB"}),
+]
+
+
+def installed(inputs: dict[str, Any]) -> dict[str, Any]:
+    """An AgentInstall's record after it installed ``inputs``: the node seen holding what they render (a record of
+    the shape before state_version 1, read through its migration)."""
+    import hashlib
+
+    from llmgw_pulumi import desired
+
+    config = AGENT_YAML_COMMENTS.format(inputs["node_id"]) + inputs["agent_yaml"]  # as a package of that shape kept it
+    seen = {"binary_sha256": "b" * 64, "config_sha256": hashlib.sha256(config.encode()).hexdigest(),
+            "unit_sha256": hashlib.sha256(desired.render_unit().encode()).hexdigest(), "active": "active",
+            "enabled": "enabled"}
+    return {**inputs, "agent_yaml": config, "installed_sha256": "b" * 64, "arch": "amd64", "node_state": seen}
+
+
+def checked(provider: Any, news: dict[str, Any]) -> dict[str, Any]:
+    res = provider.check({}, news)
+    assert res.failures == [], res.failures
+    return dict(res.inputs)
+
+
+def agent_update(old_in: dict[str, Any], new_in: dict[str, Any]) -> dict[str, Any]:
+    """A preview in which gpu-01's AgentInstall is updated from ``old_in`` to ``new_in``."""
+    urn = f"urn:pulumi:prod::fleet::{review.NODE_TYPE}$pulumi-python:dynamic/llmgw:AgentInstall::gpu-01"
+    return {"steps": [{"urn": urn, "op": "update", "oldState": {"inputs": old_in, "outputs": old_in},
+                       "newState": {"inputs": new_in}}], "diagnostics": []}
+
+
+@pytest.mark.parametrize(("name", "change"), OPERATOR_SIDE_CHANGES, ids=[c[0] for c in OPERATOR_SIDE_CHANGES])
+def test_an_operator_side_change_reaches_no_node_and_the_review_restarts_nothing(name: str,
+                                                                                 change: dict[str, Any]) -> None:
+    from llmgw_pulumi.providers import _glue
+    from llmgw_pulumi.providers.agent import AgentInstallProvider
+    from llmgw_pulumi.providers.engines import EngineCheckProvider
+
+    assert decisions.operator_side_only([name]) and not decisions.touches_node([name])
+    engines = {k: AGENT[k] for k in ("node_id", "connection", "known_host_key")}
+    keys = ("connection", "known_jump_host_keys")
+    for provider, inputs, record in ((AgentInstallProvider(), AGENT, installed), (EngineCheckProvider(), engines, dict)):
+        olds = checked(provider, {**inputs, "known_jump_host_keys": {"127.0.0.1:1": HOST_KEY}})
+        news = checked(provider, {**olds, **change})
+        assert _glue.changed_keys(olds, news, keys) == [name]  # the change is the one named
+        outs = provider.update("gpu-01", record(olds), news).outs  # reaching 127.0.0.1:1 would fail: not tried
+        assert {k: outs.get(k) for k in keys} == {k: news.get(k) for k in keys}, provider
+    olds = checked(AgentInstallProvider(), AGENT)
+    node = review.review(agent_update(olds, {**olds, **change}), NOW).nodes["gpu-01"]
+    assert not node.restarts and node.untouched, name
+
+
+@pytest.mark.parametrize(("name", "change"), NODE_CHANGES, ids=[c[0] for c in NODE_CHANGES])
+def test_a_change_to_the_node_reaches_it_and_the_review_restarts_the_agent(name: str, change: dict[str, Any]) -> None:
+    from llmgw_pulumi import errors
+    from llmgw_pulumi.providers.agent import AgentInstallProvider
+
+    assert decisions.touches_node([name]) and not decisions.operator_side_only([name])
+    provider = AgentInstallProvider()
+    olds = installed(checked(provider, AGENT))
+    news = checked(provider, {**AGENT, **change})
+    with pytest.raises(errors.UnreachableError):  # it reaches for the node, which is not there
+        provider.update("gpu-01", olds, news)
+    node = review.review(agent_update(checked(provider, AGENT), news), NOW).nodes["gpu-01"]
+    assert node.restart_gated and not node.untouched, name
+
+
+def agent_inputs() -> set[str]:
+    """Every input an AgentInstall records: its Args' fields, those of the dataclasses it flattens, what check
+    derives."""
+    import dataclasses
+
+    from llmgw_pulumi.providers import agent
+    from llmgw_pulumi.providers.agent import AgentInstallArgs
+
+    found = {"agent_yaml", "unit"}  # derived by check
+    for f in dataclasses.fields(AgentInstallArgs):
+        flattened = vars(agent)[f.type] if f.metadata.get("flatten") else None  # AgentSettings, BinarySource
+        found |= {g.name for g in dataclasses.fields(flattened)} if flattened else {f.name}
+    return found
+
+
+def test_what_the_agent_s_diff_does_not_compare_never_restarts_it_in_the_review() -> None:
+    from llmgw_pulumi.providers import agent
+
+    recorded = agent_inputs()
+    assert {"servers", "version", "rollout", "registration", "release_sha256"} <= recorded, recorded  # the control
+    assert recorded - set(agent.INPUT_KEYS) <= decisions.NOT_NODE_CHANGES
+    assert not decisions.NOT_NODE_CHANGES & set(agent.INPUT_KEYS)
+
+
+def test_every_input_named_by_a_decision_is_an_input_of_a_resource() -> None:
+    # A renamed input would leave its old name here, deciding nothing.
+    import dataclasses
+
+    from llmgw_pulumi.providers import certificate as cert
+    from llmgw_pulumi.specs import Connection
+
+    inputs = agent_inputs() | {f.name for f in dataclasses.fields(cert.ClientCertificateArgs)}
+    inputs |= {f"connection.{f.name}" for f in dataclasses.fields(Connection)}
+    engine_inputs = {"__provider", "__urn", "drift"}  # the engine's, an earlier version's, and what a refresh found
+    assert (decisions.NOT_NODE_CHANGES | decisions.OPERATOR_SIDE) - engine_inputs <= inputs
