@@ -4,6 +4,7 @@ The providers (llmgw_pulumi.providers) make these decisions when they run; the r
 (llmgw_pulumi.fleet_review) reads a preview's JSON and says what the providers will do. Both call what
 is here, so the summary of a pull request cannot say something the `up` then does not do:
 
+- the type tokens of the resources, as the preview's URNs carry them;
 - whether the same machine gets a new client certificate, and why (``reissue``);
 - which inputs concern only how the operator's side reaches a node (a change to them alone updates the
   record and reaches no node), and which never touch the node at all (``touches_node``).
@@ -19,6 +20,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from .specs import DEFAULT_RENEW_BEFORE_HOURS, KEY_ORIGIN_NODE
+
+# --------------------------------------------------------------------------- type tokens
+
+PACKAGE = "llmgw"
+"""The package's name in Pulumi: the module of every type token below."""
+NODE_TYPE = f"{PACKAGE}:index:Node"
+"""The type token of the Node component (llmgw_pulumi.node, llmgw_pulumi.component)."""
+CERTIFICATE, IDENTITY, AGENT, ENGINES = "ClientCertificate", "NodeIdentity", "AgentInstall", "EngineCheck"
+"""The names of the four dynamic resources (llmgw_pulumi.providers); their type is
+``pulumi-python:dynamic/llmgw:<name>``."""
 
 # --------------------------------------------------------------------------- re-issuing a certificate
 

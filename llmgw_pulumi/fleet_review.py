@@ -32,9 +32,10 @@ if TYPE_CHECKING:
     from . import trust_roots
 
 # --------------------------------------------------------------------------- names read from the preview
-NODE_TYPE = "llmgw:index:Node"
-CERTIFICATE, IDENTITY, AGENT, ENGINES = "ClientCertificate", "NodeIdentity", "AgentInstall", "EngineCheck"
-"""The last part of each dynamic resource's type (``pulumi-python:dynamic/llmgw:AgentInstall``)."""
+NODE_TYPE, CERTIFICATE, IDENTITY, AGENT, ENGINES = (decisions.NODE_TYPE, decisions.CERTIFICATE, decisions.IDENTITY,
+                                                   decisions.AGENT, decisions.ENGINES)
+"""The Node's type token, and the last part of each dynamic resource's (``pulumi-python:dynamic/llmgw:AgentInstall``),
+as the providers declare them."""
 UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
 """How the engine's JSON writes a value a preview cannot know yet (a certificate still to be issued)."""
 VERSION, BINARY_SHA256 = "version", "binary_sha256"

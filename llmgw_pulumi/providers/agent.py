@@ -375,7 +375,7 @@ class AgentInstallArgs(_glue.OnboardedNodeArgs):
     each update that reached the node; never a change itself."""
 
 
-class AgentInstall(_glue.NodeResource, module="llmgw", name="AgentInstall"):
+class AgentInstall(_glue.NodeResource, module=decisions.PACKAGE, name=decisions.AGENT):
     PROVIDER = AgentInstallProvider
     SHOWN_INPUTS = ("version", "agent_yaml", "unit")
 

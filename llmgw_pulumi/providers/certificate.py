@@ -356,7 +356,7 @@ class ClientCertificateArgs:
     issued; None (absent) for a CA key that is not encrypted."""
 
 
-class ClientCertificate(_glue.NodeResource, module="llmgw", name="ClientCertificate"):
+class ClientCertificate(_glue.NodeResource, module=decisions.PACKAGE, name=decisions.CERTIFICATE):
     PROVIDER = ClientCertificateProvider
     SECRET_OUTPUTS = ("key_pem", "ca_key_passphrase")
 

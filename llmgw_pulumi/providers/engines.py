@@ -126,7 +126,7 @@ class EngineCheckArgs(_glue.OnboardedNodeArgs):
     """Fail when the node is not ready (a critical problem), instead of warning (NodeArgs.fail_on_critical_problems)."""
 
 
-class EngineCheck(_glue.NodeResource, module="llmgw", name="EngineCheck"):
+class EngineCheck(_glue.NodeResource, module=decisions.PACKAGE, name=decisions.ENGINES):
     PROVIDER = EngineCheckProvider
 
     problems: pulumi.Output[list[Any]]

@@ -231,7 +231,7 @@ class NodeIdentityArgs:
     known_jump_host_keys: pulumi.Input[dict[str, str]] | None = None
 
 
-class NodeIdentity(_glue.NodeResource, module="llmgw", name="NodeIdentity"):
+class NodeIdentity(_glue.NodeResource, module=decisions.PACKAGE, name=decisions.IDENTITY):
     PROVIDER = NodeIdentityProvider
     SECRET_OUTPUTS = ("key_pem",)
 

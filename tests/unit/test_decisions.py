@@ -10,7 +10,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import pulumi
 import pytest
+from pulumi.runtime.mocks import MockMonitor
 
 from llmgw_pulumi import decisions, fleet_review, review
 from llmgw_pulumi.decisions import CA_CHANGED, EXPIRES, KEY_LOST, KEY_ORIGIN_CHANGED
@@ -243,3 +245,83 @@ def test_every_input_named_by_a_decision_is_an_input_of_a_resource() -> None:
     inputs |= {f"connection.{f.name}" for f in dataclasses.fields(Connection)}
     engine_inputs = {"__provider", "__urn", "drift"}  # the engine's, an earlier version's, and what a refresh found
     assert (decisions.NOT_NODE_CHANGES | decisions.OPERATOR_SIDE) - engine_inputs <= inputs
+
+
+# --------------------------------------------------------------------------- type tokens
+
+
+class RegisteredUrns(pulumi.runtime.Mocks):
+    """The SDK's mock engine, keeping the URN of each resource the program registers."""
+
+    def __init__(self) -> None:
+        self.urns: list[str] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        return f"{args.name}-id", dict(args.inputs)
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        return {}, []
+
+
+class UrnMonitor(MockMonitor):
+    def __init__(self) -> None:
+        super().__init__(RegisteredUrns())
+        self.urns: list[str] = []
+
+    def RegisterResource(self, request: Any) -> Any:
+        response = super().RegisterResource(request)
+        # The engine leaves the stack's type out of its children's URNs; the mock keeps it as their parent's.
+        self.urns.append(response.urn.replace("::pulumi:pulumi:Stack$", "::"))
+        return response
+
+
+@pytest.fixture
+def urns() -> list[str]:
+    monitor = UrnMonitor()
+    pulumi.runtime.set_mocks(RegisteredUrns(), preview=False, monitor=monitor)
+    return monitor.urns
+
+
+def read_as_the_review_reads(urns: list[str], node: str) -> list[str]:
+    """The kinds the review tells the resources of ``node`` by (``kind_of``), for those it reads, sorted."""
+    kinds = [review.kind_of(urn) for urn in urns if urn.endswith(f"::{node}")]
+    return sorted(k for k in kinds if k in (review.NODE_TYPE, review.CERTIFICATE, review.IDENTITY, review.AGENT,
+                                            review.ENGINES))
+
+
+EVERY_KIND = sorted([decisions.NODE_TYPE, decisions.CERTIFICATE, decisions.IDENTITY, decisions.AGENT, decisions.ENGINES])
+
+
+@pulumi.runtime.test
+def test_the_review_reads_the_types_a_program_s_node_registers(urns: list[str]) -> Any:
+    from llmgw_pulumi import AgentSettings, BinarySource, ConnectionArgs, Node, NodeArgs
+    from tests.unit import RELEASE_KEY
+
+    node = Node("gpu-01", NodeArgs(node_id="gpu-01", connection=ConnectionArgs(host="10.0.0.11", private_key_path="/k"),
+                                   settings=AgentSettings(servers=["cp:7443"]), pki_dir="/pki",
+                                   binary=BinarySource(version="v1.4.2", release_url="https://r",
+                                                       signing_key=RELEASE_KEY)))
+
+    def check(_: Any) -> None:
+        assert f"::{decisions.NODE_TYPE}::gpu-01" in " ".join(urns), urns  # the component, top-level
+        assert read_as_the_review_reads(urns, "gpu-01") == EVERY_KIND, urns
+
+    return pulumi.Output.all(node.urn, node.engine_check.urn).apply(check)
+
+
+@pulumi.runtime.test
+def test_the_review_reads_the_types_the_component_s_node_registers(urns: list[str], tmp_path: Any) -> Any:
+    from llmgw_pulumi import component
+
+    key = tmp_path / "id_ed25519"
+    key.write_text("read only when a node is reached")
+    key.chmod(0o600)
+    node = component.Node("gpu-02", {"nodeId": "gpu-02", "address": "10.0.0.12", "pkiDir": "/pki",
+                                      "servers": ["cp1:7443"], "ssh": {"user": "deploy", "privateKeyPath": str(key)},
+                                      "agent": {"version": "v1.4.2", "releaseUrl": "https://releases.example.net",
+                                                "sha256": {"amd64": "a" * 64}}})
+
+    def check(_: Any) -> None:
+        assert read_as_the_review_reads(urns, "gpu-02") == EVERY_KIND, urns
+
+    return pulumi.Output.all(node.urn, node.problems).apply(check)
