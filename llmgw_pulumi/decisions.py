@@ -7,7 +7,9 @@ is here, so the summary of a pull request cannot say something the `up` then doe
 - the type tokens of the resources, as the preview's URNs carry them;
 - whether the same machine gets a new client certificate, and why (``reissue``);
 - which inputs concern only how the operator's side reaches a node (a change to them alone updates the
-  record and reaches no node), and which never touch the node at all (``touches_node``).
+  record and reaches no node), and which never touch the node at all (``touches_node``);
+- that a refresh could not read a node: a warning that ends with ``UNREADABLE_MARK``
+  (``unreadable_warning``, read back by ``unreadable_reason``), not a phrase to search for.
 
 It imports nothing but the standard library and llmgw_pulumi.specs' defaults.
 """
@@ -118,3 +120,22 @@ def operator_side_only(changes: Iterable[str]) -> bool:
 def touches_node(changes: Iterable[str]) -> bool:
     """Does one of these changed inputs (or drifted paths) change what the node holds or runs?"""
     return any(c not in NOT_NODE_CHANGES and c not in OPERATOR_SIDE for c in changes)
+
+
+# --------------------------------------------------------------------------- a node a refresh could not read
+
+UNREADABLE_MARK = "[llmgw:unreadable]"
+"""How a warning says that a read (a refresh) could not reach its node and kept its record: its last word."""
+
+
+def unreadable_warning(reason: str) -> str:
+    """The warning of a read that could not reach its node: ``reason`` (the node and why), then the mark."""
+    return f"{reason}; its state is kept as it was {UNREADABLE_MARK}"
+
+
+def unreadable_reason(message: str) -> str | None:
+    """What an ``unreadable_warning`` says, without its mark; None for any other message."""
+    text = message.rstrip()
+    if not text.endswith(UNREADABLE_MARK):
+        return None
+    return text.removesuffix(UNREADABLE_MARK).rstrip()

@@ -50,8 +50,6 @@ VERIFICATION = "verification"
 """How the agent's binary is verified, as the program records it (release_policy.VERIFICATIONS)."""
 NEW_LOCAL_BUILD = "a new local build (its version is read by pulumi up)"
 """The new version of a local build a preview did not run (its version is empty there): another sha256."""
-UNREADABLE = ("cannot reach", "could not be read", "its state is kept as it was")
-"""What the providers' warnings say when a refresh could not read a node."""
 REISSUE_WHY = {decisions.EXPIRES: "expiry", decisions.CA_CHANGED: "CA rotation", decisions.KEY_LOST: "key lost",
                decisions.KEY_ORIGIN_CHANGED: "keyOrigin changed"}
 """How the summary names each reason of ``decisions.reissue``."""
@@ -329,8 +327,9 @@ def _diagnostic(nodes: dict[str, NodeReview], diag: Mapping[str, Any]) -> None:
     node = nodes.get(_node_of(urn))
     if node is None:
         return
-    if any(marker in message for marker in UNREADABLE):
-        if message not in node.unreadable:  # each of the node's resources says so
-            node.unreadable.append(message)
+    unreadable = decisions.unreadable_reason(message)  # a refresh could not read the node, as the providers mark it
+    if unreadable is not None:
+        if unreadable not in node.unreadable:  # each of the node's resources says so
+            node.unreadable.append(unreadable)
     elif kind_of(urn) == ENGINES and not any(p.split(" (fix: ")[0] in message for p in node.problems):
         node.problems.append(message)

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, TypeVar
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult, Resource, ResourceProvider
 
-from .. import errors, facts, remote, sessions
+from .. import decisions, errors, facts, remote, sessions
 from ..boundary import pulumi_errors, to_inputs
 from ..desired import NodeFile
 from ..errors import LlmgwError
@@ -274,8 +274,9 @@ def unreachable_on_read(id_: str, props: dict[str, Any], exc: Exception) -> Read
 
 
 def warn_state_kept(exc: Exception) -> None:
-    """The warning of a read that could not reach its node (see unreachable_on_read)."""
-    log.warning("%s; its state is kept as it was", exc)
+    """The warning of a read that could not reach its node (see unreachable_on_read), marked so that the review
+    of a preview knows it (``decisions.unreadable_warning``)."""
+    log.warning("%s", decisions.unreadable_warning(str(exc)))
 
 
 _EXIT_ERRORS: dict[int, type[LlmgwError]] = {code: getattr(errors, name) for code, name in EXIT_ERRORS.items()}

@@ -8,6 +8,7 @@ update, the warning it logs) and the review of a preview that holds the same rec
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 
 import pulumi
@@ -325,3 +326,48 @@ def test_the_review_reads_the_types_the_component_s_node_registers(urns: list[st
         assert read_as_the_review_reads(urns, "gpu-02") == EVERY_KIND, urns
 
     return pulumi.Output.all(node.urn, node.problems).apply(check)
+
+
+# --------------------------------------------------------------------------- a node a refresh could not read
+
+
+def test_a_node_a_refresh_could_not_read_is_marked_by_the_provider_and_read_so_by_the_review(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from llmgw_pulumi.providers.agent import AgentInstallProvider
+    from llmgw_pulumi.providers.engines import EngineCheckProvider
+
+    engines = checked(EngineCheckProvider(), {k: AGENT[k] for k in ("node_id", "connection", "known_host_key")})
+    recorded = {**engines, "problems": [], "engines_ok": True}
+    assert EngineCheckProvider().read("gpu-01", recorded).outs == recorded  # the record is kept as it was
+    agent = installed(checked(AgentInstallProvider(), AGENT))
+    kept = AgentInstallProvider().read("gpu-01", agent).outs  # read through its migration to the current shape
+    assert (kept["installed_sha256"], kept["version"]) == (agent["installed_sha256"], agent["version"])
+    # Each record the providers log starts a line with its level; its fix follows on the next lines.
+    records = re.split(r"^(?=warning: |info: )", capsys.readouterr().err, flags=re.MULTILINE)
+    said = [record for record in records if record.startswith("warning: ")]
+    assert len(said) == 2 and all("cannot reach deploy@127.0.0.1" in record for record in said), said
+    # What the engine shows under each resource (the provider's log, as a diagnostic), read by the review.
+    urn = f"urn:pulumi:prod::fleet::{decisions.NODE_TYPE}$pulumi-python:dynamic/llmgw:{{}}::gpu-01"
+    refreshed = {"steps": [{"urn": urn.format(kind), "op": "refresh", "newState": {"inputs": {}, "outputs": {}}}
+                           for kind in (decisions.ENGINES, decisions.AGENT)],
+                 "diagnostics": [{"urn": urn.format(kind), "severity": "warning", "message": record}
+                                 for kind, record in zip((decisions.ENGINES, decisions.AGENT), said, strict=True)]}
+    node = review.review(refreshed, NOW).nodes["gpu-01"]
+    assert len(node.unreadable) == 1 and node.unreadable[0].startswith("gpu-01: cannot reach deploy@127.0.0.1")
+    assert decisions.UNREADABLE_MARK not in node.unreadable[0] and not node.problems
+
+
+@pytest.mark.parametrize("message", [
+    "gpu-01: cannot reach deploy@10.0.0.9 over ssh after 10s; its state is kept as it was",  # the words, unmarked
+    f"vllm printed {decisions.UNREADABLE_MARK} and exited (fix: see its log)",  # the mark, not last
+])
+def test_only_the_providers_mark_says_a_node_could_not_be_read(message: str) -> None:
+    assert decisions.unreadable_reason(message) is None
+    urn = f"urn:pulumi:prod::fleet::{decisions.NODE_TYPE}$pulumi-python:dynamic/llmgw:{decisions.ENGINES}::gpu-01"
+    preview = {"steps": [{"urn": urn, "op": "refresh", "newState": {"inputs": {}, "outputs": {}}}],
+               "diagnostics": [{"urn": urn, "severity": "warning", "message": f"warning: {message}\n"}]}
+    node = review.review(preview, NOW).nodes["gpu-01"]
+    assert not node.unreadable and node.problems == [message]
+    marked = decisions.unreadable_warning("gpu-01: cannot reach deploy@10.0.0.9 over ssh after 10s")
+    assert decisions.unreadable_reason(marked + "\n") == \
+        "gpu-01: cannot reach deploy@10.0.0.9 over ssh after 10s; its state is kept as it was"  # the control
