@@ -13,12 +13,11 @@ from typing import Any
 
 import pulumi
 import pytest
-from pulumi.runtime.mocks import MockMonitor
 
 from llmgw_pulumi import decisions, fleet_review, review
 from llmgw_pulumi.decisions import CA_CHANGED, EXPIRES, KEY_LOST, KEY_ORIGIN_CHANGED
 from llmgw_pulumi.providers import certificate
-from tests.unit import AGENT_YAML_COMMENTS
+from tests.unit import AGENT_YAML_COMMENTS, RELEASE_KEY, Mocks
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 HOUR = dt.timedelta(hours=1)
@@ -251,41 +250,20 @@ def test_every_input_named_by_a_decision_is_an_input_of_a_resource() -> None:
 # --------------------------------------------------------------------------- type tokens
 
 
-class RegisteredUrns(pulumi.runtime.Mocks):
-    """The SDK's mock engine, keeping the URN of each resource the program registers."""
-
-    def __init__(self) -> None:
-        self.urns: list[str] = []
-
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        return f"{args.name}-id", dict(args.inputs)
-
-    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-        return {}, []
-
-
-class UrnMonitor(MockMonitor):
-    def __init__(self) -> None:
-        super().__init__(RegisteredUrns())
-        self.urns: list[str] = []
-
-    def RegisterResource(self, request: Any) -> Any:
-        response = super().RegisterResource(request)
-        # The engine leaves the stack's type out of its children's URNs; the mock keeps it as their parent's.
-        self.urns.append(response.urn.replace("::pulumi:pulumi:Stack$", "::"))
-        return response
-
-
 @pytest.fixture
-def urns() -> list[str]:
-    monitor = UrnMonitor()
-    pulumi.runtime.set_mocks(RegisteredUrns(), preview=False, monitor=monitor)
-    return monitor.urns
+def mocked() -> None:
+    pulumi.runtime.set_mocks(Mocks(), preview=False)
 
 
-def read_as_the_review_reads(urns: list[str], node: str) -> list[str]:
-    """The kinds the review tells the resources of ``node`` by (``kind_of``), for those it reads, sorted."""
-    kinds = [review.kind_of(urn) for urn in urns if urn.endswith(f"::{node}")]
+def as_the_engine_writes(urn: str) -> str:
+    """A URN from the SDK's mock engine, which keeps the stack's type as its children's parent: the engine leaves
+    it out."""
+    return urn.replace("::pulumi:pulumi:Stack$", "::")
+
+
+def read_as_the_review_reads(urns: list[str]) -> list[str]:
+    """The kinds the review tells resources by (``kind_of``), for those it reads, sorted."""
+    kinds = [review.kind_of(as_the_engine_writes(urn)) for urn in urns]
     return sorted(k for k in kinds if k in (review.NODE_TYPE, review.CERTIFICATE, review.IDENTITY, review.AGENT,
                                             review.ENGINES))
 
@@ -294,24 +272,24 @@ EVERY_KIND = sorted([decisions.NODE_TYPE, decisions.CERTIFICATE, decisions.IDENT
 
 
 @pulumi.runtime.test
-def test_the_review_reads_the_types_a_program_s_node_registers(urns: list[str]) -> Any:
+def test_the_review_reads_the_types_a_program_s_node_registers(mocked: None) -> Any:
     from llmgw_pulumi import AgentSettings, BinarySource, ConnectionArgs, Node, NodeArgs
-    from tests.unit import RELEASE_KEY
 
     node = Node("gpu-01", NodeArgs(node_id="gpu-01", connection=ConnectionArgs(host="10.0.0.11", private_key_path="/k"),
                                    settings=AgentSettings(servers=["cp:7443"]), pki_dir="/pki",
                                    binary=BinarySource(version="v1.4.2", release_url="https://r",
                                                        signing_key=RELEASE_KEY)))
 
-    def check(_: Any) -> None:
-        assert f"::{decisions.NODE_TYPE}::gpu-01" in " ".join(urns), urns  # the component, top-level
-        assert read_as_the_review_reads(urns, "gpu-01") == EVERY_KIND, urns
+    def check(urns: list[str]) -> None:
+        assert as_the_engine_writes(urns[0]).endswith(f"::{decisions.NODE_TYPE}::gpu-01"), urns  # top-level
+        assert read_as_the_review_reads(urns) == EVERY_KIND, urns
 
-    return pulumi.Output.all(node.urn, node.engine_check.urn).apply(check)
+    return pulumi.Output.all(node.urn, node.certificate.urn, node.identity.urn, node.agent.urn,
+                             node.engine_check.urn).apply(check)
 
 
 @pulumi.runtime.test
-def test_the_review_reads_the_types_the_component_s_node_registers(urns: list[str], tmp_path: Any) -> Any:
+def test_the_review_reads_the_type_the_component_s_node_registers(mocked: None, tmp_path: Any) -> Any:
     from llmgw_pulumi import component
 
     key = tmp_path / "id_ed25519"
@@ -322,10 +300,11 @@ def test_the_review_reads_the_types_the_component_s_node_registers(urns: list[st
                                       "agent": {"version": "v1.4.2", "releaseUrl": "https://releases.example.net",
                                                 "sha256": {"amd64": "a" * 64}}})
 
-    def check(_: Any) -> None:
-        assert read_as_the_review_reads(urns, "gpu-02") == EVERY_KIND, urns
+    def check(urns: list[str]) -> None:
+        # Its four resources are made by the same function as the program's Node's (``node.onboard``).
+        assert read_as_the_review_reads(urns) == [decisions.NODE_TYPE], urns
 
-    return pulumi.Output.all(node.urn, node.problems).apply(check)
+    return pulumi.Output.all(node.urn, node.problems).apply(lambda both: check(both[:1]))
 
 
 # --------------------------------------------------------------------------- a node a refresh could not read
