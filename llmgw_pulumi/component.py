@@ -39,7 +39,7 @@ import pulumi
 from pulumi.errors import InputPropertiesError
 from pulumi.output import Unknown
 
-from . import child_env, errors, program, rollout, specs, stack_config
+from . import child_env, decisions, errors, program, rollout, specs, stack_config
 from .component_types import OUTPUT_CAPABLE, RENAMED, Inventory, input_type, inventory_output
 from .component_types import SECRETS as SECRETS  # the names of the component's types, importable from here too
 from .component_types import declared_settings as declared_settings
@@ -50,7 +50,7 @@ from .shards import provider_for
 from .signer_interface import KIND_CA_KEY
 from .specs import Rollout
 
-PACKAGE_NAME = "llmgw"
+PACKAGE_NAME = decisions.PACKAGE
 """The package's name in Pulumi: the type token (``llmgw:index:Node``) and the SDK's directory (``sdks/llmgw``)."""
 NODEJS_PACKAGE = "llmgw-pulumi"
 """The generated TypeScript SDK's npm name (``import * as llmgw from "llmgw-pulumi"``): this project's own, as on
@@ -250,7 +250,7 @@ class Node(pulumi.ComponentResource):
         if not opts.providers:  # the node's shard, shared by every node of the deployment in it
             opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
                 providers={"pulumi-python": provider_for(parsed.node.node_id, run=_deployment())}))
-        super().__init__(f"{PACKAGE_NAME}:index:Node", name, None, opts)
+        super().__init__(decisions.NODE_TYPE, name, None, opts)
         parts = onboard(self, name, prepared.args, opts)
         check = parts.engine_check
         self.hostname = parts.identity.hostname

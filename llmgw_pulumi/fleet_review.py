@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import release_policy
+from . import decisions, release_policy
+from .decisions import touches_node as touches_node  # what restarts the agent: the providers' decision
 from .schema import normalise  # engine values compared as the providers' diff compares them
 from .text import printable
 
@@ -31,34 +32,27 @@ if TYPE_CHECKING:
     from . import trust_roots
 
 # --------------------------------------------------------------------------- names read from the preview
-NODE_TYPE = "llmgw:index:Node"
-CERTIFICATE, IDENTITY, AGENT, ENGINES = "ClientCertificate", "NodeIdentity", "AgentInstall", "EngineCheck"
-"""The last part of each dynamic resource's type (``pulumi-python:dynamic/llmgw:AgentInstall``)."""
+NODE_TYPE, CERTIFICATE, IDENTITY, AGENT, ENGINES = (decisions.NODE_TYPE, decisions.CERTIFICATE, decisions.IDENTITY,
+                                                   decisions.AGENT, decisions.ENGINES)
+"""The Node's type token, and the last part of each dynamic resource's (``pulumi-python:dynamic/llmgw:AgentInstall``),
+as the providers declare them."""
 UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
 """How the engine's JSON writes a value a preview cannot know yet (a certificate still to be issued)."""
 VERSION, BINARY_SHA256 = "version", "binary_sha256"
 AGENT_YAML, DRIFT, ROLLOUT = "agent_yaml", "drift", "rollout"
 MAX_PARALLEL, CANARY = "max_parallel", "canary"
-NOT_AFTER, RENEW_BEFORE_HOURS, CA_NOT_AFTER = "not_after", "renew_before_hours", "ca_not_after"
-CA_FINGERPRINT, NODE_KEY, NODE_KEY_HELD, KEY_ORIGIN = "ca_fingerprint", "node_key", "held", "key_origin"
+KEY_ORIGIN = "key_origin"
 CERT_PEM, KEY_PEM, SERIAL = "cert_pem", "key_pem", "serial"
 PROBLEMS, PROBLEM, HINT = "problems", "problem", "hint"
 CONNECTION, HOST_KEY, JUMP = "connection", "host_key", "jump"
 FABRICS, FABRIC_NAME, BINARY_PATH = "fabrics", "name", "binary_path"
 VERIFICATION = "verification"
 """How the agent's binary is verified, as the program records it (release_policy.VERIFICATIONS)."""
-OPERATOR_SIDE = frozenset({"user", "wait", "jump", "private_key", "private_key_path", "passphrase"})
-"""Connection fields that change only how the operator's side reaches a node: never a change to it."""
-NOT_NODE_CHANGES = frozenset({"__provider", "__urn", "pki_dir", "signer", "known_jump_host_keys", "rollout",
-                              "release_sha256", "signing_key", "release_ca", "fetch", "allow_unverified_release",
-                              VERIFICATION, "ca_key_passphrase", DRIFT})
-"""Inputs whose change alone does not touch the node (how certificates are signed, how a release is verified
-and carried, how updates are spread, what a refresh found)."""
 NEW_LOCAL_BUILD = "a new local build (its version is read by pulumi up)"
 """The new version of a local build a preview did not run (its version is empty there): another sha256."""
-UNREADABLE = ("cannot reach", "could not be read", "its state is kept as it was")
-"""What the providers' warnings say when a refresh could not read a node."""
-REISSUE_WHY = {"expiry": "expiry", "ca": "CA rotation", "key": "key lost", "origin": "keyOrigin changed"}
+REISSUE_WHY = {decisions.EXPIRES: "expiry", decisions.CA_CHANGED: "CA rotation", decisions.KEY_LOST: "key lost",
+               decisions.KEY_ORIGIN_CHANGED: "keyOrigin changed"}
+"""How the summary names each reason of ``decisions.reissue``."""
 PINNED, FIRST_USE = "pinned", "trusted on first use"
 """How a host key is trusted: pinned in the config (``hostKey``), or the first key seen recorded."""
 # ---------------------------------------------------------------------------
@@ -160,35 +154,11 @@ def changed_inputs(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str]:
     return found
 
 
-def touches_node(changes: Iterable[str]) -> bool:
-    return any(c not in NOT_NODE_CHANGES and not (c.startswith(f"{CONNECTION}.") and c.split(".", 1)[1] in OPERATOR_SIDE)
-               for c in changes)
-
-
-def _parse_time(value: Any) -> dt.datetime | None:
-    try:
-        return dt.datetime.fromisoformat(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
-
-
 def certificate_reasons(old_in: Mapping[str, Any], old_out: Mapping[str, Any], new_in: Mapping[str, Any],
                         now: dt.datetime) -> tuple[str, ...]:
-    """Why the same machine gets a new certificate, from the recorded certificate and the new inputs."""
-    reasons = []
-    not_after, ca_not_after = _parse_time(old_out.get(NOT_AFTER)), _parse_time(old_out.get(CA_NOT_AFTER))
-    before = new_in.get(RENEW_BEFORE_HOURS)
-    if not_after and isinstance(before, (int, float)) and not (ca_not_after and not_after >= ca_not_after) \
-            and not_after - dt.timedelta(hours=before) <= now:
-        reasons.append(REISSUE_WHY["expiry"])
-    old_ca = old_out.get(CA_FINGERPRINT) or old_in.get(CA_FINGERPRINT)
-    if old_ca and new_in.get(CA_FINGERPRINT) and old_ca != new_in[CA_FINGERPRINT]:
-        reasons.append(REISSUE_WHY["ca"])
-    if old_out.get(NODE_KEY) not in (None, NODE_KEY_HELD) and new_in.get(KEY_ORIGIN, "node") == "node":
-        reasons.append(REISSUE_WHY["key"])
-    if old_in.get(KEY_ORIGIN, "node") != new_in.get(KEY_ORIGIN, "node"):
-        reasons.append(REISSUE_WHY["origin"])
-    return tuple(reasons)
+    """Why the same machine gets a new certificate (REISSUE_WHY values), from the recorded certificate and the new
+    inputs: the providers' own decision (``decisions.reissue``)."""
+    return tuple(REISSUE_WHY[r] for r in decisions.reissue({**old_in, **old_out}, new_in, now).reasons)
 
 
 def config_lines(old: Any, new: Any) -> tuple[str, ...]:
@@ -357,8 +327,9 @@ def _diagnostic(nodes: dict[str, NodeReview], diag: Mapping[str, Any]) -> None:
     node = nodes.get(_node_of(urn))
     if node is None:
         return
-    if any(marker in message for marker in UNREADABLE):
-        if message not in node.unreadable:  # each of the node's resources says so
-            node.unreadable.append(message)
+    unreadable = decisions.unreadable_reason(message)  # a refresh could not read the node, as the providers mark it
+    if unreadable is not None:
+        if unreadable not in node.unreadable:  # each of the node's resources says so
+            node.unreadable.append(unreadable)
     elif kind_of(urn) == ENGINES and not any(p.split(" (fix: ")[0] in message for p in node.problems):
         node.problems.append(message)

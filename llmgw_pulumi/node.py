@@ -41,6 +41,7 @@ from pulumi.output import Unknown
 from .agent_settings import AgentSettings, BinarySource
 from .boundary import pulumi_errors
 from .call_stack import recorded_frames
+from .decisions import NODE_TYPE
 from .errors import ConfigError
 from .providers.agent import AgentInstall, AgentInstallArgs
 from .providers.certificate import ClientCertificate, ClientCertificateArgs
@@ -225,7 +226,7 @@ class Node(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: NodeArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         with recorded_frames(1):  # where the program made it (llmgw_pulumi.call_stack)
-            super().__init__("llmgw:index:Node", name, None, opts)
+            super().__init__(NODE_TYPE, name, None, opts)
         with pulumi_errors():  # a ConfigError reaches the program as a pulumi.RunError: no traceback
             self.certificate, self.identity, self.agent, self.engine_check = onboard(self, name, args, opts)
         self.readiness = node_readiness(self.engine_check)

@@ -24,6 +24,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from . import decisions
 from .fleet_review import REISSUE_WHY, FleetReview, NodeReview, natural
 from .release_policy import OPT_OUT_SETTING
 from .text import inert, printable
@@ -120,7 +121,7 @@ def markdown(fleet: FleetReview) -> str:
         *((f"{what}: {how}", sorted(ids, key=natural)) for (what, how), ids in sorted(onboarded.items())),
         *((f"agent upgraded {inert(a)} → {inert(b)}", sorted(ids, key=natural)) for (a, b), ids in sorted(upgrades.items())),
         ("config changed", g(lambda r: bool(r.config_lines))),
-        *((f"certificate {'renewed' if why == REISSUE_WHY['expiry'] else 're-issued'} ({why})", sorted(ids, key=natural))
+        *((f"certificate {'renewed' if why == REISSUE_WHY[decisions.EXPIRES] else 're-issued'} ({why})", sorted(ids, key=natural))
           for why, ids in sorted(certs.items())),
         ("files repaired after drift", g(lambda r: bool(r.repaired))),
         ("removed", g(lambda r: r.removed)),

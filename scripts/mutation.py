@@ -94,10 +94,12 @@ TARGETS = (
            ("tests/unit/test_release_verified.py", "tests/unit/test_review.py")),
     Target("providers (diff)", "llmgw_pulumi/providers/*.py",
            ("llmgw_pulumi.providers.*ǁdiff__*", *_in("llmgw_pulumi.providers.identity", "x_changes_"),
-            *_in("llmgw_pulumi.providers.agent", "x_drift_"), *_in("llmgw_pulumi.providers.certificate", "x_renewal_due_"),
-            *_in("llmgw_pulumi.providers._glue", "x_changed_keys_", "x_diff_result_", "x_same_machine_",
-                 "x_operator_side_only_")),
+            *_in("llmgw_pulumi.providers.agent", "x_drift_"),
+            *_in("llmgw_pulumi.providers._glue", "x_changed_keys_", "x_diff_result_", "x_same_machine_")),
            ("tests/unit/test_providers.py", "tests/unit/test_diff_decisions.py", "tests/unit/test_trust.py")),
+    Target("decisions.py", "llmgw_pulumi/decisions.py", ("llmgw_pulumi.decisions.*",),
+           ("tests/unit/test_decisions.py", "tests/unit/test_providers.py", "tests/unit/test_diff_decisions.py",
+            "tests/unit/test_review.py")),
 )
 
 

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, TypeVar
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult, Resource, ResourceProvider
 
-from .. import errors, facts, remote, sessions
+from .. import decisions, errors, facts, remote, sessions
 from ..boundary import pulumi_errors, to_inputs
 from ..desired import NodeFile
 from ..errors import LlmgwError
@@ -131,14 +131,6 @@ def same_machine(olds: Mapping[str, Any], news: Mapping[str, Any]) -> bool:
     return all(not is_unknown(new.get(k)) and normalise(old.get(k)) == normalise(new.get(k)) for k in CONNECTION_REPLACE_KEYS)
 
 
-OPERATOR_SIDE = frozenset({
-    "connection.user", "connection.wait", "connection.jump", "connection.private_key", "connection.private_key_path",
-    "connection.passphrase", "known_jump_host_keys",
-})
-"""Inputs that concern only how the operator's side reaches the node. A change to them updates state (so
-the next operation uses them) with no connection to the node: it is not a change to the node."""
-
-
 def changed_keys(olds: Mapping[str, Any], news: Mapping[str, Any], keys: Iterable[str]) -> list[str]:
     """Input keys whose value differs; a nested ``connection`` is compared field by field."""
     changed = []
@@ -172,12 +164,6 @@ def same_key_file(old: Any, new: Any) -> bool:
     written, absolute = (new, old) if new.startswith(HOME_PREFIX) else (old, new)
     return (written.startswith(HOME_PREFIX) and absolute.startswith("/")
             and absolute.endswith(written[len(HOME_PREFIX) - 1:]))
-
-
-def operator_side_only(changes: Iterable[str]) -> bool:
-    """Do these changes concern only the operator's side (see OPERATOR_SIDE)?"""
-    changes = set(changes)
-    return bool(changes) and changes <= OPERATOR_SIDE
 
 
 def carried(olds: Mapping[str, Any], news: Mapping[str, Any], output_keys: Iterable[str]) -> dict[str, Any]:
@@ -288,8 +274,9 @@ def unreachable_on_read(id_: str, props: dict[str, Any], exc: Exception) -> Read
 
 
 def warn_state_kept(exc: Exception) -> None:
-    """The warning of a read that could not reach its node (see unreachable_on_read)."""
-    log.warning("%s; its state is kept as it was", exc)
+    """The warning of a read that could not reach its node (see unreachable_on_read), marked so that the review
+    of a preview knows it (``decisions.unreadable_warning``)."""
+    log.warning("%s", decisions.unreadable_warning(str(exc)))
 
 
 _EXIT_ERRORS: dict[int, type[LlmgwError]] = {code: getattr(errors, name) for code, name in EXIT_ERRORS.items()}

@@ -25,7 +25,7 @@ import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 from pulumi.output import Unknown
 
-from .. import desired, facts, observed, plan, release, remote, rollout
+from .. import decisions, desired, facts, observed, plan, release, remote, rollout
 from ..errors import ConfigError
 from ..observed import OBSERVED_KEY, RENDERED_KEYS, STATE_VERSION, VERSION_KEY, Observed, Wanted
 from ..registration import RegistrationCheck
@@ -302,7 +302,7 @@ class AgentInstallProvider(_glue.ModuleProvider):
 
     @_glue.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        operator_side = _glue.operator_side_only(changes(olds, news))
+        operator_side = decisions.operator_side_only(changes(olds, news))
         olds = _migrated(olds)
         if operator_side:
             rollout.unchanged(rollout_of(news), str(news.get("node_id")))
@@ -375,7 +375,7 @@ class AgentInstallArgs(_glue.OnboardedNodeArgs):
     each update that reached the node; never a change itself."""
 
 
-class AgentInstall(_glue.NodeResource, module="llmgw", name="AgentInstall"):
+class AgentInstall(_glue.NodeResource, module=decisions.PACKAGE, name=decisions.AGENT):
     PROVIDER = AgentInstallProvider
     SHOWN_INPUTS = ("version", "agent_yaml", "unit")
 

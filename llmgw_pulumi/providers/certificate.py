@@ -59,9 +59,9 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 
-from .. import desired, errors, facts, remote
+from .. import decisions, desired, errors, facts, remote
 from ..schema import defaults
-from ..specs import DEFAULT_RENEW_BEFORE_HOURS, KEY_ORIGIN_NODE, NODE_REPLACE_KEYS, CertificateSpec, Connection
+from ..specs import KEY_ORIGIN_NODE, NODE_REPLACE_KEYS, CertificateSpec, Connection
 from . import _glue
 
 log = logging.getLogger(__name__)
@@ -78,13 +78,13 @@ REPLACE_KEYS = NODE_REPLACE_KEYS
 machine trusted on first use unless its host key is pinned. A PKI dir that moved, or another user or key to log in
 with, changes nothing."""
 REISSUE_REASONS = {
-    "not_after": "the certificate expires {not_after}, inside its renewal window",
-    "ca_fingerprint": "the CA (pkiDir's ca.pem, or llmgw:signer.ca) is another one",
-    "node_key": "the node no longer holds the certificate's key",
-    "key_origin": "keyOrigin changed",
+    decisions.EXPIRES: "the certificate expires {not_after}, inside its renewal window",
+    decisions.CA_CHANGED: "the CA (pkiDir's ca.pem, or llmgw:signer.ca) is another one",
+    decisions.KEY_LOST: "the node no longer holds the certificate's key",
+    decisions.KEY_ORIGIN_CHANGED: "keyOrigin changed",
 }
 """Why the same machine gets a new certificate: an update in place, which expects the host keys recorded."""
-NODE_KEY_HELD, NODE_KEY_GONE, NODE_KEY_OTHER = "held", "gone", "another key"
+NODE_KEY_HELD, NODE_KEY_GONE, NODE_KEY_OTHER = decisions.NODE_KEY_HELD, "gone", "another key"
 """The ``node_key`` output (keyOrigin node): does the node hold the key of this certificate (in place, or made and
 waiting for NodeIdentity)? Read by refresh; a key gone or replaced on the node has the certificate replaced by the
 next `up`: a new pair is made there and signed."""
@@ -94,30 +94,10 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def renewal_due(olds: dict[str, Any], news: dict[str, Any], now: dt.datetime) -> bool:
-    """Inside the renewal window, unless the certificate already ends with its CA (a new one could not last longer)."""
-    not_after = olds.get("not_after")
-    before = news.get("renew_before_hours", DEFAULT_RENEW_BEFORE_HOURS)
-    if not isinstance(not_after, str) or not isinstance(before, (int, float)):
-        return False
-    ca_not_after = olds.get("ca_not_after")
-    if isinstance(ca_not_after, str) and dt.datetime.fromisoformat(not_after) >= dt.datetime.fromisoformat(ca_not_after):
-        return False
-    return dt.datetime.fromisoformat(not_after) - dt.timedelta(hours=before) <= now
-
-
 def reissue_reasons(olds: dict[str, Any], news: dict[str, Any], now: dt.datetime) -> list[str]:
-    """Why the machine already known needs a new certificate (keys of REISSUE_REASONS), in that order."""
-    reasons = []
-    if renewal_due(olds, news, now):
-        reasons.append("not_after")
-    if olds.get("ca_fingerprint") and news.get("ca_fingerprint") and olds["ca_fingerprint"] != news["ca_fingerprint"]:
-        reasons.append("ca_fingerprint")
-    if news.get("key_origin") == KEY_ORIGIN_NODE and olds.get("node_key") not in (None, NODE_KEY_HELD):
-        reasons.append("node_key")
-    if olds.get("key_origin", KEY_ORIGIN_NODE) != news.get("key_origin", KEY_ORIGIN_NODE):
-        reasons.append("key_origin")
-    return reasons
+    """Why the machine already known needs a new certificate (keys of REISSUE_REASONS), in that order: the one
+    decision the review of a preview reads too (``decisions.reissue``)."""
+    return list(decisions.reissue(olds, news, now).reasons)
 
 
 def why_reissued(news: dict[str, Any], olds: dict[str, Any], reasons: list[str]) -> str:
@@ -376,7 +356,7 @@ class ClientCertificateArgs:
     issued; None (absent) for a CA key that is not encrypted."""
 
 
-class ClientCertificate(_glue.NodeResource, module="llmgw", name="ClientCertificate"):
+class ClientCertificate(_glue.NodeResource, module=decisions.PACKAGE, name=decisions.CERTIFICATE):
     PROVIDER = ClientCertificateProvider
     SECRET_OUTPUTS = ("key_pem", "ca_key_passphrase")
 

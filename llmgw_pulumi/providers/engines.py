@@ -30,7 +30,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 
-from .. import facts, readiness, remote
+from .. import decisions, facts, readiness, remote
 from ..errors import EngineWillNotRunError, NodeNotReadyError, UnreachableError
 from ..schema import defaults, replace_keys
 from ..specs import Connection, Discovery, EngineCheckSpec, Fabric, Hardware, engines_input
@@ -87,7 +87,7 @@ class EngineCheckProvider(_glue.ModuleProvider):
 
     @_glue.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        if _glue.operator_side_only(_glue.changed_keys(olds, news, INPUT_KEYS)):
+        if decisions.operator_side_only(_glue.changed_keys(olds, news, INPUT_KEYS)):
             return UpdateResult(_glue.carried(olds, news, OUTPUT_KEYS))
         spec = EngineCheckSpec.from_props(news)
         return UpdateResult(_glue.outputs(news, **_probe(spec, _glue.known_keys(news, olds))))
@@ -126,7 +126,7 @@ class EngineCheckArgs(_glue.OnboardedNodeArgs):
     """Fail when the node is not ready (a critical problem), instead of warning (NodeArgs.fail_on_critical_problems)."""
 
 
-class EngineCheck(_glue.NodeResource, module="llmgw", name="EngineCheck"):
+class EngineCheck(_glue.NodeResource, module=decisions.PACKAGE, name=decisions.ENGINES):
     PROVIDER = EngineCheckProvider
 
     problems: pulumi.Output[list[Any]]

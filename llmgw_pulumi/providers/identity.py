@@ -19,7 +19,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 
-from .. import desired, errors, facts, observed, plan, remote
+from .. import decisions, desired, errors, facts, observed, plan, remote
 from ..observed import ANY, OBSERVED_KEY, STATE_VERSION, VERSION_KEY, Observed, Want, Wanted
 from ..schema import defaults
 from ..specs import (
@@ -171,7 +171,7 @@ class NodeIdentityProvider(_glue.ModuleProvider):
 
     @_glue.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        operator_side = _glue.operator_side_only(changes(olds, news))
+        operator_side = decisions.operator_side_only(changes(olds, news))
         olds = _migrated(olds)
         if operator_side:
             return UpdateResult(_recorded(_glue.carried(olds, news, OUTPUT_KEYS)))
@@ -231,7 +231,7 @@ class NodeIdentityArgs:
     known_jump_host_keys: pulumi.Input[dict[str, str]] | None = None
 
 
-class NodeIdentity(_glue.NodeResource, module="llmgw", name="NodeIdentity"):
+class NodeIdentity(_glue.NodeResource, module=decisions.PACKAGE, name=decisions.IDENTITY):
     PROVIDER = NodeIdentityProvider
     SECRET_OUTPUTS = ("key_pem",)
 

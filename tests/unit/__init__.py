@@ -4,6 +4,8 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
+import pulumi
+
 
 def fake_pem(kind: str, body: str) -> str:
     """A PEM-shaped string with no key in it (so no key-shaped text is committed)."""
@@ -29,3 +31,13 @@ def with_value(config: Any, path: Sequence[Any], value: Any) -> Any:
         target = target[part]
     target[path[-1]] = value
     return copied
+
+
+class Mocks(pulumi.runtime.Mocks):
+    """The SDK's mock engine: each resource gets an id from its name and returns its inputs as its outputs."""
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        return f"{args.name}-id", dict(args.inputs)
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        return {}, []

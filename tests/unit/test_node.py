@@ -18,18 +18,10 @@ from llmgw_pulumi import AgentSettings, BinarySource, ConnectionArgs, Node, Node
 from llmgw_pulumi.call_stack import recorded_frames
 from llmgw_pulumi.errors import ConfigError
 from llmgw_pulumi.shards import PROVIDER_SHARDS, SHARDS_ENV, provider_for, shard_count, shard_name, shard_of
-from tests.unit import RELEASE_KEY
+from tests.unit import RELEASE_KEY, Mocks
 
 NODE_TYPES = {"pulumi-python:dynamic/llmgw:" + t for t in ("ClientCertificate", "NodeIdentity", "AgentInstall", "EngineCheck")}
 PROVIDER_TYPE = "pulumi:providers:pulumi-python"
-
-
-class Mocks(pulumi.runtime.Mocks):
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        return f"{args.name}-id", dict(args.inputs)
-
-    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-        return {}, []
 
 
 class RecordingMonitor(MockMonitor):

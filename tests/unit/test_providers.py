@@ -13,7 +13,7 @@ import pytest
 from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.output import Unknown
 
-from llmgw_pulumi import desired, observed
+from llmgw_pulumi import decisions, desired, observed
 from llmgw_pulumi.observed import STATE_VERSION, Observed, Seen
 from llmgw_pulumi.providers import agent
 from llmgw_pulumi.providers.agent import AgentInstall, AgentInstallProvider
@@ -188,11 +188,11 @@ def test_operator_side_connection_settings_are_state_only_changes():
                          ("jump", [{"address": "deploy@bastion"}])]:
         changes = _glue.changed_keys({"connection": old_conn}, {"connection": {**old_conn, field: value}}, ["connection"])
         assert changes == [f"connection.{field}"], field
-        assert _glue.operator_side_only(changes), field
+        assert decisions.operator_side_only(changes), field
     node_side = _glue.changed_keys({"connection": old_conn}, {"connection": {**old_conn, "host": "10.9.9.9"}}, ["connection"])
-    assert not _glue.operator_side_only(node_side)
-    assert not _glue.operator_side_only(["connection.user", "servers"])
-    assert not _glue.operator_side_only([])
+    assert not decisions.operator_side_only(node_side)
+    assert not decisions.operator_side_only(["connection.user", "servers"])
+    assert not decisions.operator_side_only([])
 
 
 def test_identity_unknown_host_in_preview_means_replacement():

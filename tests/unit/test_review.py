@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from llmgw_pulumi import fleet_rules, review
+from llmgw_pulumi import decisions, fleet_rules, review
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "review" / "change.json"
 NOW = dt.datetime(2026, 12, 1, 12, 10, tzinfo=dt.UTC)
@@ -166,7 +166,7 @@ def test_release_verified_judges_the_record_not_the_stack_config():
 def test_a_node_that_could_not_be_read_is_said_once_and_not_as_an_engine_problem():
     data = preview()
     urn = next(s["urn"] for s in data["steps"] if s["urn"].endswith("EngineCheck::node14"))
-    said = "warning: node14: cannot reach deploy@10.0.0.9 over ssh after 10s; its state is kept as it was\n"
+    said = f"warning: {decisions.unreadable_warning('node14: cannot reach deploy@10.0.0.9 over ssh after 10s')}\n"
     data["diagnostics"] += [{"urn": urn.replace("EngineCheck", kind), "message": said, "severity": "warning"}
                             for kind in ("EngineCheck", "AgentInstall", "NodeIdentity")]
     node = review.review(data, NOW).nodes["node14"]

@@ -23,7 +23,7 @@ import pytest
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
-from llmgw_pulumi import review
+from llmgw_pulumi import decisions, review
 from llmgw_pulumi.text import INERT_LIMIT
 from tests.unit.test_review import NOW, created, preview
 
@@ -111,7 +111,7 @@ def hostile_preview(text: str) -> dict[str, Any]:
     data["diagnostics"] += [
         {"urn": engines["urn"], "severity": "warning", "message": f"warning: {text}\n"},
         {"urn": engines["urn"].replace("EngineCheck", "NodeIdentity"), "severity": "warning",
-         "message": f"warning: node14: cannot reach {text} over ssh; its state is kept as it was\n"},
+         "message": f"warning: {decisions.unreadable_warning(f'node14: cannot reach {text} over ssh')}\n"},
     ]
     for i in range(1, 10):  # untouched nodes after node14 in natural order, no runs: the untouched list is folded
         steps.append({"op": "refresh", "urn": engines["urn"].replace("::node14", f"::~filler-{2 * i:02d}"),
