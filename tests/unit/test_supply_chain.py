@@ -9,8 +9,12 @@ vacuously.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import re
 import shlex
+import subprocess
+import tarfile
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -145,22 +149,113 @@ def gitlab_problems(ci: dict[str, Any]) -> list[str]:
     script = "\n".join(ci["default"]["before_script"])
     if re.search(r"curl[^\n]*\|\s*(sh|bash)", script):
         problems.append("curl | sh")
-    fetched, checked, unpacked = (script.find(w) for w in ("curl -fsSLo pulumi.tgz", "sha256sum -c", "tar -xzf pulumi.tgz"))
-    if not 0 <= fetched < checked < unpacked:
-        problems.append("the Pulumi archive is unpacked before its sha256 is checked")
     if "pip install" in script and "--require-hashes" not in script:
         problems.append("pip installs without --require-hashes")
     return problems
 
 
-def test_the_gitlab_image_is_a_digest_and_pulumi_is_checked_before_it_is_unpacked() -> None:
+def test_the_gitlab_image_is_a_digest_and_nothing_is_piped_to_a_shell() -> None:
     text = (CI / ".gitlab-ci.yml").read_text()
     assert gitlab_problems(yaml.safe_load(text)) == []
     assert gitlab_problems(yaml.safe_load(re.sub(r"@sha256:[0-9a-f]{64}", "", text))) == [
         "image python:3.11-slim is not pinned by digest"]
-    unchecked = yaml.safe_load(text)
-    unchecked["default"]["before_script"] = [s for s in unchecked["default"]["before_script"] if "sha256sum" not in s]
-    assert gitlab_problems(unchecked) == ["the Pulumi archive is unpacked before its sha256 is checked"]
+    piped = yaml.safe_load(text)
+    piped["default"]["before_script"].insert(1, "curl -fsSL https://get.pulumi.com | sh")
+    assert gitlab_problems(piped) == ["curl | sh"]
+
+
+# --------------------------------------------------------------------------- the Pulumi CLI in CI
+
+INSTALL_PULUMI = CI / "install-pulumi.sh"
+def install_script_problems(script: str) -> list[str]:
+    """install-pulumi.sh must pin a version and a real sha256, and check the archive before unpacking it."""
+    problems = []
+    version = re.search(r"^PULUMI_VERSION=(\S*)$", script, flags=re.M)
+    digest = re.search(r"^PULUMI_SHA256=(\S*)$", script, flags=re.M)
+    if not version or not re.fullmatch(r"\d+\.\d+\.\d+", version.group(1)):
+        problems.append("no pinned PULUMI_VERSION")
+    if not digest or not re.fullmatch(r"[0-9a-f]{64}", digest.group(1)):
+        problems.append(f"PULUMI_SHA256 is not a sha256: {digest.group(1) if digest else None!r}")
+    lines = script.splitlines()
+    where = {what: next((i for i, line in enumerate(lines) if re.search(pattern, line) and not line.startswith("#")), -1)
+             for what, pattern in [("fetch", r"^curl .*-o "), ("check", r'"\$PULUMI_SHA256".*sha256sum -c --strict'),
+                                   ("unpack", r"^tar -x")]}
+    if not 0 <= where["fetch"] < where["check"] < where["unpack"]:
+        problems.append(f"the archive is not checked with sha256sum -c --strict between its download and its unpacking: {where}")
+    return problems
+
+
+def test_install_pulumi_sh_pins_a_sha256_and_checks_it_before_unpacking() -> None:
+    script = INSTALL_PULUMI.read_text()
+    assert install_script_problems(script) == []
+    digest = re.search(r"^PULUMI_SHA256=(\S*)$", script, flags=re.M)
+    assert digest is not None
+    assert install_script_problems(script.replace(digest.group(0), "PULUMI_SHA256=")) == ["PULUMI_SHA256 is not a sha256: ''"]
+    assert install_script_problems(script.replace(digest.group(0), 'PULUMI_SHA256=""')) != []
+    assert install_script_problems(script.replace(" --strict", "")) != []
+    check = next(line for line in script.splitlines() if "sha256sum -c" in line)
+    assert install_script_problems(script.replace(check, "true \\")) != []
+
+
+@pytest.fixture
+def release(tmp_path: Path) -> tuple[Path, str, dict[str, str]]:
+    """A Pulumi-shaped archive, and a PATH whose curl hands it out as any download (so the test sends nothing
+    anywhere): returns the archive, its sha256 and the environment to run install-pulumi.sh in."""
+    archive = tmp_path / "release.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        body = b"#!/bin/sh\necho v0.0.0-test\n"
+        info = tarfile.TarInfo("pulumi/pulumi")
+        info.size, info.mode = len(body), 0o755
+        tar.addfile(info, io.BytesIO(body))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    curl = bin_dir / "curl"
+    curl.write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done\n'
+                    f'cp {shlex.quote(str(archive))} "$out"\necho "$out" >> {shlex.quote(str(tmp_path / "fetched"))}\n')
+    curl.chmod(0o755)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "TMPDIR": str(scratch), "HOME": str(tmp_path)}
+    return archive, hashlib.sha256(archive.read_bytes()).hexdigest(), env
+
+
+def run_install(script: str, tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    copy = tmp_path / "install-pulumi.sh"
+    copy.write_text(script)
+    copy.chmod(0o755)
+    return subprocess.run([str(copy)], env=env, capture_output=True, text=True, timeout=60)
+
+
+def unpacked(env: dict[str, str]) -> list[Path]:
+    return [p for p in Path(env["TMPDIR"]).rglob("*") if p.name == "pulumi"]
+
+
+def with_digest(script: str, digest: str) -> str:
+    pinned = re.search(r"^PULUMI_SHA256=\S*$", script, flags=re.M)
+    assert pinned is not None
+    return script.replace(pinned.group(0), f"PULUMI_SHA256={digest}")
+
+
+def test_install_pulumi_sh_unpacks_the_archive_whose_sha256_it_pins(release, tmp_path: Path) -> None:
+    _, digest, env = release
+    done = run_install(with_digest(INSTALL_PULUMI.read_text(), digest), tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    (bin_dir,) = done.stdout.splitlines()  # one line: the directory to put on PATH
+    assert (Path(bin_dir) / "pulumi").read_bytes().startswith(b"#!/bin/sh")
+    assert not list(Path(bin_dir).parent.glob("*.tar.gz"))  # the archive is not left behind
+
+
+@pytest.mark.parametrize("digest", ["pinned", "", "0" * 64], ids=["shipped", "empty", "another"])
+def test_install_pulumi_sh_unpacks_nothing_whose_sha256_differs(release, tmp_path: Path, digest: str) -> None:
+    _, _, env = release
+    script = INSTALL_PULUMI.read_text()
+    done = run_install(script if digest == "pinned" else with_digest(script, digest), tmp_path, env)
+    assert done.returncode != 0
+    assert done.stdout == ""  # nothing for a job to put on PATH
+    assert unpacked(env) == []
+    assert "PULUMI_SHA256" in done.stderr  # the error names what to fix
+    # A pin that is no sha256 at all is refused before anything is downloaded; a wrong one after.
+    assert (tmp_path / "fetched").exists() == (digest != "")
 
 
 # --------------------------------------------------------------------------- Go
