@@ -167,6 +167,76 @@ def test_the_gitlab_image_is_a_digest_and_nothing_is_piped_to_a_shell() -> None:
 # --------------------------------------------------------------------------- the Pulumi CLI in CI
 
 INSTALL_PULUMI = CI / "install-pulumi.sh"
+CI_FILES = [CI / ".gitlab-ci.yml", *WORKFLOWS]
+UNCHECKED_PULUMI = re.compile(
+    r"get\.pulumi\.com|github\.com/pulumi/pulumi/releases|pulumi/(?:actions|setup-pulumi|action-install-pulumi-cli)@")
+"""Ways to get the Pulumi CLI that check no pinned sha256: its release URLs, its installer, actions that fetch it."""
+RUNS_PULUMI = re.compile(r"\b(?:preview|up|refresh)\.sh\b|\bpulumi\s+(?:preview|up|refresh|stack|login)\b")
+
+
+def ci_jobs(ci: dict[str, Any], gitlab: bool) -> dict[str, list[str]]:
+    """What each job of a CI file runs, in order: GitLab's before_script (its own or the default) then its
+    script; a GitHub job's steps, each its `uses:` or its `run:`."""
+    if gitlab:
+        default = (ci.get("default") or {}).get("before_script", [])
+        return {name: [*job.get("before_script", default), *job["script"]]
+                for name, job in ci.items() if isinstance(job, dict) and "script" in job}
+    return {name: [str(step.get("uses") or step.get("run", "")) for step in job.get("steps", [])]
+            for name, job in ci["jobs"].items()}
+
+
+def pulumi_install_problems(jobs: dict[str, list[str]]) -> list[str]:
+    """A job that gets the Pulumi CLI any way but install-pulumi.sh, or runs pulumi without installing it so
+    and putting what it installed first on PATH."""
+    problems = []
+    for name, commands in jobs.items():
+        problems += [f"{name}: gets Pulumi unchecked: {c.strip()}" for c in commands if UNCHECKED_PULUMI.search(c)]
+        runs = [i for i, c in enumerate(commands) if RUNS_PULUMI.search(c)]
+        installs = [i for i, c in enumerate(commands) if "install-pulumi.sh" in c]
+        if runs and not (installs and installs[0] < runs[0]):
+            problems.append(f"{name}: runs pulumi without installing it with install-pulumi.sh first")
+            continue
+        for i in installs:
+            command = commands[i]
+            assigned = re.fullmatch(r"\s*(\w+)=\$\([^)]*install-pulumi\.sh\)\s*", command)
+            on_path = re.search(r'install-pulumi\.sh\s*>>\s*"\$GITHUB_PATH"', command) or (
+                assigned and any(f'PATH="${assigned.group(1)}:$PATH"' in later for later in commands[i + 1:]))
+            if not on_path:
+                problems.append(f"{name}: what install-pulumi.sh installs is not put on PATH: {command.strip()}")
+    return problems
+
+
+def load_ci(path: Path) -> dict[str, list[str]]:
+    return ci_jobs(yaml.safe_load(path.read_text()), gitlab=path.name == ".gitlab-ci.yml")
+
+
+@pytest.mark.parametrize("path", CI_FILES, ids=lambda p: p.name)
+def test_every_ci_job_gets_pulumi_only_from_the_checked_install(path: Path) -> None:
+    assert pulumi_install_problems(load_ci(path)) == []
+
+
+def test_the_pulumi_check_sees_each_way_around_it() -> None:
+    gitlab, fleet = load_ci(CI / ".gitlab-ci.yml"), load_ci(CI / ".github" / "workflows" / "fleet.yml")
+    # Positive controls: the jobs that run pulumi are seen running it, and installing it.
+    assert {n for n, c in gitlab.items() if any(RUNS_PULUMI.search(x) for x in c)} == {"preview", "up", "refresh"}
+    assert {n for n, c in fleet.items() if any(RUNS_PULUMI.search(x) for x in c)} == {"preview", "up", "refresh"}
+    action = "pulumi/actions@8e5e406f4007fca908480587cb9893c07090f58d"
+    for jobs, breach, expected in [
+        (fleet, lambda c: [action if "install-pulumi.sh" in x else x for x in c],
+         "up: runs pulumi without installing it with install-pulumi.sh first"),
+        (fleet, lambda c: [*c[:1], action, *c[1:]], f"up: gets Pulumi unchecked: {action}"),
+        (fleet, lambda c: [x.replace(' >> "$GITHUB_PATH"', "") for x in c], "up: what install-pulumi.sh installs is not"),
+        (gitlab, lambda c: [x for x in c if not x.startswith("export PATH=\"$pulumi_bin")],
+         "up: what install-pulumi.sh installs is not put on PATH"),
+        (gitlab, lambda c: ["curl -fsSL https://get.pulumi.com | sh" if "install-pulumi.sh" in x else x for x in c],
+         "up: gets Pulumi unchecked: curl -fsSL https://get.pulumi.com | sh"),
+        (gitlab, lambda c: [*c[2:], *c[:2]], "up: runs pulumi without installing it with install-pulumi.sh first"),
+    ]:
+        broken = dict(jobs, up=breach(jobs["up"]))
+        assert broken["up"] != jobs["up"]
+        assert any(p.startswith(expected) for p in pulumi_install_problems(broken)), (expected, broken["up"])
+
+
 def install_script_problems(script: str) -> list[str]:
     """install-pulumi.sh must pin a version and a real sha256, and check the archive before unpacking it."""
     problems = []
