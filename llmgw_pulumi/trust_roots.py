@@ -89,14 +89,20 @@ def ssh_key(value: Any) -> str:
 PEM_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----(.*?)-----END CERTIFICATE-----", re.S)
 
 
-def certificate(pem: Any) -> str:
-    """A PEM certificate (the first in the text) as the SHA256 of its DER form: ``sha256:<hex>``."""
+def pem_sha256(pem: Any) -> str | None:
+    """The SHA256 (hex) of a PEM certificate's DER form (the first in the text); None where there is none."""
     found = PEM_CERTIFICATE.search(str(pem))
     try:
         der = base64.b64decode("".join(found.group(1).split()), validate=True) if found else b""
     except (ValueError, binascii.Error):
         der = b""
-    return f"sha256:{hashlib.sha256(der).hexdigest()}" if der else "an unreadable certificate"
+    return hashlib.sha256(der).hexdigest() if der else None
+
+
+def certificate(pem: Any) -> str:
+    """A PEM certificate (the first in the text) as the SHA256 of its DER form: ``sha256:<hex>``."""
+    digest = pem_sha256(pem)
+    return f"sha256:{digest}" if digest else "an unreadable certificate"
 
 
 def url_host(url: Any) -> str:

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from pulumi_policy import (
@@ -28,7 +29,6 @@ from pulumi_policy.proxy import UnknownValueError
 
 from llmgw_pulumi import child_env, fleet_review, trust_roots
 from llmgw_pulumi import fleet_rules as rules
-from llmgw_pulumi.providers import certificate
 
 LEVELS = {"advisory": EnforcementLevel.ADVISORY, "mandatory": EnforcementLevel.MANDATORY,
           "disabled": EnforcementLevel.DISABLED}
@@ -77,7 +77,10 @@ def deployed_inputs() -> dict[str, Mapping[str, Any]]:
 
 def pki_dir_ca(pki_dir: Any) -> str | None:
     """The fingerprint of pkiDir's ca.pem as this machine reads it (None: it cannot be read here)."""
-    return certificate.ca_fingerprint(pki_dir) if isinstance(pki_dir, str) else None
+    try:
+        return trust_roots.pem_sha256(Path(pki_dir, "ca.pem").read_text()) if isinstance(pki_dir, str) else None
+    except OSError:
+        return None
 
 
 def trust_roots_policy() -> ResourceValidationPolicy:

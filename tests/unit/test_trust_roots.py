@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,6 @@ from cryptography.x509.oid import NameOID
 from llmgw_pulumi import fleet_rules, review, trust_roots
 from llmgw_pulumi.agent_settings import BinarySource
 from llmgw_pulumi.fleet_review import AGENT, CERTIFICATE, ENGINES, IDENTITY, UNKNOWN
-from llmgw_pulumi.providers import certificate as certificate_provider
 from llmgw_pulumi.trust_roots import NOT_KNOWN, NOT_SET, Change
 from tests.unit.test_review import NOW, created, preview, step
 from tests.unit.test_review_inert import PARSER, assert_marker_only_in_code, leaves
@@ -212,7 +212,8 @@ def pki_dir_with(tmp_path: Path, pem: str | None) -> str:
 def judged_here(old: dict[str, Any], new: dict[str, Any], allowed: list[Any] | None = None) -> list[str]:
     """What the policy pack judges for a ClientCertificate: its new inputs with pkiDir's CA as read on this
     machine (as llmgw_pulumi.policy does), against the recorded ones."""
-    read = certificate_provider.ca_fingerprint(new["pki_dir"])
+    ca_pem = Path(new["pki_dir"], "ca.pem")
+    read = trust_roots.pem_sha256(ca_pem.read_text()) if ca_pem.exists() else None
     return fleet_rules.trust_roots_unchanged(CERTIFICATE, old, trust_roots.ca_as_read(new, read),
                                              {"allowed": allowed or []})
 
@@ -236,6 +237,35 @@ def test_a_pki_dir_ca_read_here_is_judged_by_its_fingerprint(tmp_path: Path) -> 
     (message,) = judged_here(old, copy.deepcopy(old))
     assert CA_1[1] in message and CA_2[1] in message
     assert judged_here(old, copy.deepcopy(old), [{"setting": "ca", "to": CA_2[1]}]) == []
+
+
+def summary_judged_here(data: dict[str, Any], *flags: str) -> dict[str, tuple[str, str]]:
+    """The summary's table, by `python -m llmgw_pulumi.review` on this machine."""
+    out = io.StringIO()
+    assert review.main([*flags], stdin=io.StringIO(json.dumps(data)), stdout=out) == 0
+    return table_rows(out.getvalue())
+
+
+def test_the_summary_shows_a_pki_dir_ca_the_preview_cannot_read_as_not_known(tmp_path: Path) -> None:
+    data = preview()
+    cert = step(data, "ClientCertificate", "node12")
+    pki = pki_dir_with(tmp_path, None)
+    for state in ("oldState", "newState"):  # check() kept the recorded fingerprint: the inputs look unchanged
+        cert[state]["inputs"].update({"pki_dir": pki, "ca_fingerprint": CA_1[1].removeprefix("sha256:")})
+    unread = f"trust root ca changed: {CA_1[1]} → {NOT_KNOWN}"
+    assert summary_judged_here(data, "--ca-read-here")[unread] == ("1", "node12")
+    assert not any(row.startswith("trust root ca") for row in summary_judged_here(data))  # a JSON read elsewhere
+    pki_dir_with(tmp_path, CA_1[0])
+    assert not any(row.startswith("trust root ca") for row in summary_judged_here(data, "--ca-read-here"))
+    pki_dir_with(tmp_path, CA_2[0])
+    assert summary_judged_here(data, "--ca-read-here")[f"trust root ca changed: {CA_1[1]} → {CA_2[1]}"] == (
+        "1", "node12")
+
+
+def test_the_ci_preview_script_asks_the_summary_to_read_the_ca_here() -> None:
+    script = (Path(__file__).resolve().parents[2] / "examples" / "ci" / "preview.sh").read_text()
+    (command,) = [line for line in script.splitlines() if line.startswith("python3 -m llmgw_pulumi.review")]
+    assert "--ca-read-here" in command
 
 
 def test_a_ca_given_as_signer_ca_is_taken_from_the_inputs_not_from_pki_dir() -> None:
