@@ -161,10 +161,18 @@ def trust_roots_unchanged(kind: str, old: Mapping[str, Any] | None, new: Mapping
     node = str(new.get(NODE_ID) or old.get(NODE_ID) or "?")
     return [f"{node}: {change.setting} changes from {change.old} to {change.new} "
             f"({trust_roots.SETTINGS[change.setting].what}). Nothing on the node changes, but every later `pulumi up` "
-            "trusts the new value. If the change is meant, approve it in the base branch's policy config (its owner "
-            f"reviews it): add {trust_roots.allow_entry(change)} to the trust-roots-unchanged rule's allowed list; "
-            "otherwise undo it"
+            f"trusts the new value. {_approve(change)}"
             for change in trust_roots.changes(kind, old, new) if not trust_roots.approved(change, allowed)]
+
+
+def _approve(change: trust_roots.Change) -> str:
+    """How to settle a trust-root change the allowed list does not approve."""
+    if change.new == trust_roots.NOT_KNOWN:
+        return ("No entry can approve a value the preview does not know: make it known where the preview runs (for "
+                "ca: pkiDir's ca.pem readable there, as the CI examples copy stacks/ca.pem to it; otherwise a value "
+                "given in the config, not another resource's output), then approve what it shows; or undo it")
+    return ("If the change is meant, approve it in the base branch's policy config (its owner reviews it): add "
+            f"{trust_roots.allow_entry(change)} to the trust-roots-unchanged rule's allowed list; otherwise undo it")
 
 
 def stack_config_from_env(text: str | None) -> dict[str, Any]:

@@ -39,10 +39,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from . import trust_roots
 from .fleet_review import (
     AGENT,
     CERTIFICATE,
@@ -82,6 +83,9 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO = sys.stdin, stdout: T
                         help="the exit status of `pulumi preview --json`: not 0, the summary says the preview failed")
     parser.add_argument("--preview-log", metavar="FILE",
                         help="what `pulumi preview --json` wrote to standard error: a failed preview's `error:` lines")
+    parser.add_argument("--ca-read-here", action="store_true",
+                        help="on the machine that ran the preview: judge each certificate's pkiDir CA by its ca.pem "
+                             "as read here (one that cannot be read is shown as not known, never as unchanged)")
     args = parser.parse_args(argv)
     preview, unreadable = _read_preview(args.preview, stdin)
     failed = bool(args.preview_status or unreadable or preview_errors(preview))  # an error in the JSON fails it too
@@ -90,7 +94,10 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO = sys.stdin, stdout: T
         errors = preview_errors(preview, log)
         stdout.write(failed_markdown(review(preview).stack, args.preview_status, unreadable, errors) + "\n")
     else:
-        stdout.write(markdown(review(preview)) + "\n")
+        fleet = review(preview)
+        if args.ca_read_here:
+            ca_read_here(fleet, preview, lambda pki_dir: _read_text(str(Path(pki_dir) / "ca.pem")))
+        stdout.write(markdown(fleet) + "\n")
     if args.policy:
         cli_output = _read_text(args.policy)
         stdout.write((policy_verdict(cli_output) if cli_output is not None
@@ -100,6 +107,27 @@ def main(argv: Sequence[str] | None = None, stdin: TextIO = sys.stdin, stdout: T
               file=sys.stderr)
         return 2
     return 1 if failed else 0
+
+
+def ca_read_here(fleet: FleetReview, preview: Mapping[str, Any], read: Callable[[str], str | None]) -> None:
+    """Each certificate's change of its pkiDir CA as this machine reads ca.pem now (``read``: pkiDir -> the text
+    of its ca.pem, None where it cannot be read; trust_roots.ca_as_read), in place of the one its new inputs
+    say: where the preview could not read ca.pem, check() kept the recorded fingerprint, and the CA would read
+    as unchanged. As the policy pack judges it."""
+    for step in preview.get("steps") or []:
+        urn, old, new = step.get("urn"), step.get("oldState"), step.get("newState")
+        if not (isinstance(urn, str) and kind_of(urn) == CERTIFICATE and step.get("op") not in ("refresh", "read")
+                and isinstance(old, Mapping) and isinstance(new, Mapping) and isinstance(new.get("inputs"), Mapping)):
+            continue
+        node = fleet.nodes.get(urn.split("::")[-1])
+        if node is None:
+            continue
+        inputs = new["inputs"]
+        pki_dir = inputs.get("pki_dir")
+        pem = read(pki_dir) if isinstance(pki_dir, str) else None
+        as_read = trust_roots.ca_as_read(inputs, trust_roots.pem_sha256(pem) if pem is not None else None)
+        ca = [c for c in trust_roots.changes(CERTIFICATE, old.get("inputs") or {}, as_read) if c.setting == "ca"]
+        node.trust_roots = tuple(sorted({*(c for c in node.trust_roots if c.setting != "ca"), *ca}))
 
 
 def _read_text(path: str) -> str | None:

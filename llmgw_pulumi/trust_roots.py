@@ -89,14 +89,20 @@ def ssh_key(value: Any) -> str:
 PEM_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----(.*?)-----END CERTIFICATE-----", re.S)
 
 
-def certificate(pem: Any) -> str:
-    """A PEM certificate (the first in the text) as the SHA256 of its DER form: ``sha256:<hex>``."""
+def pem_sha256(pem: Any) -> str | None:
+    """The SHA256 (hex) of a PEM certificate's DER form (the first in the text); None where there is none."""
     found = PEM_CERTIFICATE.search(str(pem))
     try:
         der = base64.b64decode("".join(found.group(1).split()), validate=True) if found else b""
     except (ValueError, binascii.Error):
         der = b""
-    return f"sha256:{hashlib.sha256(der).hexdigest()}" if der else "an unreadable certificate"
+    return hashlib.sha256(der).hexdigest() if der else None
+
+
+def certificate(pem: Any) -> str:
+    """A PEM certificate (the first in the text) as the SHA256 of its DER form: ``sha256:<hex>``."""
+    digest = pem_sha256(pem)
+    return f"sha256:{digest}" if digest else "an unreadable certificate"
 
 
 def url_host(url: Any) -> str:
@@ -164,11 +170,32 @@ def _signer(field: str, show: Callable[[Any], str], default: str = NOT_SET) -> C
 
 def _the_ca(inputs: Mapping[str, Any]) -> str:
     """The CA the certificates chain to: the fingerprint check() records (of signer.ca, or of pkiDir's ca.pem
-    where the preview can read it), else that of signer.ca's certificate."""
+    where the preview can read it), else that of signer.ca's certificate; NOT_KNOWN where the fingerprint is
+    known not to have been read (``ca_as_read``)."""
     recorded = inputs.get(CA_FINGERPRINT)
-    if isinstance(recorded, str) and recorded and not _unknown(recorded):
+    if _unknown(recorded):
+        return NOT_KNOWN
+    if isinstance(recorded, str) and recorded:
         return printable(f"sha256:{recorded.lower()}")
     return _signer("ca_pem", certificate)(inputs)
+
+
+def ca_from_pki_dir(inputs: Mapping[str, Any]) -> bool:
+    """Whether a ClientCertificate's CA is pkiDir's ca.pem, read from the machine that runs Pulumi (no signer
+    input, or kind pkiDir), rather than signer.ca, whose certificate the inputs hold."""
+    signer = inputs.get(SIGNER)
+    return signer is None or (isinstance(signer, Mapping) and signer.get("kind", PKI_DIR_KIND) == PKI_DIR_KIND)
+
+
+def ca_as_read(inputs: Mapping[str, Any], read: str | None) -> dict[str, Any]:
+    """New ClientCertificate inputs with the fingerprint of pkiDir's CA as this machine reads it now (``read``,
+    hex; None: ca.pem cannot be read here). check() keeps the recorded fingerprint where it cannot read ca.pem,
+    so that the diff sees no CA rotation it cannot tell; that kept value says nothing about the CA the change
+    would make every later `up` trust. A CA that was not read is shown as not known, and so judged, never as
+    unchanged. Inputs whose CA is signer.ca are returned as they are."""
+    if not ca_from_pki_dir(inputs):
+        return dict(inputs)
+    return {**inputs, CA_FINGERPRINT: read or UNKNOWN}
 
 
 def _connection(show: Callable[[Mapping[str, Any]], str]) -> Callable[[Mapping[str, Any]], str]:
@@ -250,9 +277,10 @@ def changes(kind: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[C
 
 def approved(change: Change, allowed: Iterable[Any]) -> bool:
     """Whether the policy config's allow list (``[{"setting": "agent.signingKey", "to": "SHA256:..."}]``) approves
-    ``change``: an entry naming its setting and exactly the value it changes to (as shown)."""
-    return any(isinstance(entry, Mapping) and entry.get("setting") == change.setting
-               and entry.get("to") == change.new for entry in allowed)
+    ``change``: an entry naming its setting and exactly the value it changes to (as shown). A change to a value
+    the preview does not know is never approved: an entry could only approve whatever it turns out to be."""
+    return change.new != NOT_KNOWN and any(isinstance(entry, Mapping) and entry.get("setting") == change.setting
+                                           and entry.get("to") == change.new for entry in allowed)
 
 
 def allow_entry(change: Change) -> str:

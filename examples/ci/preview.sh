@@ -42,7 +42,7 @@ fresh
 pulumi preview "$@" --json --diff --show-sames > "$out/preview.json" 2> "$out/preview.log" || previewed=$?
 # The summary says in its first line when the preview failed, and lists its errors; it exits non-zero then.
 summary=0
-python3 -m llmgw_pulumi.review "$out/preview.json" --policy "$out/policy.txt" \
+python3 -m llmgw_pulumi.review "$out/preview.json" --policy "$out/policy.txt" --ca-read-here \
   --preview-status "$previewed" --preview-log "$out/preview.log" > "$out/summary.md" || summary=$?
 for status in "$previewed" "$summary" "$verdict"; do
   if [ "$status" != 0 ]; then

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from pulumi_policy import (
@@ -26,7 +27,7 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import UnknownValueError
 
-from llmgw_pulumi import child_env, fleet_review
+from llmgw_pulumi import child_env, fleet_review, trust_roots
 from llmgw_pulumi import fleet_rules as rules
 
 LEVELS = {"advisory": EnforcementLevel.ADVISORY, "mandatory": EnforcementLevel.MANDATORY,
@@ -74,6 +75,14 @@ def deployed_inputs() -> dict[str, Mapping[str, Any]]:
     return {r.urn: r.props for r in deployed()}
 
 
+def pki_dir_ca(pki_dir: Any) -> str | None:
+    """The fingerprint of pkiDir's ca.pem as this machine reads it (None: it cannot be read here)."""
+    try:
+        return trust_roots.pem_sha256(Path(pki_dir, "ca.pem").read_text()) if isinstance(pki_dir, str) else None
+    except OSError:
+        return None
+
+
 def trust_roots_policy() -> ResourceValidationPolicy:
     """trust-roots-unchanged: each resource's new inputs (what the engine gives a resource policy, checked) against
     its recorded ones."""
@@ -85,8 +94,10 @@ def trust_roots_policy() -> ResourceValidationPolicy:
         kind = fleet_review.kind_of(args.urn)
         if kind not in (fleet_review.CERTIFICATE, fleet_review.IDENTITY, fleet_review.AGENT, fleet_review.ENGINES):
             return
-        for message in rules.trust_roots_unchanged(kind, deployed_inputs().get(args.urn), known(args.props),
-                                                   args.get_config()):
+        props = known(args.props)
+        if kind == fleet_review.CERTIFICATE:
+            props = trust_roots.ca_as_read(props, pki_dir_ca(props.get("pki_dir")))
+        for message in rules.trust_roots_unchanged(kind, deployed_inputs().get(args.urn), props, args.get_config()):
             report_violation(message, None)
 
     return ResourceValidationPolicy(name=rule.name, description=rule.description, validate=validate,

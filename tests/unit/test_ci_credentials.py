@@ -303,6 +303,9 @@ def gitlab_breaches(pipeline: dict[str, Any]) -> list[str]:
         if "environment" in job:
             breaches.append(f"job {name}: runs in environment {job['environment']!r}")
         local = defined | set(job.get("variables") or {})
+        # A variable the job's own commands assign (what they assign it from is checked like the rest).
+        local |= {m for line in strings([job.get("before_script"), job["script"]])
+                  for m in re.findall(r"^\s*([A-Za-z_]\w*)=", line, flags=re.M)}
         for matrix in (job.get("parallel") or {}).get("matrix", []):
             local |= set(matrix)
         text = "\n".join(strings([job.get("before_script"), job["script"], job.get("variables")]))
@@ -342,6 +345,7 @@ def test_a_merge_request_job_holds_read_access_to_the_state_and_nothing_else():
      "names $GITLAB_API_TOKEN"),
     (lambda p: p["preview"]["script"].insert(0, "export PULUMI_CONFIG_PASSPHRASE=${PULUMI_CONFIG_PASSPHRASE}"),
      "names $PULUMI_CONFIG_PASSPHRASE"),
+    (lambda p: p["preview"]["script"].insert(0, 'key=$NODES_SSH_KEY && ssh-add - < "$key"'), "names $NODES_SSH_KEY"),
     (lambda p: p["up"].update({"rules": [{"if": '$CI_PIPELINE_SOURCE == "merge_request_event"'}]}), "job up:"),
     (lambda p: p["refresh"].pop("rules"), "job refresh: names $NODES_SSH_KEY"),
     (lambda p: p["preview"].update({"script": [s.replace("base/examples/ci/preview.sh", "examples/ci/preview.sh")

@@ -9,8 +9,12 @@ vacuously.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import re
 import shlex
+import subprocess
+import tarfile
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -145,22 +149,183 @@ def gitlab_problems(ci: dict[str, Any]) -> list[str]:
     script = "\n".join(ci["default"]["before_script"])
     if re.search(r"curl[^\n]*\|\s*(sh|bash)", script):
         problems.append("curl | sh")
-    fetched, checked, unpacked = (script.find(w) for w in ("curl -fsSLo pulumi.tgz", "sha256sum -c", "tar -xzf pulumi.tgz"))
-    if not 0 <= fetched < checked < unpacked:
-        problems.append("the Pulumi archive is unpacked before its sha256 is checked")
     if "pip install" in script and "--require-hashes" not in script:
         problems.append("pip installs without --require-hashes")
     return problems
 
 
-def test_the_gitlab_image_is_a_digest_and_pulumi_is_checked_before_it_is_unpacked() -> None:
+def test_the_gitlab_image_is_a_digest_and_nothing_is_piped_to_a_shell() -> None:
     text = (CI / ".gitlab-ci.yml").read_text()
     assert gitlab_problems(yaml.safe_load(text)) == []
     assert gitlab_problems(yaml.safe_load(re.sub(r"@sha256:[0-9a-f]{64}", "", text))) == [
         "image python:3.11-slim is not pinned by digest"]
-    unchecked = yaml.safe_load(text)
-    unchecked["default"]["before_script"] = [s for s in unchecked["default"]["before_script"] if "sha256sum" not in s]
-    assert gitlab_problems(unchecked) == ["the Pulumi archive is unpacked before its sha256 is checked"]
+    piped = yaml.safe_load(text)
+    piped["default"]["before_script"].insert(1, "curl -fsSL https://get.pulumi.com | sh")
+    assert gitlab_problems(piped) == ["curl | sh"]
+
+
+# --------------------------------------------------------------------------- the Pulumi CLI in CI
+
+INSTALL_PULUMI = CI / "install-pulumi.sh"
+CI_FILES = [CI / ".gitlab-ci.yml", *WORKFLOWS]
+UNCHECKED_PULUMI = re.compile(
+    r"get\.pulumi\.com|github\.com/pulumi/pulumi/releases|pulumi/(?:actions|setup-pulumi|action-install-pulumi-cli)@")
+"""Ways to get the Pulumi CLI that check no pinned sha256: its release URLs, its installer, actions that fetch it."""
+RUNS_PULUMI = re.compile(r"\b(?:preview|up|refresh)\.sh\b|\bpulumi\s+(?:preview|up|refresh|stack|login)\b")
+
+
+def ci_jobs(ci: dict[str, Any], gitlab: bool) -> dict[str, list[str]]:
+    """What each job of a CI file runs, in order: GitLab's before_script (its own or the default) then its
+    script; a GitHub job's steps, each its `uses:` or its `run:`."""
+    if gitlab:
+        default = (ci.get("default") or {}).get("before_script", [])
+        return {name: [*job.get("before_script", default), *job["script"]]
+                for name, job in ci.items() if isinstance(job, dict) and "script" in job}
+    return {name: [str(step.get("uses") or step.get("run", "")) for step in job.get("steps", [])]
+            for name, job in ci["jobs"].items()}
+
+
+def pulumi_install_problems(jobs: dict[str, list[str]]) -> list[str]:
+    """A job that gets the Pulumi CLI any way but install-pulumi.sh, or runs pulumi without installing it so
+    and putting what it installed first on PATH."""
+    problems = []
+    for name, commands in jobs.items():
+        problems += [f"{name}: gets Pulumi unchecked: {c.strip()}" for c in commands if UNCHECKED_PULUMI.search(c)]
+        runs = [i for i, c in enumerate(commands) if RUNS_PULUMI.search(c)]
+        installs = [i for i, c in enumerate(commands) if "install-pulumi.sh" in c]
+        if runs and not (installs and installs[0] < runs[0]):
+            problems.append(f"{name}: runs pulumi without installing it with install-pulumi.sh first")
+            continue
+        for i in installs:
+            command = commands[i]
+            assigned = re.fullmatch(r"\s*(\w+)=\$\([^)]*install-pulumi\.sh\)\s*", command)
+            on_path = re.search(r'install-pulumi\.sh\s*>>\s*"\$GITHUB_PATH"', command) or (
+                assigned and any(f'PATH="${assigned.group(1)}:$PATH"' in later for later in commands[i + 1:]))
+            if not on_path:
+                problems.append(f"{name}: what install-pulumi.sh installs is not put on PATH: {command.strip()}")
+    return problems
+
+
+def load_ci(path: Path) -> dict[str, list[str]]:
+    return ci_jobs(yaml.safe_load(path.read_text()), gitlab=path.name == ".gitlab-ci.yml")
+
+
+@pytest.mark.parametrize("path", CI_FILES, ids=lambda p: p.name)
+def test_every_ci_job_gets_pulumi_only_from_the_checked_install(path: Path) -> None:
+    assert pulumi_install_problems(load_ci(path)) == []
+
+
+def test_the_pulumi_check_sees_each_way_around_it() -> None:
+    gitlab, fleet = load_ci(CI / ".gitlab-ci.yml"), load_ci(CI / ".github" / "workflows" / "fleet.yml")
+    # Positive controls: the jobs that run pulumi are seen running it, and installing it.
+    assert {n for n, c in gitlab.items() if any(RUNS_PULUMI.search(x) for x in c)} == {"preview", "up", "refresh"}
+    assert {n for n, c in fleet.items() if any(RUNS_PULUMI.search(x) for x in c)} == {"preview", "up", "refresh"}
+    action = "pulumi/actions@8e5e406f4007fca908480587cb9893c07090f58d"
+    for jobs, breach, expected in [
+        (fleet, lambda c: [action if "install-pulumi.sh" in x else x for x in c],
+         "up: runs pulumi without installing it with install-pulumi.sh first"),
+        (fleet, lambda c: [*c[:1], action, *c[1:]], f"up: gets Pulumi unchecked: {action}"),
+        (fleet, lambda c: [x.replace(' >> "$GITHUB_PATH"', "") for x in c], "up: what install-pulumi.sh installs is not"),
+        (gitlab, lambda c: [x for x in c if not x.startswith("export PATH=\"$pulumi_bin")],
+         "up: what install-pulumi.sh installs is not put on PATH"),
+        (gitlab, lambda c: ["curl -fsSL https://get.pulumi.com | sh" if "install-pulumi.sh" in x else x for x in c],
+         "up: gets Pulumi unchecked: curl -fsSL https://get.pulumi.com | sh"),
+        (gitlab, lambda c: [*c[2:], *c[:2]], "up: runs pulumi without installing it with install-pulumi.sh first"),
+    ]:
+        broken = dict(jobs, up=breach(jobs["up"]))
+        assert broken["up"] != jobs["up"]
+        assert any(p.startswith(expected) for p in pulumi_install_problems(broken)), (expected, broken["up"])
+
+
+def install_script_problems(script: str) -> list[str]:
+    """install-pulumi.sh must pin a version and a real sha256, and check the archive before unpacking it."""
+    problems = []
+    version = re.search(r"^PULUMI_VERSION=(\S*)$", script, flags=re.M)
+    digest = re.search(r"^PULUMI_SHA256=(\S*)$", script, flags=re.M)
+    if not version or not re.fullmatch(r"\d+\.\d+\.\d+", version.group(1)):
+        problems.append("no pinned PULUMI_VERSION")
+    if not digest or not re.fullmatch(r"[0-9a-f]{64}", digest.group(1)):
+        problems.append(f"PULUMI_SHA256 is not a sha256: {digest.group(1) if digest else None!r}")
+    lines = script.splitlines()
+    where = {what: next((i for i, line in enumerate(lines) if re.search(pattern, line) and not line.startswith("#")), -1)
+             for what, pattern in [("fetch", r"^curl .*-o "), ("check", r'"\$PULUMI_SHA256".*sha256sum -c --strict'),
+                                   ("unpack", r"^tar -x")]}
+    if not 0 <= where["fetch"] < where["check"] < where["unpack"]:
+        problems.append(f"the archive is not checked with sha256sum -c --strict between its download and its unpacking: {where}")
+    return problems
+
+
+def test_install_pulumi_sh_pins_a_sha256_and_checks_it_before_unpacking() -> None:
+    script = INSTALL_PULUMI.read_text()
+    assert install_script_problems(script) == []
+    digest = re.search(r"^PULUMI_SHA256=(\S*)$", script, flags=re.M)
+    assert digest is not None
+    assert install_script_problems(script.replace(digest.group(0), "PULUMI_SHA256=")) == ["PULUMI_SHA256 is not a sha256: ''"]
+    assert install_script_problems(script.replace(digest.group(0), 'PULUMI_SHA256=""')) != []
+    assert install_script_problems(script.replace(" --strict", "")) != []
+    check = next(line for line in script.splitlines() if "sha256sum -c" in line)
+    assert install_script_problems(script.replace(check, "true \\")) != []
+
+
+@pytest.fixture
+def release(tmp_path: Path) -> tuple[Path, str, dict[str, str]]:
+    """A Pulumi-shaped archive, and a PATH whose curl hands it out as any download (so the test sends nothing
+    anywhere): returns the archive, its sha256 and the environment to run install-pulumi.sh in."""
+    archive = tmp_path / "release.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        body = b"#!/bin/sh\necho v0.0.0-test\n"
+        info = tarfile.TarInfo("pulumi/pulumi")
+        info.size, info.mode = len(body), 0o755
+        tar.addfile(info, io.BytesIO(body))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    curl = bin_dir / "curl"
+    curl.write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done\n'
+                    f'cp {shlex.quote(str(archive))} "$out"\necho "$out" >> {shlex.quote(str(tmp_path / "fetched"))}\n')
+    curl.chmod(0o755)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "TMPDIR": str(scratch), "HOME": str(tmp_path)}
+    return archive, hashlib.sha256(archive.read_bytes()).hexdigest(), env
+
+
+def run_install(script: str, tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    copy = tmp_path / "install-pulumi.sh"
+    copy.write_text(script)
+    copy.chmod(0o755)
+    return subprocess.run([str(copy)], env=env, capture_output=True, text=True, timeout=60)
+
+
+def unpacked(env: dict[str, str]) -> list[Path]:
+    return [p for p in Path(env["TMPDIR"]).rglob("*") if p.name == "pulumi"]
+
+
+def with_digest(script: str, digest: str) -> str:
+    pinned = re.search(r"^PULUMI_SHA256=\S*$", script, flags=re.M)
+    assert pinned is not None
+    return script.replace(pinned.group(0), f"PULUMI_SHA256={digest}")
+
+
+def test_install_pulumi_sh_unpacks_the_archive_whose_sha256_it_pins(release, tmp_path: Path) -> None:
+    _, digest, env = release
+    done = run_install(with_digest(INSTALL_PULUMI.read_text(), digest), tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    (bin_dir,) = done.stdout.splitlines()  # one line: the directory to put on PATH
+    assert (Path(bin_dir) / "pulumi").read_bytes().startswith(b"#!/bin/sh")
+    assert not list(Path(bin_dir).parent.glob("*.tar.gz"))  # the archive is not left behind
+
+
+@pytest.mark.parametrize("digest", ["pinned", "", "0" * 64], ids=["shipped", "empty", "another"])
+def test_install_pulumi_sh_unpacks_nothing_whose_sha256_differs(release, tmp_path: Path, digest: str) -> None:
+    _, _, env = release
+    script = INSTALL_PULUMI.read_text()
+    done = run_install(script if digest == "pinned" else with_digest(script, digest), tmp_path, env)
+    assert done.returncode != 0
+    assert done.stdout == ""  # nothing for a job to put on PATH
+    assert unpacked(env) == []
+    assert "PULUMI_SHA256" in done.stderr  # the error names what to fix
+    # A pin that is no sha256 at all is refused before anything is downloaded; a wrong one after.
+    assert (tmp_path / "fetched").exists() == (digest != "")
 
 
 # --------------------------------------------------------------------------- Go

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,97 @@ def test_the_rule_judges_every_trust_root_and_names_none_of_a_created_resource()
 def test_the_rule_is_mandatory_and_in_the_pack():
     assert fleet_rules.TRUST_ROOTS_UNCHANGED in fleet_rules.RULES
     assert fleet_rules.TRUST_ROOTS_UNCHANGED.enforcement == "mandatory"
+
+
+# --------------------------------------------------------------------------- a CA the preview could not read
+
+def pki_dir_with(tmp_path: Path, pem: str | None) -> str:
+    pki = tmp_path / "pki"
+    pki.mkdir(exist_ok=True)
+    if pem is not None:
+        (pki / "ca.pem").write_text(pem)
+    elif (pki / "ca.pem").exists():
+        (pki / "ca.pem").unlink()
+    return str(pki)
+
+
+def judged_here(old: dict[str, Any], new: dict[str, Any], allowed: list[Any] | None = None) -> list[str]:
+    """What the policy pack judges for a ClientCertificate: its new inputs with pkiDir's CA as read on this
+    machine (as llmgw_pulumi.policy does), against the recorded ones."""
+    ca_pem = Path(new["pki_dir"], "ca.pem")
+    read = trust_roots.pem_sha256(ca_pem.read_text()) if ca_pem.exists() else None
+    return fleet_rules.trust_roots_unchanged(CERTIFICATE, old, trust_roots.ca_as_read(new, read),
+                                             {"allowed": allowed or []})
+
+
+def test_a_pki_dir_ca_the_preview_cannot_read_is_judged_not_known_never_unchanged(tmp_path: Path) -> None:
+    # check() keeps the recorded fingerprint where it cannot read ca.pem: the new inputs look unchanged.
+    old = {**CERT_INPUTS, "pki_dir": pki_dir_with(tmp_path, None)}
+    carried = copy.deepcopy(old)
+    assert trust_roots.changes(CERTIFICATE, old, carried) == []  # what the inputs alone would say
+    (message,) = judged_here(old, carried)
+    assert message.startswith("gpu-01: ca changes from " + CA_1[1]) and NOT_KNOWN in message
+    assert "make it known" in message  # the fix
+    # No allowed entry approves a value nobody has seen, not even one naming it as shown.
+    assert judged_here(old, carried, [{"setting": "ca", "to": NOT_KNOWN}]) != []
+
+
+def test_a_pki_dir_ca_read_here_is_judged_by_its_fingerprint(tmp_path: Path) -> None:
+    old = {**CERT_INPUTS, "pki_dir": pki_dir_with(tmp_path, CA_1[0])}
+    assert judged_here(old, copy.deepcopy(old)) == []  # the same CA: nothing to judge
+    pki_dir_with(tmp_path, CA_2[0])  # the pull request's ca.pem, where the preview reads it
+    (message,) = judged_here(old, copy.deepcopy(old))
+    assert CA_1[1] in message and CA_2[1] in message
+    assert judged_here(old, copy.deepcopy(old), [{"setting": "ca", "to": CA_2[1]}]) == []
+
+
+def summary_judged_here(data: dict[str, Any], *flags: str) -> dict[str, tuple[str, str]]:
+    """The summary's table, by `python -m llmgw_pulumi.review` on this machine."""
+    out = io.StringIO()
+    assert review.main([*flags], stdin=io.StringIO(json.dumps(data)), stdout=out) == 0
+    return table_rows(out.getvalue())
+
+
+def test_the_summary_shows_a_pki_dir_ca_the_preview_cannot_read_as_not_known(tmp_path: Path) -> None:
+    data = preview()
+    cert = step(data, "ClientCertificate", "node12")
+    pki = pki_dir_with(tmp_path, None)
+    for state in ("oldState", "newState"):  # check() kept the recorded fingerprint: the inputs look unchanged
+        cert[state]["inputs"].update({"pki_dir": pki, "ca_fingerprint": CA_1[1].removeprefix("sha256:")})
+    unread = f"trust root ca changed: {CA_1[1]} → {NOT_KNOWN}"
+    assert summary_judged_here(data, "--ca-read-here")[unread] == ("1", "node12")
+    assert not any(row.startswith("trust root ca") for row in summary_judged_here(data))  # a JSON read elsewhere
+    pki_dir_with(tmp_path, CA_1[0])
+    assert not any(row.startswith("trust root ca") for row in summary_judged_here(data, "--ca-read-here"))
+    pki_dir_with(tmp_path, CA_2[0])
+    assert summary_judged_here(data, "--ca-read-here")[f"trust root ca changed: {CA_1[1]} → {CA_2[1]}"] == (
+        "1", "node12")
+
+
+def test_the_ci_preview_script_asks_the_summary_to_read_the_ca_here() -> None:
+    script = (Path(__file__).resolve().parents[2] / "examples" / "ci" / "preview.sh").read_text()
+    (command,) = [line for line in script.splitlines() if line.startswith("python3 -m llmgw_pulumi.review")]
+    assert "--ca-read-here" in command
+
+
+def test_a_ca_given_as_signer_ca_is_taken_from_the_inputs_not_from_pki_dir() -> None:
+    signed = {**CERT_INPUTS, "signer": {"kind": "caKey", "ca_pem": CA_1[0]}}
+    assert trust_roots.ca_as_read(signed, None) == signed
+    for signer in (None, {"kind": "pkiDir"}, {"timeout_seconds": 60}):
+        inputs = {**CERT_INPUTS, "signer": signer}
+        assert trust_roots.ca_as_read(inputs, None)["ca_fingerprint"] == UNKNOWN, signer
+        assert trust_roots.ca_as_read(inputs, "ab" * 32)["ca_fingerprint"] == "ab" * 32, signer
+
+
+def test_no_allowed_entry_approves_a_change_to_a_value_not_known() -> None:
+    old = {**CERT_INPUTS, "signer": {"kind": "command", "command": ["/opt/sign"], "ca_pem": CA_1[0]}}
+    new = {**old, "signer": UNKNOWN}
+    messages = fleet_rules.trust_roots_unchanged(CERTIFICATE, old, new, {"allowed": [
+        {"setting": s, "to": NOT_KNOWN} for s in trust_roots.SETTINGS]})
+    assert {m.split(" changes from ")[0] for m in messages} == {"gpu-01: signer.kind", "gpu-01: signer.command"}
+    assert all("make it known" in m and '"to": ' not in m for m in messages)  # no entry offered to add
+    assert not trust_roots.approved(Change("hostKey", FP_B, NOT_KNOWN), [{"setting": "hostKey", "to": NOT_KNOWN}])
+    assert trust_roots.approved(Change("hostKey", FP_B, FP_C), [{"setting": "hostKey", "to": FP_C}])
 
 
 # --------------------------------------------------------------------------- the summary
