@@ -19,6 +19,7 @@ writes it (the benchmark times resource steps that way).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -50,8 +51,9 @@ COMMAND_PLUGIN_VERSION = "v1.2.1"
 def engine_env(bin_dir: Path, home: Path, backend: Path) -> dict[str, str]:
     """The environment of every CLI call: the engine first on PATH, a local file backend, passphrase secrets.
 
-    The PULUMI_HOME gets pulumi-command's provider in its plugin cache, with
-    `pulumi plugin install --file` (the provider scripts/engine.sh built).
+    The PULUMI_HOME's plugin cache holds pulumi-command's provider: a link to
+    one installed once per engine and provider version (``shared_plugins``),
+    so a new home costs no install; the engine only reads it.
     """
     home.mkdir(parents=True, exist_ok=True)
     backend.mkdir(parents=True, exist_ok=True)
@@ -66,11 +68,26 @@ def engine_env(bin_dir: Path, home: Path, backend: Path) -> dict[str, str]:
         # Unhides --event-log (the Automation API sets it for the same reason); the output is unchanged.
         "PULUMI_DEBUG_COMMANDS": "true",
     })
-    if not (home / "plugins" / f"resource-command-{COMMAND_PLUGIN_VERSION}").is_dir():
-        built = bin_dir.parent / "plugins" / "pulumi-resource-command"
-        subprocess.run([str(bin_dir / "pulumi"), "plugin", "install", "resource", "command", COMMAND_PLUGIN_VERSION,
-                        "--file", str(built), "--non-interactive"], env=env, check=True, capture_output=True)
+    plugins = home / "plugins"
+    if not plugins.exists():
+        plugins.symlink_to(shared_plugins(bin_dir, env))
     return env
+
+
+def shared_plugins(bin_dir: Path, env: dict[str, str]) -> Path:
+    """A plugin cache holding pulumi-command's provider (the one scripts/engine.sh built), installed with
+    `pulumi plugin install --file` once, beside the engine, under a lock: test processes may ask at once."""
+    root = bin_dir.parent / f"plugin-home-command-{COMMAND_PLUGIN_VERSION}"
+    plugins = root / "plugins"
+    root.mkdir(exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (plugins / f"resource-command-{COMMAND_PLUGIN_VERSION}").is_dir():
+            built = bin_dir.parent / "plugins" / "pulumi-resource-command"
+            subprocess.run([str(bin_dir / "pulumi"), "plugin", "install", "resource", "command", COMMAND_PLUGIN_VERSION,
+                            "--file", str(built), "--non-interactive"], env={**env, "PULUMI_HOME": str(root)},
+                           check=True, capture_output=True)
+    return plugins
 
 
 # The keyword options a test may pass, and the CLI flag each one becomes.

@@ -65,6 +65,18 @@ add() {  # $1: typescript or go, $2: its key
   log "$lang's SDK generated in $(( $(date +%s) - start ))s"
 }
 
+# \`pulumi package add\` also leaves the plugin's virtualenv in the checkout it names (.venv-plugin,
+# PulumiPlugin.yaml), where the engine runs the component from. A checkout that found the SDK cached (made
+# from the same sources in another checkout) gets the same virtualenv: the package editable at the pinned
+# versions (requirements.txt), which is what scripts/install.sh put in .venv; copied, under the same lock.
+ensure_plugin_venv() {
+  [ -x "$HERE/.venv-plugin/bin/python" ] && return
+  log "plugin virtualenv .venv-plugin (a copy of .venv)"
+  rm -rf "$HERE/.venv-plugin.tmp"
+  cp -a "$HERE/.venv" "$HERE/.venv-plugin.tmp"
+  mv "$HERE/.venv-plugin.tmp" "$HERE/.venv-plugin"
+}
+
 mkdir -p "$OUT"
 keys=""
 for lang in typescript go; do
@@ -77,5 +89,6 @@ for lang in typescript go; do
   fi
   keys+="$lang $key"$'\n'
 done
+(flock 9; ensure_plugin_venv) 9>"$OUT/.lock"
 echo "$OUT"
 printf '%s' "$keys"
