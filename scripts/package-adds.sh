@@ -81,6 +81,7 @@ ensure_plugin_venv() {
 }
 
 mkdir -p "$OUT"
+(flock 9; ensure_plugin_venv) 9>"$OUT/.lock"
 keys=""
 for lang in typescript go; do
   key=$(key_of "$lang")
@@ -92,6 +93,5 @@ for lang in typescript go; do
   fi
   keys+="$lang $key"$'\n'
 done
-(flock 9; ensure_plugin_venv) 9>"$OUT/.lock"
 echo "$OUT"
 printf '%s' "$keys"
