@@ -5,10 +5,11 @@
 # dependencies it linked), so a test sets a project up by copying it instead of
 # generating the SDK again:
 #   $LLMGW_CACHE/package-add/<lang>-<key>/   (stamp .complete)
-# The key is a hash of every input of the command: the engine's version, this
-# package's source and metadata (PulumiPlugin.yaml, pyproject.toml,
-# requirements.txt, constraints.txt) and the example's files; any change to one
-# of them runs the command again. The project's Pulumi.yaml names the
+# The key is a hash of every input of what the command generates: the engine's
+# version, the schema this package serves (what the SDK is generated from, read
+# from the component provider in-process: a change to the package that leaves
+# the schema as it was reuses the SDK), PulumiPlugin.yaml and the example's
+# files; any change to one of them runs the command again. The project's Pulumi.yaml names the
 # repository it was made from (`packages: llmgw: <path>`): a copy made for
 # another checkout is pointed at that checkout.
 # Run scripts/engine.sh first (this runs scripts/language-hosts.sh). Prints the
@@ -28,12 +29,14 @@ hosts=$("$HERE/scripts/language-hosts.sh")
 BIN=$(sed -n 1p <<<"$hosts")
 MODULES=$(sed -n 2p <<<"$hosts")
 
+SCHEMA=$("$HERE/.venv/bin/python" -c 'from llmgw_pulumi.component_host import NodeProvider; print(NodeProvider().schema)')
+
 key_of() {  # $1: typescript or go
   (
     cd "$HERE"
     echo "$PULUMI_VERSION"
-    find llmgw_pulumi "examples/$1-vm" PulumiPlugin.yaml pyproject.toml requirements.txt constraints.txt \
-      -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum
+    printf '%s\n' "$SCHEMA" | sha256sum
+    find "examples/$1-vm" PulumiPlugin.yaml -type f -print0 | sort -z | xargs -0 sha256sum
   ) | sha256sum | cut -c1-16
 }
 
@@ -78,6 +81,7 @@ ensure_plugin_venv() {
 }
 
 mkdir -p "$OUT"
+(flock 9; ensure_plugin_venv) 9>"$OUT/.lock"
 keys=""
 for lang in typescript go; do
   key=$(key_of "$lang")
@@ -89,6 +93,5 @@ for lang in typescript go; do
   fi
   keys+="$lang $key"$'\n'
 done
-(flock 9; ensure_plugin_venv) 9>"$OUT/.lock"
 echo "$OUT"
 printf '%s' "$keys"
