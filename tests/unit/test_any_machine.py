@@ -22,7 +22,7 @@ from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from llmgw_pulumi.providers.identity import wanted as identity_wanted
 from llmgw_pulumi.specs import Connection, Problems, is_unknown
 from llmgw_pulumi.ssh_keys import load_private_key
-from tests.unit.test_operator_files import Mocks
+from tests.unit import Mocks
 from tests.unit.test_providers import as_installed, as_seen
 
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA"

@@ -19,7 +19,7 @@ import pytest
 
 from llmgw_pulumi import operator_files, program, signer, stack_config
 from llmgw_pulumi.errors import ConfigError, SignerError
-from tests.unit.test_node import Mocks
+from tests.unit import Mocks
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 
