@@ -15,8 +15,7 @@ from pulumi.output import Unknown
 
 from llmgw_pulumi import specs
 from llmgw_pulumi.schema import Problems, Spelling
-
-from .test_providers import AGENT, CONN, PEMS
+from tests.unit.provider_inputs import AGENT, CONN, PEMS
 
 UNKNOWN = Unknown()
 CONN_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEu9J1lBjuLVgDt1cm0hmFhjmfgjLlRkL2sM1hvT2JW6"

@@ -25,7 +25,8 @@ from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from tests.fakenode import FakeNode, FakeNodes, with_root
-from tests.unit.test_providers_fake import ADDR, CONN, HOST_KEY, agent_binary, agent_inputs, certificate, checked, identity_inputs
+from tests.unit.provider_inputs import checked
+from tests.unit.test_providers_fake import ADDR, CONN, HOST_KEY, agent_binary, agent_inputs, certificate, identity_inputs
 from tests.unit.test_providers_fake import pki_dir as pki_dir  # noqa: F401  (a fixture)
 
 ENGINE = "/opt/llama/bin/llama-server"

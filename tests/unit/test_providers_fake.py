@@ -32,6 +32,7 @@ from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from tests.fakenode import RELEASE_URL, FakeNode, FakeNodes
 from tests.unit import AGENT_YAML_COMMENTS, fake_pem
+from tests.unit.provider_inputs import checked
 
 ADDR = "10.0.0.11"
 CONN = {"host": ADDR, "user": "deploy", "port": 22.0, "wait": 5.0, "private_key": fake_pem("OPENSSH PRIVATE KEY", "K")}
@@ -83,12 +84,6 @@ def node(tmp_path: Path) -> Iterator[FakeNode]:
 def pki_dir(tmp_path: Path) -> Path:
     labpki.init_ca(tmp_path / "pki")
     return tmp_path / "pki"
-
-
-def checked(provider: Any, news: dict[str, Any], olds: dict[str, Any] | None = None) -> dict[str, Any]:
-    res = provider.check(olds or {}, news)
-    assert res.failures == [], res.failures
-    return res.inputs
 
 
 def certificate(pki_dir: Path, node_id: str = "gpu-01", key_origin: str = "operator") -> dict[str, Any]:

@@ -59,7 +59,7 @@ PROBE = textwrap.dedent("""
 
 
 def test_adding_an_agent_yaml_option_is_one_declaration(tmp_path: Path) -> None:
-    from .test_providers import AGENT
+    from tests.unit.provider_inputs import AGENT
 
     copy = tmp_path / "llmgw_pulumi"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))

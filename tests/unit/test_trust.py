@@ -22,6 +22,7 @@ from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from tests.fakenode import FakeNode, FakeNodes
+from tests.unit.provider_inputs import checked
 
 from .test_providers_fake import (
     ADDR,
@@ -33,7 +34,6 @@ from .test_providers_fake import (
     agent_inputs,
     cert_public,
     certificate,
-    checked,
     engine_inputs,
     identity_inputs,
     public_of,
