@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pulumi
 import pytest
 
+from lab import pki as labpki
+from llmgw_pulumi import sessions
+from tests.fakenode import FakeNode, FakeNodes
 from tests.unit import Mocks
+from tests.unit.fake_node_resources import ADDR, HOST_KEY, agent_binary
 from tests.unit.mock_monitor import RecordingMonitor
 
 
@@ -14,3 +21,30 @@ def monitor() -> RecordingMonitor:
     m = RecordingMonitor()
     pulumi.runtime.set_mocks(Mocks(), preview=False, monitor=m)
     return m
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[FakeNode]:
+    fake = FakeNode(tmp_path / "node", hostname="gpu-01", host_key=HOST_KEY)
+    with sessions.use(FakeNodes({ADDR: fake})):
+        yield fake
+
+
+@pytest.fixture
+def pki_dir(tmp_path: Path) -> Path:
+    labpki.init_ca(tmp_path / "pki")
+    return tmp_path / "pki"
+
+
+@pytest.fixture
+def agent_node(node: FakeNode) -> FakeNode:
+    """A node whose identity is installed (AgentInstall depends on NodeIdentity): /etc/llmgw exists."""
+    node.path("/etc/llmgw").mkdir(mode=0o755)
+    return node
+
+
+@pytest.fixture
+def dev_build(tmp_path: Path) -> Path:
+    path = tmp_path / "llmgw"
+    path.write_bytes(agent_binary("v1.2.3-4-gabcdef"))
+    return path

@@ -18,8 +18,8 @@ from lab.doubles.nvidia_smi import FIXTURES, QUERY_NOHEADER_FIELDS, failing_nvid
 from llmgw_pulumi import errors, sessions
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from tests.fakenode import FakeNode, FakeNodes
+from tests.unit.fake_node_resources import ADDR, CONN, HOST_KEY
 from tests.unit.provider_inputs import checked
-from tests.unit.test_providers_fake import ADDR, CONN, HOST_KEY
 
 # The captured H200 output this test replays, kept in the repository (the files of ../shared/fixtures/nvidia-h200
 # the stand-in reads), so that the test runs in every checkout.

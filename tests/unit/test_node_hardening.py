@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import shlex
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +24,8 @@ from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from tests.fakenode import FakeNode, FakeNodes, with_root
+from tests.unit.fake_node_resources import ADDR, CONN, HOST_KEY, agent_binary, agent_inputs, certificate, identity_inputs
 from tests.unit.provider_inputs import checked
-from tests.unit.test_providers_fake import ADDR, CONN, HOST_KEY, agent_binary, agent_inputs, certificate, identity_inputs
-from tests.unit.test_providers_fake import pki_dir as pki_dir  # noqa: F401  (a fixture)
 
 ENGINE = "/opt/llama/bin/llama-server"
 MARKER = "/var/tmp/engine-ran"
@@ -36,13 +34,6 @@ MARKER = "/var/tmp/engine-ran"
 
 def marking_engine(marker: str = MARKER) -> bytes:
     return f"#!/bin/sh\necho \"$0 $*\" >> \"$FAKE_ROOT{marker}\"\necho engine 1.0\n".encode()
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[FakeNode]:
-    fake = FakeNode(tmp_path / "node", hostname="gpu-01", host_key=HOST_KEY)
-    with sessions.use(FakeNodes({ADDR: fake})):
-        yield fake
 
 
 def probe(**extra: Any) -> dict[str, Any]:

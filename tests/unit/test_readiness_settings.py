@@ -16,8 +16,8 @@ from llmgw_pulumi.readiness import Expectations, HcaExpectation
 from llmgw_pulumi.specs import EngineCheckSpec, Fabric, Hardware, HcaPorts
 from llmgw_pulumi.stack_config import StackConfigError
 from tests.unit import RELEASE_KEY, with_value
+from tests.unit.fake_node_resources import CONN, HOST_KEY
 from tests.unit.test_config_errors import _args
-from tests.unit.test_providers_fake import CONN, HOST_KEY
 
 GOOD: dict[str, Any] = {
     "pkiDir": "/srv/llmgw/pki",

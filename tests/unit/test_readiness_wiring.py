@@ -15,9 +15,9 @@ from llmgw_pulumi.providers.engines import EngineCheckProvider
 from tests.fakenode import FakeNode
 from tests.fixtures.faults import fault
 from tests.unit import test_inventory_fake
+from tests.unit.fake_node_resources import CONN, HOST_KEY
 from tests.unit.provider_inputs import checked
 from tests.unit.test_inventory_fake import CAPTURED, on_path
-from tests.unit.test_providers_fake import CONN, HOST_KEY
 
 H200 = {"gpu_count": 8, "gpu_model": "NVIDIA H200", "gpu_memory_mib": 143771, "min_driver": "570", "min_cuda": "12.8"}
 FABRIC = [{"name": "ib-east", "hcas": ["mlx5_0", "mlx5_1"]}]
