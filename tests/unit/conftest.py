@@ -14,6 +14,7 @@ from tests.fakenode import FakeNode, FakeNodes
 from tests.unit import Mocks
 from tests.unit.fake_node_resources import ADDR, HOST_KEY, agent_binary
 from tests.unit.mock_monitor import RecordingMonitor
+from tests.unit.ssh_server import Server, ed25519_pair
 
 
 @pytest.fixture
@@ -48,3 +49,10 @@ def dev_build(tmp_path: Path) -> Path:
     path = tmp_path / "llmgw"
     path.write_bytes(agent_binary("v1.2.3-4-gabcdef"))
     return path
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    host_key, _ = ed25519_pair()
+    client_key, client_text = ed25519_pair()
+    yield from Server(host_key, client_key, client_text).serve()

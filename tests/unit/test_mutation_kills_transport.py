@@ -1,4 +1,4 @@
-"""More of transport.py's connection path against in-process paramiko servers on loopback (tests/unit/test_host_key_ssh):
+"""More of transport.py's connection path against in-process paramiko servers on loopback (tests/unit/ssh_server.py):
 RSA host keys verified with whichever of its signature algorithms the server offers, the reconnection after
 cloud-init was waited for (and the key the node keeps then), the pool's reaper, and a pooled connection that died.
 
@@ -18,9 +18,7 @@ import pytest
 
 from llmgw_pulumi import errors, transport
 from llmgw_pulumi.specs import Connection
-from tests.unit.test_host_key_ssh import Server, connection, ed25519_pair, public_text
-from tests.unit.test_host_key_ssh import server as server  # noqa: F401 - the fixture
-from tests.unit.test_transport_paths import closed_port
+from tests.unit.ssh_server import Server, closed_port, connection, ed25519_pair, public_text
 
 RSA_HOST_KEY = paramiko.RSAKey.generate(2048)  # once: a mutation run forks every test from this process
 

@@ -1,11 +1,10 @@
-"""The connection path of transport.py against in-process paramiko servers on loopback (tests/unit/test_host_key_ssh):
+"""The connection path of transport.py against in-process paramiko servers on loopback (tests/unit/ssh_server.py):
 what a refusal says for each key type, a server that no longer offers the type recorded, waiting for a node that
 refuses, remembering one that did not answer, and jump hosts, whose own keys are checked like a node's."""
 
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Iterator
 
@@ -14,15 +13,7 @@ import pytest
 
 from llmgw_pulumi import errors, transport
 from llmgw_pulumi.specs import Connection
-from tests.unit.test_host_key_ssh import Server, connection, ed25519_pair, public_text
-from tests.unit.test_host_key_ssh import server as server  # noqa: F401 - the fixture
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.unit.ssh_server import Server, closed_port, connection, ed25519_pair, public_text
 
 
 @pytest.fixture
