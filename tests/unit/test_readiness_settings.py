@@ -147,7 +147,7 @@ def test_an_existing_checks_inputs_gain_no_new_key_so_an_upgrade_is_no_change() 
 def test_a_readiness_problem_is_a_standing_problem_of_the_pr_summary_with_its_severity_and_fix() -> None:
     from llmgw_pulumi import review
     from llmgw_pulumi.review_markdown import markdown
-    from tests.unit.test_review import NOW, preview
+    from tests.unit.review_previews import NOW, preview
 
     data = preview()
     found = {"check": "row-remap-pending", "subject": "GPU 3 (GPU-65de, 00000000:00:09.0)", "severity": "critical",
