@@ -12,8 +12,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from llmgw_pulumi import stack_config, validate
 from llmgw_pulumi.specs import Connection
 from llmgw_pulumi.stack_config import StackConfigError
-
-from .test_stack_config import GOOD
+from tests.unit.good_configs import GOOD
 
 
 def openssh_public(key: ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> str:

@@ -17,7 +17,7 @@ from llmgw_pulumi.specs import EngineCheckSpec, Fabric, Hardware, HcaPorts
 from llmgw_pulumi.stack_config import StackConfigError
 from tests.unit import RELEASE_KEY, with_value
 from tests.unit.fake_node_resources import CONN, HOST_KEY
-from tests.unit.test_config_errors import _args
+from tests.unit.good_configs import good_node_args
 
 GOOD: dict[str, Any] = {
     "pkiDir": "/srv/llmgw/pki",
@@ -107,8 +107,8 @@ def test_a_node_list_file_declares_hardware_in_typed_columns() -> None:
 
 
 def test_node_args_declare_the_same_settings_and_are_checked_the_same_way() -> None:
-    assert check_node_args(_args(hardware=Hardware(gpu_count=8, min_cuda="12.8"), fail_on_critical_problems=True)) == []
-    found = check_node_args(_args(hardware=Hardware(gpu_count=-1, hca_ports=HcaPorts(state="UP")),  # type: ignore[arg-type]
+    assert check_node_args(good_node_args(hardware=Hardware(gpu_count=8, min_cuda="12.8"), fail_on_critical_problems=True)) == []
+    found = check_node_args(good_node_args(hardware=Hardware(gpu_count=-1, hca_ports=HcaPorts(state="UP")),  # type: ignore[arg-type]
                                   fail_on_critical_problems="yes"))
     assert all(isinstance(e, ConfigError) and e.node == "gpu-01" and e.fix for e in found)
     assert [e.field for e in found] == ["hardware.gpu_count", "hardware.hca_ports.state", "fail_on_critical_problems"]

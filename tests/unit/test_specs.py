@@ -18,9 +18,8 @@ from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from llmgw_pulumi.stack_config import StackConfigError
+from tests.unit.good_configs import mutate
 from tests.unit.provider_inputs import AGENT, CONN, PEMS
-
-from .test_stack_config import mutate
 
 INPUTS: dict[type, dict[str, Any]] = {
     AgentInstallProvider: AGENT,
