@@ -139,7 +139,7 @@ def test_an_exposed_ssh_key_file_is_refused_for_up_and_warned_of_in_a_preview(ho
 
 def test_an_exposed_signer_program_is_refused_for_up_and_warned_of_in_a_preview(home: Path, preview: Any,
                                                                                 tmp_path: Path) -> None:
-    from tests.unit.test_signer import labpki
+    from lab import pki as labpki
 
     labpki.init_ca(tmp_path / "pki")
     ca_pem = (tmp_path / "pki" / "ca.pem").read_text()
