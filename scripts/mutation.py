@@ -33,10 +33,10 @@ COPIED = ("llmgw_pulumi", "tests", "lab", "pyproject.toml")
 
 PURE_TESTS = ("tests/unit/test_validate.py", "tests/unit/test_validate_config.py", "tests/unit/test_stack_config.py",
               "tests/unit/test_specs.py", "tests/unit/test_host_key.py", "tests/unit/test_providers.py",
-              "tests/unit/test_mutation_kills_specs.py", "tests/unit/test_mutation_kills_schema.py",
+              "tests/unit/test_mutation_kills_specs.py", "tests/unit/test_schema.py",
               "tests/unit/test_mutation_kills_agent_settings.py")
-"""Pure unit tests of the config and the providers' check and diff: a second or two in all (test_mutation_kills_*:
-the refusals the mutation run found no test saying, word for word)."""
+"""Pure unit tests of the config and the providers' check and diff: a few seconds in all (with the refusals the
+mutation run found no test saying, word for word, in test_mutation_kills_specs, test_schema and test_mutation_kills_agent_settings)."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ TARGETS = (
                "x__certificate_connection"), PURE_TESTS),
     Target("schema.py (validation)", "llmgw_pulumi/schema.py",
            _in("llmgw_pulumi.schema", "collect", "is_unknown", "ǁProblemsǁ", "raise_problems", "x__required",
-               "nested_settings", "x_normalise_"), (*PURE_TESTS, "tests/unit/test_schema.py", "tests/unit/test_diff_decisions.py")),
+               "nested_settings", "x_normalise_"), (*PURE_TESTS, "tests/unit/test_diff_decisions.py")),
     Target("agent_settings.py (validation)", "llmgw_pulumi/agent_settings.py",
            _in("llmgw_pulumi.agent_settings", "collect", "x__on_node"), PURE_TESTS),
     Target("ssh_keys.py (host keys)", "llmgw_pulumi/ssh_keys.py", _in("llmgw_pulumi.ssh_keys", "x_fingerprint_"),
