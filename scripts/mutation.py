@@ -33,9 +33,9 @@ COPIED = ("llmgw_pulumi", "tests", "lab", "pyproject.toml")
 
 PURE_TESTS = ("tests/unit/test_validate.py", "tests/unit/test_validate_config.py", "tests/unit/test_stack_config.py",
               "tests/unit/test_specs.py", "tests/unit/test_host_key.py", "tests/unit/test_providers.py",
-              "tests/unit/test_schema.py", "tests/unit/test_mutation_kills_agent_settings.py")
+              "tests/unit/test_schema.py", "tests/unit/test_agent_settings.py")
 """Pure unit tests of the config and the providers' check and diff: a few seconds in all (with the refusals the
-mutation run found no test saying, word for word, in test_specs, test_schema and test_mutation_kills_agent_settings)."""
+mutation run found no test saying, word for word, in test_specs, test_schema and test_agent_settings)."""
 
 
 @dataclass(frozen=True)
