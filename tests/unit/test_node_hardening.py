@@ -24,6 +24,7 @@ from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from tests.fakenode import FakeNode, FakeNodes, with_root
+from tests.unit.error_checks import assert_refused
 from tests.unit.fake_node_resources import ADDR, CONN, HOST_KEY, agent_binary, agent_inputs, certificate, identity_inputs
 from tests.unit.provider_inputs import checked
 
@@ -244,8 +245,8 @@ def test_without_flock_a_change_is_refused_and_nothing_changed(tmp_path: Path, p
     bare = FakeNode(tmp_path / "bare", hostname="gpu-01", host_key=HOST_KEY, without=("flock",))
     with sessions.use(FakeNodes({ADDR: bare})), pytest.raises(errors.NodeLockUnavailableError) as caught:
         install_identity(pki_dir)
-    assert "gpu-01: this node has no flock (util-linux)" in str(caught.value)
-    assert "fix: install flock on the node (`apt-get install util-linux`)" in str(caught.value)
+    assert_refused(caught.value, errors.NodeLockUnavailableError, "gpu-01")
+    assert "this node has no flock (util-linux)" in caught.value.message
     assert bare.files() == [] and bare.calls("update-ca-certificates") == []
     # Positive control: the same node with flock is onboarded.
     with sessions.use(FakeNodes({ADDR: FakeNode(tmp_path / "full", hostname="gpu-01", host_key=HOST_KEY)})):

@@ -17,6 +17,7 @@ from lab import pki as labpki
 from llmgw_pulumi import cert_policy, pki
 from llmgw_pulumi.errors import AuthorityError, CertificatePolicyError, CertificateRequestError, SignedCertificateError
 from tests.unit import fake_pem
+from tests.unit.error_checks import assert_refused
 
 NOW = dt.datetime.now(dt.UTC)
 
@@ -676,9 +677,8 @@ def test_the_ca_errors_name_the_node(ca) -> None:
 def test_a_request_that_is_not_one_or_not_signed_by_its_key(test_ca) -> None:
     with pytest.raises(CertificateRequestError) as err:
         pki.requested_key("not a request\n", NODE)
-    assert str(err.value) == ("gpu-01: the node returned something that is not a PEM certificate signing request\n"
-                              "  fix: check that the node's openssl works (`openssl req -help`); or give the node "
-                              "`keyOrigin: operator`")
+    assert_refused(err.value, CertificateRequestError, NODE)
+    assert err.value.message == "the node returned something that is not a PEM certificate signing request"
     der = bytearray(x509.load_pem_x509_csr(_csr(ec.generate_private_key(ec.SECP256R1())).encode()).public_bytes(
         serialization.Encoding.DER))
     der[-5] ^= 0xFF  # a flipped bit in the signature
@@ -801,10 +801,6 @@ def test_an_operator_key_pair_comes_with_its_own_request_for_the_node(test_ca) -
     assert pki.operator_key_and_csr(NODE)[0] != key_pem
 
 
-SIGNED_FIX = ("do not use it: fix the signer's profile so that it issues what it is asked (docs/operations.md, "
-              "'Signers'); nothing was changed on the node")
-
-
 def _request(test_ca, key: Any, hours: int = 30) -> tuple[Any, dt.datetime]:
     """A signer request for ``key`` made at a whole second (so its validity is whole hours), and that second."""
     from llmgw_pulumi import signer
@@ -850,12 +846,13 @@ def test_the_first_certificate_a_signer_prints_is_taken_and_checked(test_ca, nod
     for printed in ("", "signed.\n", leaf.split("-----END")[0], leaf.split("\n", 1)[1]):
         with pytest.raises(SignedCertificateError) as err:
             pki.accept_signed(test_ca[0], printed, req, now)
-        assert str(err.value) == f"gpu-01: the signer printed no readable PEM certificate\n  fix: {SIGNED_FIX}"
+        assert_refused(err.value, SignedCertificateError, NODE)
+        assert err.value.message == "the signer printed no readable PEM certificate"
     other = ec.generate_private_key(ec.SECP256R1())
     bad = _pem(node_cert(test_ca, other, not_before=req.not_before, not_after=req.not_after + dt.timedelta(days=1)))
     with pytest.raises(SignedCertificateError) as err:
         pki.accept_signed(test_ca[0], bad, req, now)
-    assert str(err.value) == (
-        "gpu-01: the signer returned a certificate that is refused: its key is not the key it was asked for; "
-        f"it is valid until {when(req.not_after + dt.timedelta(days=1))} UTC, longer than the 30 h asked\n"
-        f"  fix: {SIGNED_FIX}")
+    assert_refused(err.value, SignedCertificateError, NODE)
+    assert err.value.message == (
+        "the signer returned a certificate that is refused: its key is not the key it was asked for; "
+        f"it is valid until {when(req.not_after + dt.timedelta(days=1))} UTC, longer than the 30 h asked")

@@ -17,6 +17,7 @@ import pytest
 
 from llmgw_pulumi import errors, transport
 from llmgw_pulumi.specs import Connection
+from tests.unit.error_checks import assert_refused
 from tests.unit.ssh_server import Server, closed_port, connection, ed25519_pair, public_text
 
 
@@ -26,10 +27,11 @@ def ecdsa_server() -> Iterator[Server]:
     yield from Server(paramiko.ECDSAKey.generate(), client_key, client_text).serve()
 
 
-def fix_for(kind: str, fingerprint: str) -> str:
-    return (f"do not accept the new key on trust: another machine may be answering at this address. Confirm it on the "
-            f"machine itself, on its console and not over this network: `ssh-keygen -lf /etc/ssh/ssh_host_{kind}_key.pub` "
-            f"must print {fingerprint}. If it does not, treat the machine as substituted. If it does, pin")
+def assert_says_what_to_check_on_the_machine(refusal: errors.HostKeyChangedError, kind: str, fingerprint: str) -> None:
+    """A changed host key of gpu-01 refused with a fix that names the key file to check on the machine itself and
+    the fingerprint it must print there (the rest of the fix is errors.py's)."""
+    assert_refused(refusal, errors.HostKeyChangedError, "gpu-01")
+    assert f"`ssh-keygen -lf /etc/ssh/ssh_host_{kind}_key.pub` must print {fingerprint}." in refusal.fix, refusal.fix
 
 
 def test_a_changed_ecdsa_key_is_refused_naming_both_keys_and_the_file_to_check(ecdsa_server: Server) -> None:
@@ -41,8 +43,7 @@ def test_a_changed_ecdsa_key_is_refused_naming_both_keys_and_the_file_to_check(e
     assert refused.value.message == (
         f"127.0.0.1 presented host key {transport.fingerprint(presented)}, but {transport.fingerprint(recorded)} was "
         "recorded when the node was onboarded; refusing to connect")
-    assert refused.value.fix.startswith(fix_for("ecdsa", transport.fingerprint(presented)))
-    assert str(refused.value).startswith("gpu-01: 127.0.0.1 presented host key SHA256:")
+    assert_says_what_to_check_on_the_machine(refused.value, "ecdsa", transport.fingerprint(presented))
     assert ecdsa_server.logins == []
 
 
@@ -56,9 +57,10 @@ def test_a_pooled_connection_to_another_key_names_the_key_it_holds(ecdsa_server:
             pass
         with pytest.raises(errors.HostKeyChangedError) as refused, pool.session(conn, "gpu-01", other):
             pytest.fail("a session was handed out")
-        assert str(refused.value).startswith(
-            f"gpu-01: 127.0.0.1 presented host key {transport.fingerprint(held)}, but {transport.fingerprint(other)} "
-            "was expected; refusing to use it\n  fix: " + fix_for("ecdsa", transport.fingerprint(held)))
+        assert refused.value.message == (
+            f"127.0.0.1 presented host key {transport.fingerprint(held)}, but {transport.fingerprint(other)} "
+            "was expected; refusing to use it")
+        assert_says_what_to_check_on_the_machine(refused.value, "ecdsa", transport.fingerprint(held))
     finally:
         pool.close_all()
 
@@ -68,9 +70,10 @@ def test_a_server_that_no_longer_offers_the_recorded_key_type_is_refused(server:
     recorded = public_text(paramiko.ECDSAKey.generate())
     with pytest.raises(errors.HostKeyChangedError) as refused:
         transport.establish(conn, conn, "gpu-01", recorded, time.monotonic() + 5)
-    assert str(refused.value).startswith(
-        "gpu-01: 127.0.0.1 no longer offers a ecdsa-sha2-nistp256 host key, the type that was pinned or recorded; "
-        "refusing to connect\n  fix: " + fix_for("ed25519", "the fingerprint above"))
+    assert refused.value.message == (
+        "127.0.0.1 no longer offers a ecdsa-sha2-nistp256 host key, the type that was pinned or recorded; "
+        "refusing to connect")
+    assert_says_what_to_check_on_the_machine(refused.value, "ed25519", "the fingerprint above")
     assert server.logins == []
 
 
