@@ -12,9 +12,8 @@ import pytest
 
 from llmgw_pulumi import node_health
 from llmgw_pulumi.node_health import EccCounts, PcieLink, RemappedRows, parse_ib_ports, parse_smi_xml, parse_xid_events
-from tests.unit.health_samples import FIXTURES, IB_ROOT, REAL_XML, sysfs_lines
+from tests.unit.health_samples import FIXTURES, IB_ROOT, REAL_XML, UUID0, sysfs_lines
 
-UUID0 = "GPU-65decab1-06a8-ac78-1f56-8a52138b6ec2"
 ZEROS = (("sram_correctable", 0), ("sram_uncorrectable_parity", 0), ("sram_uncorrectable_secded", 0),
          ("dram_correctable", 0), ("dram_uncorrectable", 0))
 

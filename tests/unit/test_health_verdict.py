@@ -14,10 +14,9 @@ from llmgw_pulumi import readiness
 from llmgw_pulumi.node_health import SmiReport, parse_ib_ports, parse_smi_xml, parse_xid_events
 from llmgw_pulumi.readiness import CRITICAL, WARNING, Expectations, HcaExpectation, Problem, verdict
 from tests.fixtures.faults import FAULTS
-from tests.unit.health_samples import DECLARED, FIXTURES, IB_ROOT, REAL_XML, sysfs_lines
+from tests.unit.health_samples import DECLARED, FIXTURES, IB_ROOT, REAL_XML, UUID0, sysfs_lines
 
 H200 = FIXTURES / "nvidia-h200"
-UUID0 = "GPU-65decab1-06a8-ac78-1f56-8a52138b6ec2"
 BUS0 = "00000000:00:06.0"
 
 

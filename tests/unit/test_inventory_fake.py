@@ -16,6 +16,7 @@ from llmgw_pulumi import errors
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from tests.fakenode import FakeNode
 from tests.unit.fake_node_resources import CONN, HOST_KEY
+from tests.unit.health_samples import UUID0
 from tests.unit.nvidia_smi_on_node import CAPTURED, on_path
 from tests.unit.nvidia_smi_on_node import node as node  # noqa: F401  (the fixture)
 from tests.unit.provider_inputs import checked
@@ -24,7 +25,6 @@ from tests.unit.provider_inputs import checked
 def build_nvidia_smi(gpus: int = 1) -> str:
     return nvidia_smi.build_nvidia_smi(gpus, fixtures=CAPTURED)
 
-UUID0 = "GPU-65decab1-06a8-ac78-1f56-8a52138b6ec2"
 H200 = {"index": 0, "name": "NVIDIA H200", "memory_mib": 143771, "uuid": UUID0, "pci_bus_id": "00000000:00:06.0",
         "compute_cap": "9.0"}
 

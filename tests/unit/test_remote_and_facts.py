@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from lab.doubles.nvidia_smi import FIXTURES
 from llmgw_pulumi import desired, errors, facts, plan, remote
 from llmgw_pulumi.desired import File
 from llmgw_pulumi.observed import Observed, Want, Wanted
 from tests.unit import fake_pem
+from tests.unit.health_samples import needs_fixtures
 from tests.unit.install_scripts import agent_install
-
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "nvidia-h200"
 
 
 def test_a_hostile_engine_path_stays_one_argument():
@@ -176,9 +176,6 @@ def test_engine_problems_carry_a_fix_hint(status, detail, words):
 def test_a_running_engine_is_no_problem():
     probes = facts.parse_engine_probes("engine\tvllm\truns\t\n", (("vllm", "/opt/vllm/bin/vllm"),))
     assert probes[0].ok and facts.engine_problem(probes[0], "n", "t") is None
-
-
-needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared/fixtures not beside the checkout")
 
 
 @needs_fixtures
