@@ -15,7 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from bench import daily
 from bench.config import (
@@ -364,25 +367,19 @@ class Bench(Harness):
         """`pulumi up` from scratch of the Python program, then on fresh hosts of bench/typescript-fleet (the Node
         component from TypeScript, set up as the README says: its npm packages, `pulumi package add`, the one
         setting), each onboarding `size` nodes of the same stack config."""
-        from tests.e2e.test_languages import VIRTUALENV, dependencies, package_add
+        from lab.languages import VIRTUALENV, added_packages
 
-        _, node_modules = dependencies()
+        adds = added_packages()
         for lang in LANGUAGES:
             print(f"\n== N = {size}, pulumi up from scratch, program in {lang}", flush=True)
             hosts = self.fresh_hosts(size)
             if lang == "Python":
                 stack = self.new_stack(f"lang-python-n{size}")
             else:
-                project = WORK / "typescript-fleet"
-                shutil.rmtree(project, ignore_errors=True)
-                shutil.copytree(REPO / "bench" / "typescript-fleet", project)
-                for name in ("package.json", "package-lock.json"):
-                    shutil.copy2(REPO / "examples" / "typescript-vm" / name, project / name)
-                stack = self.new_stack(f"lang-typescript-n{size}", project=project, extra_env={
+                stack = self.new_stack(f"lang-typescript-n{size}", project=TYPESCRIPT_FLEET, extra_env={
                     "PULUMI_RUNTIME_VIRTUALENV": VIRTUALENV, "npm_config_cache": str(CACHE / "npm"),
                     "npm_config_prefer_offline": "true"})
-                subprocess.run(["cp", "-al", str(node_modules), str(stack.work_dir / "node_modules")], check=True)
-                package_add(stack)
+                typescript_fleet(stack.work_dir, adds)
             stack.set_config(self.stack_config([(h.hostname, h.addr) for h in hosts]))
             self.measure(size, f"{LANGUAGE_UP} {lang}", hosts,
                          partial(self.engine_run, stack, "up", f"n{size}-language-{lang}-up"), agents=True)
@@ -422,3 +419,20 @@ def script_phases(lines: list[tuple[float, str]], start: float, end: float) -> d
     for (t, name), (t_next, _) in zip(marks, marks[1:], strict=False):
         out[name] = t_next - t
     return out
+
+
+TYPESCRIPT_FLEET = REPO / "bench" / "typescript-fleet"
+
+
+def typescript_fleet(work_dir: Path, adds: dict[str, Path]) -> None:
+    """bench/typescript-fleet in ``work_dir``, set up as the README says: the TypeScript example's project as
+    `pulumi package add <this repository>` leaves it (the SDK, the npm packages, Pulumi.yaml's ``packages``), with
+    the fleet's program and project name in place of the example's."""
+    from lab.languages import package_add
+
+    package_add(SimpleNamespace(work_dir=work_dir), "typescript", adds)
+    added = yaml.safe_load((work_dir / "Pulumi.yaml").read_text())
+    project = {**yaml.safe_load((TYPESCRIPT_FLEET / "Pulumi.yaml").read_text()), "packages": added["packages"]}
+    (work_dir / "Pulumi.yaml").write_text(yaml.safe_dump(project, sort_keys=False))
+    for name in ("index.ts", "tsconfig.json"):
+        shutil.copy2(TYPESCRIPT_FLEET / name, work_dir / name)

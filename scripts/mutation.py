@@ -33,10 +33,9 @@ COPIED = ("llmgw_pulumi", "tests", "lab", "pyproject.toml")
 
 PURE_TESTS = ("tests/unit/test_validate.py", "tests/unit/test_validate_config.py", "tests/unit/test_stack_config.py",
               "tests/unit/test_specs.py", "tests/unit/test_host_key.py", "tests/unit/test_providers.py",
-              "tests/unit/test_mutation_kills_specs.py", "tests/unit/test_mutation_kills_schema.py",
-              "tests/unit/test_mutation_kills_agent_settings.py")
-"""Pure unit tests of the config and the providers' check and diff: a second or two in all (test_mutation_kills_*:
-the refusals the mutation run found no test saying, word for word)."""
+              "tests/unit/test_schema.py", "tests/unit/test_agent_settings.py")
+"""Pure unit tests of the config and the providers' check and diff: a few seconds in all (with the refusals the
+mutation run found no test saying, word for word, in test_specs, test_schema and test_agent_settings)."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ TARGETS = (
     Target("pki.py", "llmgw_pulumi/pki.py", ("llmgw_pulumi.pki.*",),
            ("tests/unit/test_pki.py", "tests/unit/test_ca_passphrase.py")),
     Target("cert_policy.py", "llmgw_pulumi/cert_policy.py", ("llmgw_pulumi.cert_policy.*",),
-           ("tests/unit/test_pki.py", "tests/unit/test_mutation_kills_policy.py")),
+           ("tests/unit/test_pki.py",)),
     Target("validate.py", "llmgw_pulumi/validate.py", ("llmgw_pulumi.validate.*",),
            (*PURE_TESTS, "tests/unit/test_validate_messages.py")),
     Target("specs.py (validation)", "llmgw_pulumi/specs.py",
@@ -71,16 +70,15 @@ TARGETS = (
                "x__certificate_connection"), PURE_TESTS),
     Target("schema.py (validation)", "llmgw_pulumi/schema.py",
            _in("llmgw_pulumi.schema", "collect", "is_unknown", "ǁProblemsǁ", "raise_problems", "x__required",
-               "nested_settings", "x_normalise_"), (*PURE_TESTS, "tests/unit/test_schema.py", "tests/unit/test_diff_decisions.py")),
+               "nested_settings", "x_normalise_"), (*PURE_TESTS, "tests/unit/test_diff_decisions.py")),
     Target("agent_settings.py (validation)", "llmgw_pulumi/agent_settings.py",
            _in("llmgw_pulumi.agent_settings", "collect", "x__on_node"), PURE_TESTS),
     Target("ssh_keys.py (host keys)", "llmgw_pulumi/ssh_keys.py", _in("llmgw_pulumi.ssh_keys", "x_fingerprint_"),
-           ("tests/unit/test_host_key.py", "tests/unit/test_host_key_ssh.py", "tests/unit/test_mutation_kills_policy.py")),
+           ("tests/unit/test_host_key.py", "tests/unit/test_host_key_ssh.py")),
     Target("transport.py (host keys)", "llmgw_pulumi/transport.py",
            _in("llmgw_pulumi.transport", "x_establish_", "x__open_", "ǁ_checkout_", "ǁsession_",
                "ǁ_open_node_"),
-           ("tests/unit/test_host_key.py", "tests/unit/test_host_key_ssh.py", "tests/unit/test_transport_paths.py",
-            "tests/unit/test_mutation_kills_transport.py")),
+           ("tests/unit/test_host_key.py", "tests/unit/test_host_key_ssh.py", "tests/unit/test_transport_paths.py")),
     Target("release.py (signature, fetch)", "llmgw_pulumi/release.py",
            _in("llmgw_pulumi.release", "x_verify_signature_", "x_approve_", "x_fetch_binary_", "x_https_get_",
                "x__opener_", "ǁredirect_request_"),

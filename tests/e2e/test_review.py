@@ -16,7 +16,7 @@ import pytest
 
 from llmgw_pulumi import review
 from tests.conftest import NEXT_RELEASE, RELEASE, REPO, ssh, stack_config
-from tests.unit.test_review_inert import MARKER, PARSER, assert_marker_only_in_code, kinds, leaves
+from tests.unit.inert_markdown import MARKER, PARSER, assert_marker_only_in_code, kinds, leaves
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 

@@ -2,9 +2,15 @@
 
 import copy
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pulumi
+import pytest
+
+# The helper modules' asserts show the values they compared, as the test modules' do.
+pytest.register_assert_rewrite(*(f"{__name__}.{p.stem}" for p in Path(__file__).parent.glob("*.py")
+                                 if not p.stem.startswith(("test_", "_")) and p.stem != "conftest"))
 
 
 def fake_pem(kind: str, body: str) -> str:

@@ -22,8 +22,8 @@ from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from llmgw_pulumi.providers.identity import wanted as identity_wanted
 from llmgw_pulumi.specs import Connection, Problems, is_unknown
 from llmgw_pulumi.ssh_keys import load_private_key
-from tests.unit.test_operator_files import Mocks
-from tests.unit.test_providers import as_installed, as_seen
+from tests.unit import Mocks
+from tests.unit.provider_inputs import as_installed, as_seen
 
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA"
 PEMS = {"ca_pem": "-----BEGIN CERTIFICATE-----\nCA\n", "cert_pem": "-----BEGIN CERTIFICATE-----\nC\n"}

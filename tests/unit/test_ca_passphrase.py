@@ -15,7 +15,8 @@ from google.protobuf import json_format
 
 from llmgw_pulumi import program, stack_config
 from llmgw_pulumi.errors import ConfigError
-from tests.unit.test_node import Mocks, RecordingMonitor
+from tests.unit import Mocks
+from tests.unit.mock_monitor import RecordingMonitor
 
 PASSPHRASE = "correct horse battery staple"
 SECRET_SIG = "4dabf18193072939515e22adb298388d"
@@ -110,7 +111,7 @@ def test_the_same_settings_held_as_secrets_are_read(monitor: Any) -> None:
 @pulumi.runtime.test
 def test_a_program_passing_plain_text_still_registers_a_secret(monitor: Any) -> Any:
     from llmgw_pulumi import Node
-    from tests.unit.test_node import node_args
+    from tests.unit.mock_monitor import node_args
 
     args = node_args("gpu-01")
     args.ca_key_passphrase = PASSPHRASE

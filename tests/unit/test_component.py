@@ -17,8 +17,7 @@ from llmgw_pulumi.schema import Spelling, names
 from llmgw_pulumi.shards import shard_name, shard_of
 from llmgw_pulumi.specs import Hop
 from tests.conftest import REPO
-from tests.unit.test_node import NODE_TYPES, PROVIDER_TYPE, RecordingMonitor, settle
-from tests.unit.test_node import monitor as monitor  # noqa: F401  (the fixture)
+from tests.unit.mock_monitor import NODE_TYPES, PROVIDER_TYPE, RecordingMonitor, settle
 
 GOOD = {"nodeId": "gpu-01", "address": "10.0.0.11", "pkiDir": "/pki", "servers": ["cp1:7443"],
         "agent": {"version": "v1.4.2", "releaseUrl": "https://releases.example.net", "sha256": {"amd64": "a" * 64}},

@@ -20,8 +20,9 @@ import llmgw_pulumi
 from llmgw_pulumi import node_list, stack_config
 from llmgw_pulumi.agent_settings import AgentSettings, BinarySource
 from llmgw_pulumi.errors import ConfigError, StackConfigError
-from llmgw_pulumi.node import ConnectionArgs, NodeArgs, check_node_args
+from llmgw_pulumi.node import ConnectionArgs, check_node_args
 from tests.unit import RELEASE_KEY
+from tests.unit.good_configs import good_node_args
 
 GOOD: dict[str, Any] = {
     "pkiDir": "/srv/llmgw/pki",
@@ -222,20 +223,12 @@ def test_three_unrelated_mistakes_are_reported_in_one_run() -> None:
     assert {p[1] for p in found} == {"servers", "hostKey", "llmwg:agent"}
 
 
-def _args(**changes: Any) -> NodeArgs:
-    given: dict[str, Any] = {
-        "node_id": "gpu-01", "connection": ConnectionArgs(host="10.0.0.11"), "pki_dir": "/srv/llmgw/pki",
-        "settings": AgentSettings(servers=["cp1.example.net:7443"]),
-        "binary": BinarySource(version="v1.4.2", release_url="https://releases.example.net/llmgw", signing_key=RELEASE_KEY)}
-    return NodeArgs(**{**given, **changes})
-
-
 def test_good_node_args_have_no_problem() -> None:
-    assert check_node_args(_args()) == [] and _args().problems() == []
+    assert check_node_args(good_node_args()) == [] and good_node_args().problems() == []
 
 
 def test_node_args_are_checked_as_a_whole() -> None:
-    args = _args(pki_dir="pki", connection=ConnectionArgs(host="10.0.0.11", host_key=FINGERPRINTS[0]),
+    args = good_node_args(pki_dir="pki", connection=ConnectionArgs(host="10.0.0.11", host_key=FINGERPRINTS[0]),
                  settings=AgentSettings(servers="cp1:7443", fabrics=[{"name": "ib-east", "hcas": "mlx5_0"}]),
                  binary=BinarySource(version="v1.4"), fail_on_engine_problems="yes")
     found = args.problems()
@@ -246,13 +239,13 @@ def test_node_args_are_checked_as_a_whole() -> None:
 
 
 def test_a_connection_reached_for_a_key_made_elsewhere_is_checked_too() -> None:
-    found = check_node_args(_args(key_origin="operator", connection=ConnectionArgs(host="10.0.0.11:22")))
+    found = check_node_args(good_node_args(key_origin="operator", connection=ConnectionArgs(host="10.0.0.11:22")))
     assert [e.field for e in found] == ["connection.host"]
 
 
 def test_node_args_values_not_known_yet_are_left_to_their_resource() -> None:
     later = pulumi.Output.from_input("cp1:7443")
-    assert check_node_args(_args(settings=AgentSettings(servers=later),
+    assert check_node_args(good_node_args(settings=AgentSettings(servers=later),
                                  connection=ConnectionArgs(host=pulumi.Output.from_input("x y")))) == []
 
 

@@ -12,10 +12,8 @@ import pytest
 
 from llmgw_pulumi import node_health
 from llmgw_pulumi.node_health import EccCounts, PcieLink, RemappedRows, parse_ib_ports, parse_smi_xml, parse_xid_events
+from tests.unit.health_samples import FIXTURES, IB_ROOT, REAL_XML, UUID0, sysfs_lines
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-REAL_XML = (FIXTURES / "nvidia-h200" / "nvidia-smi-q.xml").read_text()
-UUID0 = "GPU-65decab1-06a8-ac78-1f56-8a52138b6ec2"
 ZEROS = (("sram_correctable", 0), ("sram_uncorrectable_parity", 0), ("sram_uncorrectable_secded", 0),
          ("dram_correctable", 0), ("dram_uncorrectable", 0))
 
@@ -207,20 +205,6 @@ def test_pci_addresses_of_nvidia_smi_and_of_the_driver_compare_equal() -> None:
 
 
 # --------------------------------------------------------------------------- InfiniBand
-
-
-def sysfs_lines(root: Path) -> str:
-    """What the node prints for the ports under ``root`` (a /sys/class/infiniband): one ``ib-port`` line per port,
-    each file's first line, as ``head -n1`` gives it."""
-    out = []
-    for port in sorted(root.glob("*/ports/*")):
-        values = [(port / f).read_text().splitlines()[0] if (port / f).exists() else "" for f in
-                  ("state", "phys_state", "rate")]
-        out.append("\t".join(["ib-port", port.parent.parent.name, port.name, *values]))
-    return "\n".join(out) + "\n"
-
-
-IB_ROOT = FIXTURES / "infiniband" / "sys" / "class" / "infiniband"
 
 
 def test_ib_ports_from_sysfs() -> None:

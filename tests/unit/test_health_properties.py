@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from llmgw_pulumi.node_health import parse_ib_ports, parse_smi_xml, parse_xid_events
 from llmgw_pulumi.readiness import HcaExpectation, Problem, verdict
-from tests.unit.test_health_verdict import DECLARED, REAL_XML
+from tests.unit.health_samples import DECLARED, REAL_XML
 
 HOSTILE = st.sampled_from(["", "N/A", "Yes", "No", "Active", "Not Active", "Enabled", "Disabled", "-1", "99999999999999999999",
                            "16x", "0 %", "x", "\u202e", "1e9", " 7 ", "\u00a0", "<", "&", "]]>"]) | st.text(max_size=12)

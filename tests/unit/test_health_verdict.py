@@ -7,7 +7,6 @@ import re
 import shlex
 import xml.etree.ElementTree as ET
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -15,16 +14,10 @@ from llmgw_pulumi import readiness
 from llmgw_pulumi.node_health import SmiReport, parse_ib_ports, parse_smi_xml, parse_xid_events
 from llmgw_pulumi.readiness import CRITICAL, WARNING, Expectations, HcaExpectation, Problem, verdict
 from tests.fixtures.faults import FAULTS
-from tests.unit.test_health_parse import IB_ROOT, sysfs_lines
+from tests.unit.health_samples import DECLARED, FIXTURES, IB_ROOT, REAL_XML, UUID0, sysfs_lines
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 H200 = FIXTURES / "nvidia-h200"
-REAL_XML = (H200 / "nvidia-smi-q.xml").read_text()
-UUID0 = "GPU-65decab1-06a8-ac78-1f56-8a52138b6ec2"
 BUS0 = "00000000:00:06.0"
-DECLARED = Expectations(gpu_count=1, gpu_model="NVIDIA H200", gpu_memory_mib=143771, min_driver="570",
-                        min_cuda="12.8")
-"""The real node, as README.md says it is declared."""
 
 
 def apply_edits(xml: str, edits: list[tuple[str, str]]) -> str:

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import base64
 import copy
+import subprocess
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from llmgw_pulumi import stack_config, validate
+from llmgw_pulumi import ssh_keys, stack_config, validate
 from llmgw_pulumi.specs import Connection
 from llmgw_pulumi.stack_config import StackConfigError
-
-from .test_stack_config import GOOD
+from tests.unit.good_configs import GOOD
 
 
 def openssh_public(key: ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> str:
@@ -75,3 +76,14 @@ def test_anything_else_is_refused(pin: str) -> None:
     with pytest.raises(StackConfigError) as err:
         stack_config.parse(with_pin(pin))
     assert [p[1:3] for p in err.value.problems] == [("hostKey", "is not an SSH public key")]
+
+
+@pytest.mark.parametrize("make", [ed25519.Ed25519PrivateKey.generate, lambda: ec.generate_private_key(ec.SECP384R1()),
+                                  lambda: rsa.generate_private_key(65537, 2048)], ids=["ed25519", "ecdsa", "rsa"])
+def test_a_fingerprint_is_the_one_ssh_keygen_prints_with_or_without_the_comment(make: Any) -> None:
+    line = openssh_public(make())
+    printed = subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", "-"], input=f"{line} root@gpu-01\n",
+                             capture_output=True, text=True, check=True).stdout.split()[1]
+    assert printed.startswith("SHA256:")
+    assert ssh_keys.fingerprint(line) == printed
+    assert ssh_keys.fingerprint(f"{line} root@gpu-01 (a .pub line)") == printed

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-import pytest
-
 from lab.doubles.nvidia_smi import FIXTURES
 from llmgw_pulumi import facts, fleet, remote
-
-needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared/fixtures not beside the checkout")
-UUID0 = "GPU-65decab1-06a8-ac78-1f56-8a52138b6ec2"
+from tests.unit.health_samples import UUID0, needs_fixtures
 
 
 def probe_output(status: str = "ok", path: str = "/usr/bin/nvidia-smi", detail: str = "", hcas: tuple[str, ...] = ()) -> str:

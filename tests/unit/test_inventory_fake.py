@@ -6,46 +6,27 @@ package's own, run under a temporary root (tests/fakenode.py).
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lab.doubles import nvidia_smi
 from lab.doubles.nvidia_smi import FIXTURES, QUERY_NOHEADER_FIELDS, failing_nvidia_smi
-from llmgw_pulumi import errors, sessions
+from llmgw_pulumi import errors
 from llmgw_pulumi.providers.engines import EngineCheckProvider
-from tests.fakenode import FakeNode, FakeNodes
-from tests.unit.test_providers_fake import ADDR, CONN, HOST_KEY, checked
-
-# The captured H200 output this test replays, kept in the repository (the files of ../shared/fixtures/nvidia-h200
-# the stand-in reads), so that the test runs in every checkout.
-CAPTURED = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-h200"
+from tests.fakenode import FakeNode
+from tests.unit.fake_node_resources import CONN, HOST_KEY
+from tests.unit.health_samples import UUID0
+from tests.unit.nvidia_smi_on_node import CAPTURED, on_path
+from tests.unit.nvidia_smi_on_node import node as node  # noqa: F401  (the fixture)
+from tests.unit.provider_inputs import checked
 
 
 def build_nvidia_smi(gpus: int = 1) -> str:
     return nvidia_smi.build_nvidia_smi(gpus, fixtures=CAPTURED)
 
-UUID0 = "GPU-65decab1-06a8-ac78-1f56-8a52138b6ec2"
 H200 = {"index": 0, "name": "NVIDIA H200", "memory_mib": 143771, "uuid": UUID0, "pci_bus_id": "00000000:00:06.0",
         "compute_cap": "9.0"}
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[FakeNode]:
-    if shutil.which("nvidia-smi"):
-        pytest.skip("this machine has a real nvidia-smi on PATH, which the fake node would find")
-    fake = FakeNode(tmp_path / "node", hostname="gpu-01", host_key=HOST_KEY)
-    with sessions.use(FakeNodes({ADDR: fake})):
-        yield fake
-
-
-def on_path(node: FakeNode, text: str) -> None:
-    """nvidia-smi on the node's PATH (where the fake's stand-ins are)."""
-    (node.bin / "nvidia-smi").write_text(text)
-    (node.bin / "nvidia-smi").chmod(0o755)
 
 
 def with_hcas(node: FakeNode, *names: str, root: str = "/sys/class/infiniband") -> None:

@@ -22,9 +22,9 @@ from llmgw_pulumi import fleet_review, program, review
 from llmgw_pulumi.agent_settings import BinarySource
 from llmgw_pulumi.providers import agent
 from llmgw_pulumi.providers.agent import AgentInstallProvider
-from tests.unit.test_program import STACK
-from tests.unit.test_providers_fake import CONN, HOST_KEY
-from tests.unit.test_review import NOW, preview, step
+from tests.unit.fake_node_resources import CONN, HOST_KEY
+from tests.unit.good_configs import STACK
+from tests.unit.review_previews import NOW, preview, step
 
 DEV_VERSION = "v9.9.9-3-gabc1234"
 

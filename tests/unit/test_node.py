@@ -12,43 +12,13 @@ from typing import Any
 
 import pulumi
 import pytest
-from pulumi.runtime.mocks import MockMonitor
 
 from llmgw_pulumi import AgentSettings, BinarySource, ConnectionArgs, Node, NodeArgs
 from llmgw_pulumi.call_stack import recorded_frames
 from llmgw_pulumi.errors import ConfigError
 from llmgw_pulumi.shards import PROVIDER_SHARDS, SHARDS_ENV, provider_for, shard_count, shard_name, shard_of
-from tests.unit import RELEASE_KEY, Mocks
-
-NODE_TYPES = {"pulumi-python:dynamic/llmgw:" + t for t in ("ClientCertificate", "NodeIdentity", "AgentInstall", "EngineCheck")}
-PROVIDER_TYPE = "pulumi:providers:pulumi-python"
-
-
-class RecordingMonitor(MockMonitor):
-    def __init__(self) -> None:
-        super().__init__(Mocks())
-        self.requests: list[Any] = []
-
-    def RegisterResource(self, request: Any) -> Any:
-        self.requests.append(request)
-        return super().RegisterResource(request)
-
-    def of_type(self, types: set[str] | str) -> list[Any]:
-        types = {types} if isinstance(types, str) else types
-        return [r for r in self.requests if r.type in types]
-
-
-@pytest.fixture
-def monitor() -> RecordingMonitor:
-    m = RecordingMonitor()
-    pulumi.runtime.set_mocks(Mocks(), preview=False, monitor=m)
-    return m
-
-
-def node_args(node_id: Any, host: Any = "10.0.0.11") -> NodeArgs:
-    return NodeArgs(node_id=node_id, connection=ConnectionArgs(host=host, private_key_path="/k"),
-                    settings=AgentSettings(servers=["cp:7443"]), pki_dir="/pki",
-                    binary=BinarySource(version="v1.4.2", release_url="https://r", signing_key=RELEASE_KEY))
+from tests.unit import Mocks
+from tests.unit.mock_monitor import NODE_TYPES, PROVIDER_TYPE, RecordingMonitor, node_args, settle
 
 
 def ids_in_distinct_shards(n: int) -> list[str]:
@@ -68,10 +38,6 @@ def same_shard_pair() -> tuple[str, str]:
             return first[k], node
         first[k] = node
     raise AssertionError("no two ids share a shard")
-
-
-def settle(*outputs: pulumi.Output[Any]) -> pulumi.Output[Any]:
-    return pulumi.Output.all(*outputs)
 
 
 def test_shard_of_is_stable_and_spreads():

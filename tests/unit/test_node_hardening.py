@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import shlex
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,9 @@ from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from tests.fakenode import FakeNode, FakeNodes, with_root
-from tests.unit.test_providers_fake import ADDR, CONN, HOST_KEY, agent_binary, agent_inputs, certificate, checked, identity_inputs
-from tests.unit.test_providers_fake import pki_dir as pki_dir  # noqa: F401  (a fixture)
+from tests.unit.error_checks import assert_refused
+from tests.unit.fake_node_resources import ADDR, CONN, HOST_KEY, agent_binary, agent_inputs, certificate, identity_inputs
+from tests.unit.provider_inputs import checked
 
 ENGINE = "/opt/llama/bin/llama-server"
 MARKER = "/var/tmp/engine-ran"
@@ -35,13 +35,6 @@ MARKER = "/var/tmp/engine-ran"
 
 def marking_engine(marker: str = MARKER) -> bytes:
     return f"#!/bin/sh\necho \"$0 $*\" >> \"$FAKE_ROOT{marker}\"\necho engine 1.0\n".encode()
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[FakeNode]:
-    fake = FakeNode(tmp_path / "node", hostname="gpu-01", host_key=HOST_KEY)
-    with sessions.use(FakeNodes({ADDR: fake})):
-        yield fake
 
 
 def probe(**extra: Any) -> dict[str, Any]:
@@ -252,8 +245,8 @@ def test_without_flock_a_change_is_refused_and_nothing_changed(tmp_path: Path, p
     bare = FakeNode(tmp_path / "bare", hostname="gpu-01", host_key=HOST_KEY, without=("flock",))
     with sessions.use(FakeNodes({ADDR: bare})), pytest.raises(errors.NodeLockUnavailableError) as caught:
         install_identity(pki_dir)
-    assert "gpu-01: this node has no flock (util-linux)" in str(caught.value)
-    assert "fix: install flock on the node (`apt-get install util-linux`)" in str(caught.value)
+    assert_refused(caught.value, errors.NodeLockUnavailableError, "gpu-01")
+    assert "this node has no flock (util-linux)" in caught.value.message
     assert bare.files() == [] and bare.calls("update-ca-certificates") == []
     # Positive control: the same node with flock is onboarded.
     with sessions.use(FakeNodes({ADDR: FakeNode(tmp_path / "full", hostname="gpu-01", host_key=HOST_KEY)})):

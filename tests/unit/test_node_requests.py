@@ -29,7 +29,6 @@ from llmgw_pulumi.errors import CertificateRequestError
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.remote import Result, Script
 from tests.fakenode import FakeNode, FakeNodes
-from tests.unit.test_providers_fake import pki_dir as pki_dir  # noqa: F401  (the fixture)
 
 NODE = "gpu-01"
 ADDR = "10.0.0.11"

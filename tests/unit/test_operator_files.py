@@ -19,7 +19,7 @@ import pytest
 
 from llmgw_pulumi import operator_files, program, signer, stack_config
 from llmgw_pulumi.errors import ConfigError, SignerError
-from tests.unit.test_node import Mocks
+from tests.unit import Mocks
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 
@@ -139,7 +139,7 @@ def test_an_exposed_ssh_key_file_is_refused_for_up_and_warned_of_in_a_preview(ho
 
 def test_an_exposed_signer_program_is_refused_for_up_and_warned_of_in_a_preview(home: Path, preview: Any,
                                                                                 tmp_path: Path) -> None:
-    from tests.unit.test_signer import labpki
+    from lab import pki as labpki
 
     labpki.init_ca(tmp_path / "pki")
     ca_pem = (tmp_path / "pki" / "ca.pem").read_text()

@@ -14,9 +14,10 @@ from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, r
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from lab import pki as labpki
-from llmgw_pulumi import pki
+from llmgw_pulumi import cert_policy, pki
 from llmgw_pulumi.errors import AuthorityError, CertificatePolicyError, CertificateRequestError, SignedCertificateError
 from tests.unit import fake_pem
+from tests.unit.error_checks import assert_refused
 
 NOW = dt.datetime.now(dt.UTC)
 
@@ -255,6 +256,49 @@ def test_a_certificate_from_another_signer_is_checked_the_same_way(tmp_path, tes
     assert pki.check_node_certificate(cert, ca_cert, NODE, node_key.public_key(), checked_at, dt.timedelta(days=30)) == problems
 
 
+ED25519_OID = bytes.fromhex("06032b6570")  # OBJECT IDENTIFIER 1.3.101.112 (Ed25519), DER
+UNKNOWN_OID = bytes.fromhex("06032b6563")  # OBJECT IDENTIFIER 1.3.101.99: no key type cryptography knows
+
+
+def _unknown_key_type(der: bytes) -> bytes:
+    """``der`` with its first Ed25519 algorithm identifier (a certificate's or request's key) made an unknown one."""
+    assert ED25519_OID in der
+    return der.replace(ED25519_OID, UNKNOWN_OID, 1)
+
+
+def test_a_v1_certificate_is_named_as_one(tmp_path: Path, test_ca: Any) -> None:
+    """openssl's `x509 -req` with no extensions writes an X.509 v1 certificate: the version is named, and each
+    extension a v1 certificate cannot have."""
+    ca_cert, ca_key = test_ca
+    (tmp_path / "ca.pem").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "ca-key.pem").write_bytes(ca_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                               serialization.NoEncryption()))
+    node_key = ec.generate_private_key(ec.SECP256R1())
+    csr = x509.CertificateSigningRequestBuilder().subject_name(NODE_NAME).sign(node_key, hashes.SHA256())
+    (tmp_path / "node.csr").write_bytes(csr.public_bytes(serialization.Encoding.PEM))
+    subprocess.run(["openssl", "x509", "-req", "-in", str(tmp_path / "node.csr"), "-CA", str(tmp_path / "ca.pem"),
+                    "-CAkey", str(tmp_path / "ca-key.pem"), "-CAcreateserial", "-days", "1",
+                    "-out", str(tmp_path / "node.pem")], check=True, capture_output=True)
+    cert = x509.load_pem_x509_certificate((tmp_path / "node.pem").read_bytes())
+    assert cert.version == x509.Version.v1  # the positive control: openssl really wrote v1
+    problems = cert_policy.check_node_certificate(cert, ca_cert, NODE, node_key.public_key(), dt.datetime.now(dt.UTC))
+    assert problems == ["it is an X.509 v1 certificate, not v3",
+                        "it has no BasicConstraints extension (CA:FALSE)",
+                        "it has no KeyUsage extension (digitalSignature)",
+                        "it has no ExtendedKeyUsage extension (clientAuth)"]
+
+
+def test_a_certificate_whose_key_cannot_be_read_says_so(test_ca: Any) -> None:
+    ca_cert, _ = test_ca
+    now = dt.datetime.now(dt.UTC)
+    good = node_cert(test_ca, ed25519.Ed25519PrivateKey.generate())
+    assert cert_policy.check_node_certificate(good, ca_cert, NODE, None, now) == []  # the positive control
+    cert = x509.load_der_x509_certificate(_unknown_key_type(good.public_bytes(serialization.Encoding.DER)))
+    assert cert_policy.check_node_certificate(cert, ca_cert, NODE, None, now) == [
+        "it is not signed by the cluster CA (CN=llmgw test CA)",  # its bytes changed after signing
+        "its public key cannot be read"]
+
+
 # --------------------------------------------------------------------------- the keys signed for
 
 def _csr(key: Any) -> str:
@@ -314,6 +358,29 @@ def test_any_other_key_is_refused_naming_the_node_the_key_and_the_fix(ca, kind) 
     with pytest.raises(CertificateRequestError) as err:
         pki.issue(pki.load_authority(str(ca), NODE), NODE, dt.timedelta(hours=1), NOW, key.public_key())
     assert str(err.value) == f"gpu-01: the key to certify is {what}: it is not signed for\n  fix: {KEY_FIX}"
+
+
+def test_a_request_for_a_key_of_an_unknown_kind_is_refused_naming_the_node_and_the_fix() -> None:
+    """A node's request whose key cryptography cannot read (a raw ValueError from cryptography before): refused
+    with the package's error, its node and the key fix."""
+    csr = x509.CertificateSigningRequestBuilder().subject_name(NODE_NAME).sign(ed25519.Ed25519PrivateKey.generate(), None)
+    bad = x509.load_der_x509_csr(_unknown_key_type(csr.public_bytes(serialization.Encoding.DER)))
+    with pytest.raises(CertificateRequestError) as err:
+        cert_policy.requested_key(bad.public_bytes(serialization.Encoding.PEM).decode(), NODE)
+    assert str(err.value) == f"gpu-01: the node's key is of a kind this policy does not know\n  fix: {KEY_FIX}"
+
+
+class _XrayPublicKey:
+    """Stands for a key class of a private module (cryptography's were named ``_RSAPublicKey`` and the like)."""
+
+
+class PublicKey:
+    """A key class whose name says nothing of its kind."""
+
+
+@pytest.mark.parametrize("key, kind", [(_XrayPublicKey(), "Xray"), (PublicKey(), "unknown"), (object(), "object")])
+def test_a_key_of_no_kind_signed_for_is_named_by_its_class(key: object, kind: str) -> None:
+    assert cert_policy.key_problem(key) == f"a {kind} key, which is not one of P-256, P-384, P-521, Ed25519 or RSA"
 
 
 # --------------------------------------------------------------------------- what issue() signs
@@ -610,9 +677,8 @@ def test_the_ca_errors_name_the_node(ca) -> None:
 def test_a_request_that_is_not_one_or_not_signed_by_its_key(test_ca) -> None:
     with pytest.raises(CertificateRequestError) as err:
         pki.requested_key("not a request\n", NODE)
-    assert str(err.value) == ("gpu-01: the node returned something that is not a PEM certificate signing request\n"
-                              "  fix: check that the node's openssl works (`openssl req -help`); or give the node "
-                              "`keyOrigin: operator`")
+    assert_refused(err.value, CertificateRequestError, NODE)
+    assert err.value.message == "the node returned something that is not a PEM certificate signing request"
     der = bytearray(x509.load_pem_x509_csr(_csr(ec.generate_private_key(ec.SECP256R1())).encode()).public_bytes(
         serialization.Encoding.DER))
     der[-5] ^= 0xFF  # a flipped bit in the signature
@@ -735,10 +801,6 @@ def test_an_operator_key_pair_comes_with_its_own_request_for_the_node(test_ca) -
     assert pki.operator_key_and_csr(NODE)[0] != key_pem
 
 
-SIGNED_FIX = ("do not use it: fix the signer's profile so that it issues what it is asked (docs/operations.md, "
-              "'Signers'); nothing was changed on the node")
-
-
 def _request(test_ca, key: Any, hours: int = 30) -> tuple[Any, dt.datetime]:
     """A signer request for ``key`` made at a whole second (so its validity is whole hours), and that second."""
     from llmgw_pulumi import signer
@@ -784,12 +846,13 @@ def test_the_first_certificate_a_signer_prints_is_taken_and_checked(test_ca, nod
     for printed in ("", "signed.\n", leaf.split("-----END")[0], leaf.split("\n", 1)[1]):
         with pytest.raises(SignedCertificateError) as err:
             pki.accept_signed(test_ca[0], printed, req, now)
-        assert str(err.value) == f"gpu-01: the signer printed no readable PEM certificate\n  fix: {SIGNED_FIX}"
+        assert_refused(err.value, SignedCertificateError, NODE)
+        assert err.value.message == "the signer printed no readable PEM certificate"
     other = ec.generate_private_key(ec.SECP256R1())
     bad = _pem(node_cert(test_ca, other, not_before=req.not_before, not_after=req.not_after + dt.timedelta(days=1)))
     with pytest.raises(SignedCertificateError) as err:
         pki.accept_signed(test_ca[0], bad, req, now)
-    assert str(err.value) == (
-        "gpu-01: the signer returned a certificate that is refused: its key is not the key it was asked for; "
-        f"it is valid until {when(req.not_after + dt.timedelta(days=1))} UTC, longer than the 30 h asked\n"
-        f"  fix: {SIGNED_FIX}")
+    assert_refused(err.value, SignedCertificateError, NODE)
+    assert err.value.message == (
+        "the signer returned a certificate that is refused: its key is not the key it was asked for; "
+        f"it is valid until {when(req.not_after + dt.timedelta(days=1))} UTC, longer than the 30 h asked")

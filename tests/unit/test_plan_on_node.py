@@ -10,16 +10,7 @@ from llmgw_pulumi import desired, errors, plan, remote, rollout
 from llmgw_pulumi.observed import Observed, Seen
 from llmgw_pulumi.providers.agent import AgentInstallProvider, wanted
 from tests.fakenode import FakeNode
-from tests.unit.test_providers_fake import (  # noqa: F401
-    agent_binary,
-    agent_inputs,
-    agent_node,
-    changes_to_systemd,
-    dev_build,
-    files,
-    node,
-    sha,
-)
+from tests.unit.fake_node_resources import agent_binary, agent_inputs, changes_to_systemd, files, sha
 
 BINARY, CONFIG, UNIT = desired.BINARY_PATH, desired.CONFIG_PATH, desired.UNIT_PATH
 

@@ -11,16 +11,7 @@ import pytest
 
 from llmgw_pulumi import program
 from llmgw_pulumi.stack_config import StackConfigError
-from tests.unit import RELEASE_KEY
-
-STACK = {
-    "llmgw:pkiDir": "/srv/llmgw/pki",
-    "llmgw:servers": json.dumps(["cp1.example.net:7443"]),
-    "llmgw:agent": json.dumps({"version": "v1.4.2", "signingKey": RELEASE_KEY, "releaseUrl": "https://releases.example.net/llmgw"}),
-    "llmgw:ssh": json.dumps({"user": "deploy", "privateKeyPath": "/home/op/.ssh/id_ed25519"}),
-    "llmgw:nodes": json.dumps([{"id": "gpu-01", "address": "10.0.0.11"}]),
-    "aws:region": "eu-west-1",  # another namespace: not ours to judge
-}
+from tests.unit.good_configs import STACK
 
 NEXT_STEPS_FOR_TWO = {
     "expect": "within seconds, `llmgw ctl nodes` lists each of these node ids",

@@ -14,28 +14,15 @@ from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.output import Unknown
 
 from llmgw_pulumi import decisions, desired, observed
-from llmgw_pulumi.observed import STATE_VERSION, Observed, Seen
+from llmgw_pulumi.observed import STATE_VERSION
 from llmgw_pulumi.providers import agent
 from llmgw_pulumi.providers.agent import AgentInstall, AgentInstallProvider
 from llmgw_pulumi.providers.agent import wanted as agent_wanted
 from llmgw_pulumi.providers.certificate import ClientCertificate, ClientCertificateProvider, reissue_reasons
 from llmgw_pulumi.providers.engines import EngineCheck, EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentity, NodeIdentityProvider, wanted
-from tests.unit import AGENT_YAML_COMMENTS, fake_pem
-
-KEY = fake_pem("OPENSSH PRIVATE KEY", "SSHKEYBODY")
-CONN = {"host": "10.0.0.11", "user": "deploy", "port": 22.0, "wait": 120.0, "private_key": KEY}
-PEMS = {"ca_pem": "-----BEGIN CERTIFICATE-----\nCA\n", "cert_pem": "-----BEGIN CERTIFICATE-----\nC\n",
-        "key_pem": fake_pem("PRIVATE KEY", "NODEKEYBODY")}
-AGENT = {"node_id": "gpu-01", "connection": CONN, "known_host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA",
-         "hostname": "gpu-01", "servers": ["cp1:7443"], "version": "v1.2.3", "release_url": "https://r.example/llmgw"}
-
-
-def checked(provider, news):
-    res = provider.check({}, news)
-    assert res.failures == [], res.failures
-    return res.inputs
-
+from tests.unit import AGENT_YAML_COMMENTS
+from tests.unit.provider_inputs import AGENT, CONN, PEMS, as_installed, as_seen, checked
 
 # ---------------------------------------------------------------- ClientCertificate
 
@@ -118,16 +105,6 @@ def test_certificate_validity_change_updates_without_reissuing():
 
 
 # ---------------------------------------------------------------- NodeIdentity
-
-def as_seen(want):
-    """The record of a node that holds exactly what ``want`` says (any bytes: "f" * 64)."""
-    return Observed({p: Seen("f" * 64 if w.sha256 == "*" else w.sha256, w.mode, w.owner) for p, w in want.files.items()},
-                    want.unit).record()
-
-
-def as_installed(inputs):
-    """AgentInstall's outputs right after it installed ``inputs``: the node seen holding what they say."""
-    return {**inputs, "observed": as_seen(agent_wanted(inputs)), "state_version": STATE_VERSION}
 
 
 def identity_state():

@@ -16,8 +16,8 @@ from llmgw_pulumi.readiness import Expectations, HcaExpectation
 from llmgw_pulumi.specs import EngineCheckSpec, Fabric, Hardware, HcaPorts
 from llmgw_pulumi.stack_config import StackConfigError
 from tests.unit import RELEASE_KEY, with_value
-from tests.unit.test_config_errors import _args
-from tests.unit.test_providers_fake import CONN, HOST_KEY
+from tests.unit.fake_node_resources import CONN, HOST_KEY
+from tests.unit.good_configs import good_node_args
 
 GOOD: dict[str, Any] = {
     "pkiDir": "/srv/llmgw/pki",
@@ -107,8 +107,8 @@ def test_a_node_list_file_declares_hardware_in_typed_columns() -> None:
 
 
 def test_node_args_declare_the_same_settings_and_are_checked_the_same_way() -> None:
-    assert check_node_args(_args(hardware=Hardware(gpu_count=8, min_cuda="12.8"), fail_on_critical_problems=True)) == []
-    found = check_node_args(_args(hardware=Hardware(gpu_count=-1, hca_ports=HcaPorts(state="UP")),  # type: ignore[arg-type]
+    assert check_node_args(good_node_args(hardware=Hardware(gpu_count=8, min_cuda="12.8"), fail_on_critical_problems=True)) == []
+    found = check_node_args(good_node_args(hardware=Hardware(gpu_count=-1, hca_ports=HcaPorts(state="UP")),  # type: ignore[arg-type]
                                   fail_on_critical_problems="yes"))
     assert all(isinstance(e, ConfigError) and e.node == "gpu-01" and e.fix for e in found)
     assert [e.field for e in found] == ["hardware.gpu_count", "hardware.hca_ports.state", "fail_on_critical_problems"]
@@ -147,7 +147,7 @@ def test_an_existing_checks_inputs_gain_no_new_key_so_an_upgrade_is_no_change() 
 def test_a_readiness_problem_is_a_standing_problem_of_the_pr_summary_with_its_severity_and_fix() -> None:
     from llmgw_pulumi import review
     from llmgw_pulumi.review_markdown import markdown
-    from tests.unit.test_review import NOW, preview
+    from tests.unit.review_previews import NOW, preview
 
     data = preview()
     found = {"check": "row-remap-pending", "subject": "GPU 3 (GPU-65de, 00000000:00:09.0)", "severity": "critical",

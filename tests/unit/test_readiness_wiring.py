@@ -14,15 +14,14 @@ from llmgw_pulumi import errors
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from tests.fakenode import FakeNode
 from tests.fixtures.faults import fault
-from tests.unit import test_inventory_fake
-from tests.unit.test_inventory_fake import CAPTURED, on_path
-from tests.unit.test_providers_fake import CONN, HOST_KEY, checked
+from tests.unit.fake_node_resources import CONN, HOST_KEY
+from tests.unit.nvidia_smi_on_node import CAPTURED, on_path
+from tests.unit.nvidia_smi_on_node import node as node  # noqa: F401  (the fixture)
+from tests.unit.provider_inputs import checked
 
 H200 = {"gpu_count": 8, "gpu_model": "NVIDIA H200", "gpu_memory_mib": 143771, "min_driver": "570", "min_cuda": "12.8"}
 FABRIC = [{"name": "ib-east", "hcas": ["mlx5_0", "mlx5_1"]}]
 PORTS = {"state": "ACTIVE", "min_rate_gbps": 400}
-node = test_inventory_fake.node
-"""The fake node with the lab's stand-ins (a pytest fixture)."""
 ROW_REMAP = fault("row remap pending").edits
 PERSISTENCE_OFF = fault("persistence mode off").edits
 

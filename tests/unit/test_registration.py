@@ -22,7 +22,7 @@ from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.registration import RegistrationCheck, listed, shown
 from llmgw_pulumi.specs import AgentSpec
 from tests.unit import RELEASE_KEY
-from tests.unit.test_providers import AGENT, as_installed, checked
+from tests.unit.provider_inputs import AGENT, as_installed, checked
 
 BASE: dict[str, Any] = {
     "pkiDir": "/srv/pki", "servers": ["cp1.example.net:7443"],

@@ -16,7 +16,7 @@ from llmgw_pulumi import errors, program, release, specs, stack_config, validate
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.stack_config import StackConfigError
 from tests.fakenode import RELEASE_URL, FakeNode
-from tests.unit.test_providers_fake import agent_binary, agent_inputs, agent_node, changes_to_systemd, files, node, publish  # noqa: F401
+from tests.unit.fake_node_resources import agent_binary, agent_inputs, changes_to_systemd, files, publish
 
 BINARY, CONFIG, UNIT = "/usr/local/bin/llmgw", "/etc/llmgw/agent.yaml", "/etc/systemd/system/llmgw-agent.service"
 TAG = "v1.2.3"

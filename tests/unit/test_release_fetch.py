@@ -4,90 +4,24 @@ PATH that answers as the test chooses: missing, failing, hanging, printing junk)
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
-import functools
 import hashlib
-import ipaddress
 import os
 import stat
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
-from lab.release_server import _Handler, _Server, make_signing_key, publish_release
+from lab.release_server import make_signing_key, publish_release
 from llmgw_pulumi import errors, release
+from tests.unit.error_checks import assert_refused
+from tests.unit.https_release_server import https_server
 
 TAG = "v1.2.3"
 BINARY = b"the release binary\n"
-NOW = dt.datetime.now(dt.UTC)
 FETCH_FIX = ("check agent.releaseUrl and that this machine reaches it and trusts its certificate (agent.releaseCa for a "
              "private CA); no node was changed")
-
-
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-
-
-def tls_pair(d: Path) -> tuple[Path, Path, Path]:
-    """(ca.pem, server.pem, server-key.pem): a private CA and a certificate for 127.0.0.1 that it signed."""
-    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    start, end = NOW - dt.timedelta(hours=1), NOW + dt.timedelta(days=1)
-    ca = (x509.CertificateBuilder().subject_name(_name("release CA")).issuer_name(_name("release CA"))
-          .public_key(ca_key.public_key()).serial_number(1).not_valid_before(start).not_valid_after(end)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True).sign(ca_key, hashes.SHA256()))
-    cert = (x509.CertificateBuilder().subject_name(_name("127.0.0.1")).issuer_name(ca.subject)
-            .public_key(key.public_key()).serial_number(2).not_valid_before(start).not_valid_after(end)
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    paths = d / "ca.pem", d / "server.pem", d / "server-key.pem"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(_pem_key(key))
-    return paths
-
-
-class Redirecting(_Handler):
-    """The release server, and two paths that redirect: /to/<url> sends the client to <url>."""
-
-    def do_GET(self) -> None:
-        if self.path.startswith("/to/"):
-            self.send_response(302)
-            self.send_header("Location", self.path[len("/to/"):])
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        super().do_GET()
-
-
-@contextlib.contextmanager
-def https_server(base: Path, root: Path) -> Iterator[tuple[str, str]]:
-    """(base URL, agent.releaseCa) of an HTTPS server on loopback serving ``root``, its TLS files in ``base``."""
-    import ssl
-
-    ca, cert, key = tls_pair(base)
-    httpd = _Server(("127.0.0.1", 0), functools.partial(Redirecting, directory=str(root)))
-    httpd.ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    httpd.ssl_context.load_cert_chain(str(cert), str(key))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"https://127.0.0.1:{httpd.server_address[1]}", str(ca)
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -182,11 +116,11 @@ def test_fetch_operator_leaves_nothing_behind_when_the_download_fails_or_does_no
     assert [p.name for p in tmp_path.iterdir()] == ["e" * 64 + ".lock"]
     with pytest.raises(errors.ChecksumMismatchError) as err:
         release.fetch_binary_file(source, "arm64", sha(b"arm"), tmp_path)
-    assert str(err.value) == (
-        f"llmgw: {url}/{TAG}/llmgw-{TAG}-linux-arm64 has sha256 {sha(b'tampered')}, but {sha(b'arm')} was approved "
+    assert_refused(err.value, errors.ChecksumMismatchError, "llmgw")
+    assert err.value.message == (
+        f"{url}/{TAG}/llmgw-{TAG}-linux-arm64 has sha256 {sha(b'tampered')}, but {sha(b'arm')} was approved "
         "(from checksums.txt as the server sent it over https (no signingKey or sha256 pin)); nothing was pushed to "
-        "any node\n  fix: do not install it: the release or the path to it has been tampered with or corrupted; "
-        "republish it")
+        "any node")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["e" * 64 + ".lock", sha(b"arm") + ".lock"])
 
 
@@ -221,23 +155,23 @@ def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str | None) 
     monkeypatch.setenv("PATH", str(bin_dir))
 
 
-def verify_error(data: bytes, signature: bytes, public: str) -> str:
+def verify_error(data: bytes, signature: bytes, public: str) -> errors.ReleaseSignatureError:
+    """The refusal of ``signature``: a ReleaseSignatureError of the operator's side that shows a fix."""
     with pytest.raises(errors.ReleaseSignatureError) as err:
         release.verify_signature(data, signature, public, "https://r.example/v1.2.3/checksums.txt")
-    return str(err.value)
+    assert_refused(err.value, errors.ReleaseSignatureError, "llmgw")
+    return err.value
 
 
 def test_without_ssh_keygen_a_signature_is_an_error_saying_what_to_install(
         signed: tuple[bytes, bytes, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stand_in(tmp_path, monkeypatch, None)
-    assert verify_error(*signed) == ("llmgw: cannot verify the signature of https://r.example/v1.2.3/checksums.txt: "
-                                     "ssh-keygen is not installed here\n"
-                                     "  fix: install openssh-client on the machine running Pulumi")
+    assert str(verify_error(*signed)) == ("llmgw: cannot verify the signature of https://r.example/v1.2.3/checksums.txt: "
+                                          "ssh-keygen is not installed here\n"
+                                          "  fix: install openssh-client on the machine running Pulumi")
 
 
-REFUSED = "llmgw: the signature of https://r.example/v1.2.3/checksums.txt does not verify with agent.signingKey"
-SIGNATURE_FIX = ("\n  fix: do not install it: checksums.txt was not signed by agent.signingKey; re-sign the release "
-                 "(`ssh-keygen -Y sign -n llmgw-release -f KEY checksums.txt`), or fix agent.signingKey")
+REFUSED = "the signature of https://r.example/v1.2.3/checksums.txt does not verify with agent.signingKey"
 
 
 @pytest.mark.parametrize("body, said", [
@@ -251,19 +185,18 @@ def test_what_ssh_keygen_says_when_it_refuses_is_quoted_on_one_line(
         signed: tuple[bytes, bytes, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, said: str) -> None:
     _, _, public = signed
     stand_in(tmp_path, monkeypatch, "#!/bin/sh\n/bin/cat >/dev/null\n" + body)
-    expected = f"{REFUSED} {release.key_fingerprint(public)} (ssh-keygen: {said}){SIGNATURE_FIX}"
-    assert verify_error(*signed) == expected
+    assert verify_error(*signed).message == f"{REFUSED} {release.key_fingerprint(public)} (ssh-keygen: {said})"
 
 
 def test_an_ssh_keygen_that_cannot_run_or_hangs_is_an_error(signed: tuple[bytes, bytes, str], tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     stand_in(tmp_path, monkeypatch, "#!/nonexistent/interpreter\n")
-    text = verify_error(*signed)
+    text = str(verify_error(*signed))
     assert text.startswith("llmgw: cannot run ssh-keygen to verify https://r.example/v1.2.3/checksums.txt: ")
     assert text.endswith("\n  fix: check that `ssh-keygen -Y verify` works on this machine")
     (tmp_path / "bin" / "ssh-keygen").write_text("#!/bin/sh\nexec /bin/sleep 600\n")
     monkeypatch.setattr(release, "VERIFY_SECONDS", 0.5)
-    text = verify_error(*signed)
+    text = str(verify_error(*signed))
     assert text.startswith("llmgw: cannot run ssh-keygen to verify https://r.example/v1.2.3/checksums.txt: ")
     assert "timed out after 0.5 seconds" in text
 

@@ -19,8 +19,8 @@ import pytest
 from lab.release_server import publish_release
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from tests.fakenode import FakeNode
-from tests.unit.test_providers_fake import agent_inputs, agent_node, node  # noqa: F401  (fixtures)
-from tests.unit.test_release_fetch import https_server
+from tests.unit.fake_node_resources import agent_inputs
+from tests.unit.https_release_server import https_server
 
 TAG = "v1.2.3"
 SIZE = 64 << 20

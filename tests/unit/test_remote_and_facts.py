@@ -1,7 +1,6 @@
 """Remote scripts are values whose variable parts are quoted arguments; facts are pure parsers."""
 
 import base64
-import hashlib
 import re
 import shlex
 import shutil
@@ -10,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from lab.doubles.nvidia_smi import FIXTURES
 from llmgw_pulumi import desired, errors, facts, plan, remote
 from llmgw_pulumi.desired import File
 from llmgw_pulumi.observed import Observed, Want, Wanted
 from tests.unit import fake_pem
-
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "nvidia-h200"
+from tests.unit.health_samples import needs_fixtures
+from tests.unit.install_scripts import agent_install
 
 
 def test_a_hostile_engine_path_stays_one_argument():
@@ -31,15 +31,6 @@ def identity_writes(files):
     """NodeIdentity's script for a node never read: every file in ``files`` written."""
     wanted = Wanted({f.path: Want(f.sha256, f.mode, f.owner) for f in files})
     return remote.install_identity(plan.identity_plan("gpu-01", wanted, Observed({}), key_on_node=False), files)
-
-
-def agent_install(source=plan.Do.FETCH, config="c", unit="u", binary=b"", **kwargs):
-    """AgentInstall's script for a node never read: the binary from ``source``, config and unit written."""
-    wanted = Wanted({f.path: Want(f.sha256, f.mode, f.owner) for f in desired.agent_files(config, unit)}, "active enabled")
-    sha = hashlib.sha256(binary).hexdigest()
-    change = plan.agent_plan("gpu-01", wanted, Observed({}), "amd64", plan.BinaryWanted(source, {"amd64": sha, "": sha}))
-    pushed = remote.StdinFile("/the/binary", len(binary)) if source in (plan.Do.COPY, plan.Do.PUSH) else None
-    return remote.install_agent(change, config, unit, binary=pushed, **kwargs)
 
 
 def test_a_script_is_the_same_text_for_every_node():
@@ -185,9 +176,6 @@ def test_engine_problems_carry_a_fix_hint(status, detail, words):
 def test_a_running_engine_is_no_problem():
     probes = facts.parse_engine_probes("engine\tvllm\truns\t\n", (("vllm", "/opt/vllm/bin/vllm"),))
     assert probes[0].ok and facts.engine_problem(probes[0], "n", "t") is None
-
-
-needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared/fixtures not beside the checkout")
 
 
 @needs_fixtures

@@ -18,18 +18,7 @@ from typing import Any
 import pytest
 
 from llmgw_pulumi import decisions, fleet_rules, review
-
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "review" / "change.json"
-NOW = dt.datetime(2026, 12, 1, 12, 10, tzinfo=dt.UTC)
-
-
-def preview() -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(FIXTURE.read_text())
-    return loaded
-
-
-def step(data: dict[str, Any], kind: str, node: str) -> dict[str, Any]:
-    return next(s for s in data["steps"] if s["urn"].endswith(f"{kind}::{node}") and s["op"] != "refresh")
+from tests.unit.review_previews import NOW, created, preview, step
 
 
 def test_the_real_preview_is_read_node_by_node():
@@ -299,24 +288,6 @@ def test_a_warning_about_a_node_is_kept_printable():
 
 
 # --------------------------------------------------------------------------- onboarding
-
-
-def created(data: dict[str, Any], node: str, op: str = "create", agent: dict[str, Any] | None = None,
-            connection: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The steps of a preview that onboards ``node``: node10's resources, as their refresh read them, created anew
-    under another name, with AgentInstall's and the connection's inputs changed."""
-    steps = []
-    for s in data["steps"]:
-        if s["op"] == "refresh" and s["urn"].endswith("::node10"):
-            new = copy.deepcopy(s.get("newState") or {})
-            inputs = new.setdefault("inputs", {}) or {}
-            new["inputs"] = inputs
-            if "connection" in inputs:
-                inputs["connection"] = {**inputs["connection"], **(connection or {})}
-            if s["urn"].endswith("AgentInstall::node10"):
-                inputs.update(agent or {})
-            steps.append({"op": op, "urn": s["urn"].replace("::node10", f"::{node}"), "newState": new})
-    return steps
 
 
 def test_onboarding_rows_say_the_version_the_fabric_and_how_host_keys_are_trusted():

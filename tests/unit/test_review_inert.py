@@ -15,24 +15,16 @@ import copy
 import io
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from markdown_it import MarkdownIt
-from markdown_it.token import Token
 
 from llmgw_pulumi import decisions, review
-from llmgw_pulumi.text import INERT_LIMIT
-from tests.unit.test_review import NOW, created, preview
+from tests.unit.inert_markdown import MARKER, PARSER, assert_marker_only_in_code, kinds, leaves
+from tests.unit.review_previews import NOW, created, preview
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "review"
-MARKER = "pwn"
-"""In every payload, and in nothing the summary says of its own."""
-PARSER = MarkdownIt("commonmark").enable("table")
-OWN_HTML = re.compile(r"</?details>|<summary>|</summary>")
-"""The only HTML the summary writes: the folds of long lists."""
 
 
 def corpus() -> list[dict[str, Any]]:
@@ -41,32 +33,6 @@ def corpus() -> list[dict[str, Any]]:
 
 
 CORPUS = corpus()
-
-
-def leaves(tokens: list[Token]) -> Iterator[Token]:
-    for t in tokens:
-        yield t
-        yield from t.children or []
-
-
-def kinds(markdown: str) -> set[str]:
-    """What the parser makes of ``markdown``: its token types, and what GitHub would make of its live text (a
-    mention, an issue reference), a forged line of the verdict, control characters, a line too long to read."""
-    found = set()
-    for t in leaves(PARSER.parse(markdown)):
-        found.add(t.type)
-        if t.type == "text":
-            if re.search(r"@\w", t.content):
-                found.add("mention")
-            if re.search(r"#\d", t.content):
-                found.add("reference")
-            if "Policies" in t.content or "no mandatory rule" in t.content:
-                found.add("forged")
-        if not t.content.isprintable():
-            found.add("control")
-        if len(t.content) > 1000:
-            found.add("long")
-    return found
 
 
 @pytest.mark.parametrize("entry", CORPUS, ids=[e["name"] for e in CORPUS])
@@ -150,24 +116,6 @@ def assert_inert(summary: str, twin: str) -> None:
     tokens, twin_tokens = list(leaves(PARSER.parse(summary))), list(leaves(PARSER.parse(twin)))
     assert [t.type for t in tokens] == [t.type for t in twin_tokens], summary
     assert_marker_only_in_code(summary)
-
-
-def assert_marker_only_in_code(summary: str) -> None:
-    """No link, image, code block or HTML but the summary's folds; no mention or issue reference in its text; the
-    marker shown, and only in code spans, none longer than ``text.inert`` makes them."""
-    tokens = list(leaves(PARSER.parse(summary)))
-    for t in tokens:
-        assert t.type not in ("link_open", "image", "fence", "code_block"), (t, summary)
-        if t.type in ("html_inline", "html_block"):
-            assert not OWN_HTML.sub("", t.content).strip(" \nal0123456789"), (t, summary)  # `all 12` is ours
-        if t.type == "text":
-            assert not re.search(r"@\w|#\d", t.content), (t, summary)
-        if t.type not in ("inline", "code_inline"):  # an inline token's content is its source, code spans and all
-            assert MARKER not in t.content.lower() and MARKER not in str(t.attrs).lower(), (t, summary)
-        if t.type == "code_inline":
-            assert len(t.content) <= INERT_LIMIT + 2, (t, summary)  # and a space on each side
-    spans = [t.content for t in tokens if t.type == "code_inline" and MARKER in t.content]
-    assert spans, summary  # the text is shown, in code spans
 
 
 @pytest.mark.parametrize("entry", CORPUS, ids=[e["name"] for e in CORPUS])

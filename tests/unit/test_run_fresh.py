@@ -13,16 +13,7 @@ from llmgw_pulumi.providers import _glue
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from llmgw_pulumi.remote import Exit, Result
 from tests.fakenode import FakeNode
-from tests.unit.test_providers_fake import (  # noqa: F401  (node, pki_dir: the fixtures)
-    CA,
-    CERT,
-    certificate,
-    identity_inputs,
-    node,
-    onboard_identity,
-    pki_dir,
-    sha,
-)
+from tests.unit.fake_node_resources import CA, CERT, certificate, identity_inputs, onboard_identity, sha
 
 STALE = Result(Exit.STALE, "", "/etc/llmgw/agent.yaml changed since the node was read")
 DONE = Result(0, "done", "")

@@ -1,6 +1,5 @@
 """Bad stack config is refused before any side effect, naming the node, the field and the fix."""
 
-import copy
 
 import pulumi
 import pytest
@@ -9,34 +8,7 @@ from llmgw_pulumi import boundary, errors, stack_config
 from llmgw_pulumi.errors import ConfigError
 from llmgw_pulumi.specs import Fabric
 from llmgw_pulumi.stack_config import StackConfigError
-from tests.unit import RELEASE_KEY
-
-GOOD = {
-    "pkiDir": "/srv/llmgw/pki",
-    "servers": ["cp1.example.net:7443"],
-    "agent": {"version": "v1.4.2", "signingKey": RELEASE_KEY, "releaseUrl": "https://releases.example.net/llmgw"},
-    "ssh": {"user": "deploy", "privateKeyPath": "/home/op/.ssh/id_ed25519", "wait": 120},
-    "nodes": [
-        {"id": "gpu-01", "address": "10.0.0.11"},
-        {"id": "gpu-02", "address": "10.0.0.12", "fabric": {"name": "ib-east", "hcas": ["mlx5_0"]},
-         "engines": {"llamacpp": {"bin": "/opt/llama/bin/llama-server"}}},
-    ],
-}
-
-
-def mutate(path, value):
-    cfg = copy.deepcopy(GOOD)
-    target = cfg
-    for key in path[:-1]:
-        target = target[key]
-    if value is DELETE:
-        del target[path[-1]]
-    else:
-        target[path[-1]] = value
-    return cfg
-
-
-DELETE = object()
+from tests.unit.good_configs import DELETE, GOOD, mutate
 
 # (case, path into the config, new value, node named, field named, words the problem must contain)
 BAD = [

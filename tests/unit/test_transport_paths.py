@@ -1,28 +1,24 @@
-"""The connection path of transport.py against in-process paramiko servers on loopback (tests/unit/test_host_key_ssh):
+"""The connection path of transport.py against in-process paramiko servers on loopback (tests/unit/ssh_server.py):
 what a refusal says for each key type, a server that no longer offers the type recorded, waiting for a node that
-refuses, remembering one that did not answer, and jump hosts, whose own keys are checked like a node's."""
+refuses, remembering one that did not answer, and jump hosts, whose own keys are checked like a node's; RSA host keys
+verified with whichever of its signature algorithms the server offers, the reconnection after cloud-init was waited
+for (and the key the node keeps then), the pool's reaper, and a pooled connection that died."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import socket
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import paramiko
 import pytest
 
 from llmgw_pulumi import errors, transport
 from llmgw_pulumi.specs import Connection
-from tests.unit.test_host_key_ssh import Server, connection, ed25519_pair, public_text
-from tests.unit.test_host_key_ssh import server as server  # noqa: F401 - the fixture
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.unit.error_checks import assert_refused
+from tests.unit.ssh_server import Server, closed_port, connection, ed25519_pair, public_text
 
 
 @pytest.fixture
@@ -31,10 +27,11 @@ def ecdsa_server() -> Iterator[Server]:
     yield from Server(paramiko.ECDSAKey.generate(), client_key, client_text).serve()
 
 
-def fix_for(kind: str, fingerprint: str) -> str:
-    return (f"do not accept the new key on trust: another machine may be answering at this address. Confirm it on the "
-            f"machine itself, on its console and not over this network: `ssh-keygen -lf /etc/ssh/ssh_host_{kind}_key.pub` "
-            f"must print {fingerprint}. If it does not, treat the machine as substituted. If it does, pin")
+def assert_says_what_to_check_on_the_machine(refusal: errors.HostKeyChangedError, kind: str, fingerprint: str) -> None:
+    """A changed host key of gpu-01 refused with a fix that names the key file to check on the machine itself and
+    the fingerprint it must print there (the rest of the fix is errors.py's)."""
+    assert_refused(refusal, errors.HostKeyChangedError, "gpu-01")
+    assert f"`ssh-keygen -lf /etc/ssh/ssh_host_{kind}_key.pub` must print {fingerprint}." in refusal.fix, refusal.fix
 
 
 def test_a_changed_ecdsa_key_is_refused_naming_both_keys_and_the_file_to_check(ecdsa_server: Server) -> None:
@@ -46,8 +43,7 @@ def test_a_changed_ecdsa_key_is_refused_naming_both_keys_and_the_file_to_check(e
     assert refused.value.message == (
         f"127.0.0.1 presented host key {transport.fingerprint(presented)}, but {transport.fingerprint(recorded)} was "
         "recorded when the node was onboarded; refusing to connect")
-    assert refused.value.fix.startswith(fix_for("ecdsa", transport.fingerprint(presented)))
-    assert str(refused.value).startswith("gpu-01: 127.0.0.1 presented host key SHA256:")
+    assert_says_what_to_check_on_the_machine(refused.value, "ecdsa", transport.fingerprint(presented))
     assert ecdsa_server.logins == []
 
 
@@ -61,9 +57,10 @@ def test_a_pooled_connection_to_another_key_names_the_key_it_holds(ecdsa_server:
             pass
         with pytest.raises(errors.HostKeyChangedError) as refused, pool.session(conn, "gpu-01", other):
             pytest.fail("a session was handed out")
-        assert str(refused.value).startswith(
-            f"gpu-01: 127.0.0.1 presented host key {transport.fingerprint(held)}, but {transport.fingerprint(other)} "
-            "was expected; refusing to use it\n  fix: " + fix_for("ecdsa", transport.fingerprint(held)))
+        assert refused.value.message == (
+            f"127.0.0.1 presented host key {transport.fingerprint(held)}, but {transport.fingerprint(other)} "
+            "was expected; refusing to use it")
+        assert_says_what_to_check_on_the_machine(refused.value, "ecdsa", transport.fingerprint(held))
     finally:
         pool.close_all()
 
@@ -73,9 +70,10 @@ def test_a_server_that_no_longer_offers_the_recorded_key_type_is_refused(server:
     recorded = public_text(paramiko.ECDSAKey.generate())
     with pytest.raises(errors.HostKeyChangedError) as refused:
         transport.establish(conn, conn, "gpu-01", recorded, time.monotonic() + 5)
-    assert str(refused.value).startswith(
-        "gpu-01: 127.0.0.1 no longer offers a ecdsa-sha2-nistp256 host key, the type that was pinned or recorded; "
-        "refusing to connect\n  fix: " + fix_for("ed25519", "the fingerprint above"))
+    assert refused.value.message == (
+        "127.0.0.1 no longer offers a ecdsa-sha2-nistp256 host key, the type that was pinned or recorded; "
+        "refusing to connect")
+    assert_says_what_to_check_on_the_machine(refused.value, "ed25519", "the fingerprint above")
     assert server.logins == []
 
 
@@ -200,3 +198,211 @@ def test_a_command_reads_its_input_to_the_end_before_it_exits_keeping_its_exit_s
     assert proc.poll() is None  # still reading its input
     out, err = proc.communicate(timeout=10)  # closes its input: the end of input
     assert (proc.returncode, out, err) == (rc, b"out" if rc == 5 else b"", b"err" if rc == 5 else b"")
+
+
+# --------------------------------------------------------------------------- RSA host keys
+
+
+RSA_HOST_KEY = paramiko.RSAKey.generate(2048)  # once: a mutation run forks every test from this process
+
+
+def eventually(condition: Callable[[], bool], within: float = 10.0) -> bool:
+    """Poll ``condition`` until it holds (True) or ``within`` seconds passed (False)."""
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+
+@pytest.fixture(params=[(), ("rsa-sha2-512",), ("rsa-sha2-256",)], ids=["both", "rsa-sha2-256 only", "rsa-sha2-512 only"])
+def rsa_server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    client_key, client_text = ed25519_pair()
+    yield from Server(RSA_HOST_KEY, client_key, client_text, refused_key_types=request.param).serve()
+
+
+def test_a_recorded_rsa_host_key_is_verified_with_any_signature_algorithm_the_server_offers(rsa_server: Server) -> None:
+    """A node whose host key is RSA (recorded or pinned): with SHA-2 signatures, either one (before, the type was
+    given to paramiko as 'ssh-rsa' too, SHA-1, which paramiko 5 refuses with a ValueError before connecting)."""
+    conn = connection(rsa_server)
+    recorded = public_text(RSA_HOST_KEY)
+    t, presented = transport.establish(conn, conn, "gpu-01", recorded, time.monotonic() + 5)
+    t.close()
+    assert presented == recorded and rsa_server.logins == ["deploy"]
+
+
+# --------------------------------------------------------------------------- after cloud-init
+
+
+def cloud_init_replaces_the_host_key(new_key: paramiko.PKey) -> Callable[[Server, str], bytes | None]:
+    """The node's cloud-init was running: it is waited for, then has new host keys and a restarted sshd whose
+    first login is refused (the user is made again)."""
+    def printed(srv: Server, command: str) -> bytes | None:
+        if "cloud-init status" not in command:
+            return b""
+        srv.host_key, srv.refuse_logins = new_key, 1
+        return b"waited\n"
+    return printed
+
+
+def test_after_waiting_for_cloud_init_the_node_is_reconnected_and_the_key_it_keeps_is_recorded(
+        server: Server, caplog: pytest.LogCaptureFixture) -> None:
+    first_key = server.host_key
+    kept, _ = ed25519_pair()
+    server.printed = cloud_init_replaces_the_host_key(kept)
+    pool = transport.Pool()
+    try:
+        with caplog.at_level(logging.INFO, logger="llmgw_pulumi.transport"), \
+                pool.session(connection(server), "gpu-01") as s:
+            assert s.host_key == public_text(kept) != public_text(first_key)
+        said = [r.getMessage() for r in caplog.records if r.name == "llmgw_pulumi.transport"]
+        assert said[0].startswith(f"gpu-01: waiting up to 5s for ssh to deploy@127.0.0.1:{server.port} "
+                                  "(deploy@127.0.0.1 refused every key tried")  # the reconnection, retried once
+        assert said[1].startswith(f"gpu-01: ssh to deploy@127.0.0.1:{server.port} answered after") and len(said) == 2
+        assert [c for c in server.commands if "cloud-init" in c] == [server.commands[0]] and len(server.commands) == 1
+        assert server.logins == ["deploy", "deploy", "deploy"]  # before, refused once after the restart, accepted
+        assert len(server.connections) == 3
+        assert eventually(lambda: not server.connections[0].is_active())  # the connection before the wait is closed
+        assert server.connections[2].is_active()  # the one handed out stays pooled
+    finally:
+        pool.close_all()
+
+
+def test_the_key_recorded_is_expected_after_cloud_init_too(server: Server) -> None:
+    recorded = public_text(server.host_key)
+    server.printed = cloud_init_replaces_the_host_key(ed25519_pair()[0])
+    pool = transport.Pool()
+    try:
+        with pytest.raises(errors.HostKeyChangedError, match="recorded when the node was onboarded"), \
+                pool.session(connection(server), "gpu-01", recorded):
+            pytest.fail("a session was handed out")
+        assert server.logins == ["deploy"]  # only before the wait: the new key was refused before logging in
+    finally:
+        pool.close_all()
+
+
+def test_a_node_behind_a_jump_host_is_reconnected_through_it_after_cloud_init(server: Server) -> None:
+    host_key, _ = ed25519_pair()
+    bastion = Server(host_key, server.client_key, server.client_text)
+    serving = bastion.serve()
+    next(serving)
+    try:
+        kept, _ = ed25519_pair()
+        server.printed = cloud_init_replaces_the_host_key(kept)
+        conn = Connection.from_props({"host": "127.0.0.1", "port": server.port, "user": "deploy", "wait": 5.0,
+                                      "private_key": server.client_text,
+                                      "jump": [{"address": f"jumper@127.0.0.1:{bastion.port}"}]}, "gpu-01")
+        pool = transport.Pool()
+        try:
+            with pool.session(conn, "gpu-01") as s:
+                assert s.host_key == public_text(kept)
+            assert bastion.forwards == [("127.0.0.1", server.port)] * 3 and bastion.logins == ["jumper"]
+        finally:
+            pool.close_all()
+    finally:
+        serving.close()
+
+
+def test_cloud_init_that_does_not_finish_within_the_wait_is_an_expired_wait_naming_the_node(server: Server) -> None:
+    server.printed = lambda srv, command: None if "cloud-init status" in command else b""
+    conn = Connection.from_props({"host": "127.0.0.1", "port": server.port, "user": "deploy", "wait": 1.0,
+                                  "private_key": server.client_text}, "gpu-01")
+    assert expired_wait(conn).startswith(
+        "gpu-01: cloud-init on 127.0.0.1 did not report done within 1s (cloud-init status --wait)\n  fix: ")
+
+
+# --------------------------------------------------------------------------- the pool
+
+
+def reapers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "llmgw-ssh-reaper"]
+
+
+@contextlib.contextmanager
+def pool_of(idle_seconds: float = transport.IDLE_SECONDS) -> Iterator[transport.Pool]:
+    """A pool whose connections are closed after ``idle_seconds`` unused; every one closed at the end."""
+    pool = transport.Pool(idle_seconds=idle_seconds)
+    try:
+        yield pool
+    finally:
+        pool.close_all()
+
+
+def expired_wait(conn: Connection) -> str:
+    """The message of the WaitExpired that asking a fresh pool for a session to ``conn`` raises."""
+    with pool_of() as pool, pytest.raises(transport.WaitExpired) as expired, pool.session(conn, "gpu-01"):
+        pytest.fail("a session was handed out")
+    return str(expired.value)
+
+
+def test_an_idle_connection_is_closed_by_the_pools_one_reaper_a_daemon_thread(server: Server) -> None:
+    before = set(reapers())
+    with pool_of(0.2) as pool:
+        with pool.session(connection(server), "gpu-01"):
+            pass
+        assert eventually(lambda: not server.connections[0].is_active())
+        with pool.session(connection(server), "gpu-01") as s:  # a fresh connection after the idle one was closed
+            assert s.host_key == public_text(server.host_key)
+        assert len(server.connections) == 2 and server.logins == ["deploy", "deploy"]
+        new = [t for t in reapers() if t not in before]
+        assert [(t.daemon, t.is_alive()) for t in new] == [(True, True)]  # one; it never keeps the process alive
+
+
+def test_a_connection_in_use_is_not_closed_however_long_it_is_used(server: Server) -> None:
+    with pool_of(0.05) as pool:
+        with pool.session(connection(server), "gpu-01"):
+            time.sleep(0.5)  # ten idle limits, forty reaper rounds
+            assert server.connections[0].is_active()
+        assert eventually(lambda: not server.connections[0].is_active())  # the control: idle now, it is closed
+
+
+def test_a_connection_two_resources_use_is_not_closed_while_one_of_them_still_does(server: Server) -> None:
+    with pool_of(0.05) as pool, pool.session(connection(server), "gpu-01"):
+        with pool.session(connection(server), "gpu-01"):
+            pass  # the other resource is done with it
+        time.sleep(0.5)
+        assert server.connections[0].is_active() and server.logins == ["deploy"]
+
+
+def test_a_long_wait_backs_off_to_the_last_delay_and_keeps_it() -> None:
+    """Five refusals and more (0.25 + 0.5 + 1 + 2 s, then 2 s each) end in the expired wait, nothing else."""
+    conn = Connection.from_props({"host": "127.0.0.1", "port": closed_port(), "user": "deploy", "wait": 6.0,
+                                  "private_key": ed25519_pair()[1]}, "gpu-01")
+    with pytest.raises(transport.WaitExpired, match="cannot reach deploy@127.0.0.1 over ssh after 6s"):
+        transport.establish(conn, conn, "gpu-01", None, time.monotonic() + 6.0)
+
+
+def test_a_pooled_connection_that_died_is_replaced(server: Server) -> None:
+    pool = transport.Pool()
+    try:
+        with pool.session(connection(server), "gpu-01") as s:
+            pass
+        server.connections[0].close()  # sshd restarted, the node rebooted
+        assert eventually(lambda: not s._transport.is_active())  # the client's end has seen it
+        with pool.session(connection(server), "gpu-01", public_text(server.host_key)) as again:
+            assert again is not s and again.host_key == public_text(server.host_key)
+        assert server.logins == ["deploy", "deploy"]
+    finally:
+        pool.close_all()
+
+
+def test_a_jump_host_that_does_not_open_the_channel_to_the_node_is_waited_for_as_long_as_the_node(
+        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    host_key, _ = ed25519_pair()
+    held = threading.Event()
+    bastion = Server(host_key, server.client_key, server.client_text, forwards_held=held)
+    serving = bastion.serve()
+    next(serving)
+    monkeypatch.setattr(transport, "CONNECT_TIMEOUT", 0.2)  # each try of the channel; the wait bounds them all
+    conn = Connection.from_props({"host": "127.0.0.1", "port": server.port, "user": "deploy", "wait": 1.0,
+                                  "private_key": server.client_text,
+                                  "jump": [{"address": f"jumper@127.0.0.1:{bastion.port}"}]}, "gpu-01")
+    try:
+        assert expired_wait(conn).startswith(
+            "gpu-01: cannot reach deploy@127.0.0.1 over ssh after 1s (last error: Timeout opening channel.)")
+        assert bastion.forwards and server.logins == []  # asked for, never carried
+    finally:
+        held.set()
+        serving.close()

@@ -22,8 +22,7 @@ from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from tests.fakenode import FakeNode, FakeNodes
-
-from .test_providers_fake import (
+from tests.unit.fake_node_resources import (
     ADDR,
     CONN,
     HOST_KEY,
@@ -33,12 +32,11 @@ from .test_providers_fake import (
     agent_inputs,
     cert_public,
     certificate,
-    checked,
     engine_inputs,
     identity_inputs,
     public_of,
 )
-from .test_providers_fake import pki_dir as pki_dir  # the fixture: a CA in a temporary PKI dir
+from tests.unit.provider_inputs import checked
 
 OTHER_KEY = ed25519.Ed25519PrivateKey.from_private_bytes(b"\x02" * 32).public_key().public_bytes(
     serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()

@@ -25,8 +25,8 @@ from llmgw_pulumi import fleet_rules, review, trust_roots
 from llmgw_pulumi.agent_settings import BinarySource
 from llmgw_pulumi.fleet_review import AGENT, CERTIFICATE, ENGINES, IDENTITY, UNKNOWN
 from llmgw_pulumi.trust_roots import NOT_KNOWN, NOT_SET, Change
-from tests.unit.test_review import NOW, created, preview, step
-from tests.unit.test_review_inert import PARSER, assert_marker_only_in_code, leaves
+from tests.unit.inert_markdown import PARSER, assert_marker_only_in_code, leaves
+from tests.unit.review_previews import NOW, created, preview, step
 
 # Made with `ssh-keygen -t ed25519`; the fingerprints are what `ssh-keygen -lf` printed for them.
 KEY_A = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFyY2bL6Q6v7VwdYe6J3fDQnqFxgCdoe2dBlMguT3yt8"

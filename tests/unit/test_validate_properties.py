@@ -22,7 +22,7 @@ from llmgw_pulumi import desired, facts, remote, validate
 from llmgw_pulumi.remote import Script
 from llmgw_pulumi.specs import AgentSettings, Problems, build
 from llmgw_pulumi.text import printable
-from tests.unit.test_remote_and_facts import agent_install
+from tests.unit.install_scripts import agent_install
 
 settings.register_profile("llmgw", deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 settings.load_profile("llmgw")

@@ -1,8 +1,5 @@
 """Every refusal of agent_settings.py's collectors word for word (control planes, fabrics, engines, the binary),
-in both spellings where they differ, and what is not refused (unknown values, the stack config's later version).
-
-The mutation run (docs/mutation.md) showed these words and branches reached by no assertion.
-"""
+in both spellings where they differ, and what is not refused (unknown values, the stack config's later version)."""
 
 from __future__ import annotations
 
