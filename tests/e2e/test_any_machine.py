@@ -14,7 +14,7 @@ from typing import Any
 
 from lab.stack import LabStack, engine_env
 from tests.conftest import REPO, ssh, stack_config
-from tests.e2e.test_postgres_backend import STACK, postgres  # noqa: F401  (the PostgreSQL server, a fixture)
+from tests.e2e.conftest import POSTGRES_STACK
 
 AGENT_PID = "systemctl show -p MainPID --value llmgw-agent"
 
@@ -34,7 +34,7 @@ def machine(work: Path, cluster: Any, server: Any, key: Path, committed: Path | 
     if committed is not None:
         (work / "checkout" / "stacks").mkdir(parents=True)
         shutil.copy2(committed, work / "checkout" / "stacks" / committed.name)
-    return LabStack(work / "checkout", STACK, env, REPO)
+    return LabStack(work / "checkout", POSTGRES_STACK, env, REPO)
 
 
 def changed_properties(output: str) -> dict[str, set[str]]:
@@ -55,7 +55,7 @@ def changed_properties(output: str) -> dict[str, set[str]]:
 
 
 def test_two_operators_and_a_ci_runner_with_other_homes_see_no_change_and_a_real_change_is_still_one(
-        cluster, hosts, postgres, tmp_path):  # noqa: F811  (postgres: the fixture imported above)
+        cluster, hosts, postgres, tmp_path):
     nodes = hosts(2)
     config = stack_config(cluster, nodes)
     config["ssh"] = {**config["ssh"], "privateKeyPath": "~/.ssh/id_fleet"}
@@ -65,7 +65,7 @@ def test_two_operators_and_a_ci_runner_with_other_homes_see_no_change_and_a_real
     assert made.ok, made.output
     pids = {h.hostname: ssh(h, cluster, AGENT_PID)[1].strip() for h in nodes}
     assert all(pid not in ("", "0") for pid in pids.values()), pids
-    exported = alice.cli("stack", "export", "--stack", STACK).stdout
+    exported = alice.cli("stack", "export", "--stack", POSTGRES_STACK).stdout
     assert '"private_key_path": "~/.ssh/id_fleet"' in exported and str(tmp_path) not in exported
 
     bob = machine(tmp_path / "bob", cluster, postgres, cluster.ssh_key_path, committed=alice.config_path)

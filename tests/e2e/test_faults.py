@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
 import os
 import shutil
 import signal
@@ -38,12 +37,10 @@ from cryptography.x509.oid import NameOID
 from lab.doubles.llmgw import build_llmgw
 from lab.release_server import publish_release, serving
 from tests.conftest import NEXT_RELEASE, RELEASE, ssh, stack_config, wait_until
+from tests.e2e.node_checks import BINARY, CONFIG, UNIT, leftovers, report
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
-BINARY = "/usr/local/bin/llmgw"
-CONFIG = "/etc/llmgw/agent.yaml"
-UNIT = "/etc/systemd/system/llmgw-agent.service"
 AGENT_CERT = "/etc/llmgw/agent.pem"
 SLOW_DELAY = 3.0
 """Seconds the slow release server holds each response: an install then spends ~2x this downloading."""
@@ -97,13 +94,6 @@ def kill_sshd_sessions(host: Any, user: str = "deploy") -> list[str]:
             except ProcessLookupError:
                 pass
     return killed
-
-
-def leftovers(host: Any, cluster: Any) -> list[str]:
-    """Temp files, kept copies and staging dirs of this package anywhere it writes, as the host sees them."""
-    rc, out = ssh(host, cluster, "sudo find /etc/llmgw /usr/local/bin /etc/systemd/system /usr/local/share/ca-certificates "
-                                 "/var/tmp /run -maxdepth 1 \\( -name '*.llmgw-*' -o -name 'llmgw-stage.*' \\) 2>/dev/null; true")
-    return sorted(out.split())
 
 
 def agent_facts(host: Any, cluster: Any) -> dict[str, str]:
@@ -226,11 +216,6 @@ class Injector(threading.Thread):
         assert self.error is None, repr(self.error)
         assert self.at is not None, "the fault was never injected: the moment it waits for did not come"
         return self.result
-
-
-def report(name: str, **facts: Any) -> None:
-    """One line per scenario for the lead's table (shown with -s, and in the junit output)."""
-    print(f"\nREPORT {name}: " + json.dumps(facts, default=str))
 
 
 # --------------------------------------------------------------------------- 1. SSH dies mid-install

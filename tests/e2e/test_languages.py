@@ -29,7 +29,7 @@ from cryptography import x509
 import llmgw_pulumi
 from lab.languages import VIRTUALENV, added_packages, dependencies, package_add
 from tests.conftest import CACHE, RELEASE, ssh
-from tests.e2e.test_examples import (
+from tests.e2e.vm_examples import (
     EXAMPLES,
     NODE_RESOURCES,
     assert_destroy_cleans_the_node_then_stops_the_vm,

@@ -17,11 +17,9 @@ from cryptography.hazmat.primitives import serialization
 
 from lab.doubles.llmgw import build_llmgw
 from tests.conftest import NEXT_RELEASE, resource_count, shard, ssh, stack_config, wait_until
+from tests.e2e.node_checks import install_test_engine
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
-
-TEST_ENGINE = "#!/bin/sh\n# a stand-in inference engine: answers --version, serves until killed\n" \
-              "case \"$1\" in --version) echo test-engine 1.0 ;; serve) sleep 100000 ;; *) exit 0 ;; esac\n"
 
 
 def up_clean(stack):
@@ -39,13 +37,6 @@ def serial_on(host) -> int:
 
 def main_pid(host, cluster) -> str:
     return ssh(host, cluster, "systemctl show -p MainPID --value llmgw-agent")[1].strip()
-
-
-def install_test_engine(host, cluster, path="/opt/engines/test-engine"):
-    rc, out = ssh(host, cluster, f"sudo mkdir -p /opt/engines && printf '%s' '{TEST_ENGINE}' | sudo tee {path} >/dev/null "
-                                 f"&& sudo chmod 755 {path}")
-    assert rc == 0, out
-    return path
 
 
 def test_preview_names_what_changes_and_updates_happen_in_place(cluster, hosts, new_stack):

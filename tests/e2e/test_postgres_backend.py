@@ -7,24 +7,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from lab.postgres import Postgres
 from lab.stack import LabStack, engine_env
 from tests.conftest import REPO, resource_count, stack_config, state_urns, wait_until
-
-STACK = "shared"
-
-
-@pytest.fixture(scope="module")
-def postgres(cluster: Any) -> Iterator[Postgres]:
-    server = Postgres(cluster.pki_dir).start()
-    yield server
-    server.stop()
+from tests.e2e.conftest import POSTGRES_STACK
 
 
 def checkout(work: Path, cluster: Any, server: Postgres, committed: Path | None = None) -> LabStack:
@@ -37,7 +26,7 @@ def checkout(work: Path, cluster: Any, server: Postgres, committed: Path | None 
     if committed is not None:
         (work / "checkout" / "stacks").mkdir(parents=True)
         shutil.copy2(committed, work / "checkout" / "stacks" / committed.name)
-    return LabStack(work / "checkout", STACK, env, REPO)
+    return LabStack(work / "checkout", POSTGRES_STACK, env, REPO)
 
 
 def test_two_checkouts_share_a_stack_in_postgres_its_lock_refuses_a_second_up_and_either_refreshes_and_destroys(
@@ -54,7 +43,7 @@ def test_two_checkouts_share_a_stack_in_postgres_its_lock_refuses_a_second_up_an
     made = alice.up()
     assert made.ok, made.output
     assert cluster.control_plane.wait_for({first.hostname}, timeout=30)
-    assert [k for k in postgres.keys("%/.pulumi/stacks/%") if k.endswith(f"/{STACK}.json")], postgres.keys("%")
+    assert [k for k in postgres.keys("%/.pulumi/stacks/%") if k.endswith(f"/{POSTGRES_STACK}.json")], postgres.keys("%")
     # Bob sees Alice's state: nothing to change from his checkout.
     seen = bob.preview(expect_no_changes=True)
     assert seen.ok and set(seen.changes) == {"same"}, seen.output

@@ -18,7 +18,7 @@ import pytest
 
 from llmgw_pulumi.shards import PROVIDER_SHARDS, SHARDS_ENV, shard_name, shard_of
 from tests.conftest import stack_config
-from tests.e2e.test_upgrade import agent_process, node_files, serials, steps_taken
+from tests.e2e.node_checks import agent_process, node_files, serials, steps_taken
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 

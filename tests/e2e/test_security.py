@@ -30,7 +30,7 @@ import yaml
 from lab.doubles.llmgw import build_llmgw
 from lab.release_server import publish_release, release_name
 from tests.conftest import TAMPERED_RELEASE, ssh, stack_config, wait_until
-from tests.e2e.test_faults import BINARY, CONFIG, UNIT, leftovers, report
+from tests.e2e.node_checks import BINARY, CONFIG, UNIT, leftovers, report
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 

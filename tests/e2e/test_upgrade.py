@@ -27,7 +27,6 @@ Add a commit to ``BASES`` when a release's state shape is one to upgrade from.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import shutil
@@ -38,10 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography import x509
 
 from tests.conftest import REPO, ssh, stack_config, wait_until
-from tests.e2e.test_lifecycle import install_test_engine
+from tests.e2e.node_checks import agent_process, install_test_engine, node_files, serials, steps_taken
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
@@ -58,10 +56,6 @@ UNSIGNED_BASES = ("ca1dd75",)
 ROLLOUT_FROM = {"b870cc4": {"maxParallel": 2}, "953c63e": {"maxParallel": 2}}
 """Bases whose stack is onboarded with this ``llmgw:rollout`` (its canary: the first node), kept for the upgrade."""
 
-NODE_FILES = ("/usr/local/bin/llmgw", "/etc/systemd/system/llmgw-agent.service",
-              "/usr/local/share/ca-certificates/llmgw-ca.crt", "/etc/ssl/certs/ca-certificates.crt")
-"""Besides everything in /etc/llmgw: the binary, the unit, the CA as a trust anchor and the bundle it is in."""
-IDENTITY_DIR = "/etc/llmgw"
 STATE_SIDE = {"same", "update"}
 """The operations the upgrade's `up` may show: an update rewrites state, the node checks above say it did no more."""
 
@@ -128,48 +122,6 @@ class Imports:
 
     def of(self, role: str, module: str) -> list[str]:
         return [origin for r, m, origin in self.rows if (r, m) == (role, module)]
-
-
-def node_files(host: Any) -> dict[str, tuple[int, int, int, int, int, str]]:
-    """path -> (inode, mtime ns, mode, uid, gid, sha256) of every file the package keeps on the node.
-
-    Not the ctime: a chmod or chown to the mode and owner a file already has changes nothing on the node."""
-    identity = sorted(f"{IDENTITY_DIR}/{e.name}" for e in os.scandir(host.root / IDENTITY_DIR.lstrip("/")))
-    facts = {}
-    for path in (*identity, *NODE_FILES):
-        st, data = host.stat(path), host.read_file(path)
-        assert st is not None and data is not None, f"{host.hostname}: {path} is missing"
-        facts[path] = (st.st_ino, st.st_mtime_ns, st.st_mode, st.st_uid, st.st_gid, hashlib.sha256(data).hexdigest())
-    return facts
-
-
-def agent_process(host: Any, cluster: Any) -> tuple[str, str]:
-    """(MainPID, start time) of the agent's service."""
-    rc, out = ssh(host, cluster, "systemctl show -p MainPID -p ExecMainStartTimestampMonotonic --value llmgw-agent")
-    assert rc == 0, out
-    pid, started = out.split()
-    assert pid != "0", f"{host.hostname}: the agent is not running"
-    return pid, started
-
-
-def serials(stack: Any, hosts: list[Any]) -> dict[str, Any]:
-    """node -> (serial recorded in state, serial of the certificate on the node)."""
-    recorded = {r["urn"].split("::")[-1]: r["outputs"]["serial"] for r in stack.export()["resources"]
-                if r["type"].endswith("ClientCertificate")}
-    on_node = {h.hostname: x509.load_pem_x509_certificate(h.read_file(f"{IDENTITY_DIR}/agent.pem")).serial_number
-               for h in hosts}
-    return {h.hostname: (recorded.get(h.hostname), on_node[h.hostname]) for h in hosts}
-
-
-def steps_taken(run: Any) -> dict[str, list[str]]:
-    """Type::name -> the steps the engine took for it other than "same" (update, create-replacement, ...)."""
-    steps: dict[str, list[str]] = {}
-    for event in run.events:
-        meta = (event.get("resourcePreEvent") or {}).get("metadata")
-        if meta and meta["op"] != "same":
-            urn = meta["urn"]
-            steps.setdefault(f"{urn.split('::')[-2].split(':')[-1]}::{urn.split('::')[-1]}", []).append(meta["op"])
-    return steps
 
 
 def streams(cluster: Any, ids: set[str], since: int) -> dict[str, list[str]]:

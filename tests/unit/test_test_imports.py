@@ -14,15 +14,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-E2E_NOT_MOVED_YET = {
-    ("tests/e2e/test_any_machine.py", "tests.e2e.test_postgres_backend"),
-    ("tests/e2e/test_languages.py", "tests.e2e.test_examples"),
-    ("tests/e2e/test_provider_processes.py", "tests.e2e.test_upgrade"),
-    ("tests/e2e/test_security.py", "tests.e2e.test_faults"),
-    ("tests/e2e/test_upgrade.py", "tests.e2e.test_lifecycle"),
-}
-"""End-to-end test modules that still import another one's fixtures and helpers: each is to move to a helper
-module or tests/e2e/conftest.py like the unit tests' did, and its line here to go with it."""
 
 
 def imported(source: str, package: str) -> Iterator[tuple[int, str]]:
@@ -76,14 +67,9 @@ def test_each_way_of_importing_a_test_module_is_found(line: str) -> None:
 
 
 def test_no_test_module_imports_another() -> None:
-    found = imports_of_test_modules("tests") - E2E_NOT_MOVED_YET
+    found = imports_of_test_modules("tests")
     assert not found, ("these import a test module; move what they share to a helper module named for what it "
                        f"holds, or its fixtures to conftest.py: {sorted(found)}")
-
-
-def test_the_end_to_end_modules_not_moved_yet_still_import_what_they_are_listed_for() -> None:
-    stale = E2E_NOT_MOVED_YET - imports_of_test_modules("tests/e2e")
-    assert not stale, f"these no longer import a test module: remove them from E2E_NOT_MOVED_YET: {sorted(stale)}"
 
 
 @pytest.mark.parametrize("folder", ["bench", "lab"])
