@@ -373,47 +373,47 @@ def test_a_pull_request_that_changes_a_trust_root_shows_its_row_and_fails_unless
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(tmp_path / "other")], check=True)
     other_key = (tmp_path / "other.pub").read_text().strip()
     signer_program = "/usr/bin/true"
-    changes = {
-        # A pull request points the signer at another program, with the same CA certificate.
-        "signer.command": ({**config, "signer": {"kind": "command", "ca": str(cluster.pki_dir / "ca.pem"),
-                                                 "command": [signer_program]}},
-                           [("signer.kind", "pkiDir", "command"), ("signer.command", "none", signer_program)]),
-        # A pull request swaps the release signing key.
-        "agent.signingKey": ({**config, "agent": {**config["agent"], "signingKey": other_key}},
-                             [("agent.signingKey", fingerprint(cluster.release_signing_key, tmp_path),
-                               fingerprint(other_key, tmp_path))]),
-    }
-    for name, (changed, rows) in changes.items():
-        stack.set_config(changed)
-        out = f"out-{name}"
-        refused = ci(stack, "preview.sh", stack.name, out, policy_config(stack, {}))  # the base allows nothing
-        summary = (stack.work_dir / out / "summary.md").read_text()
-        print("\n" + summary)
-        assert refused.returncode != 0, refused.stdout + refused.stderr
-        for setting, old, new in rows:
-            assert row(summary, f"trust root `{setting}` changed: `{old}` → `{new}`") == ids, (setting, summary)
-        assert row(summary, "untouched") == ids  # nothing on the nodes changes
-        assert "**Policies: a mandatory rule is violated**" in summary
-        violated = summary.split("Mandatory rules violated:\n")[1].splitlines()
-        (line,) = [v for v in violated if v.startswith("- `trust-roots-unchanged` (")]
-        assert expand(line.split(" — on ")[1].split(":", 1)[1]) == ids, line
-        assert_marker_only_in_code(summary.replace(ids[0], f"{ids[0]} {MARKER}", 1))  # no link, HTML or mention
-        if name == "signer.command":  # the merge job's `up` is judged by the same rule, before anything changes
-            merged = ci(stack, "up.sh", stack.name, policy_config(stack, {}))
-            assert merged.returncode != 0 and "trust-roots-unchanged" in merged.stdout, merged.stdout + merged.stderr
-            assert not [r for r in stack.export()["resources"]
-                        if r["type"].endswith("ClientCertificate") and r["inputs"].get("signer")]
+    # One pull request changes two trust roots: it points the signer at another program (the same CA certificate)
+    # and swaps the release signing key. Each has its own row, and approving one does not approve the other.
+    changed = {**config, "signer": {"kind": "command", "ca": str(cluster.pki_dir / "ca.pem"), "command": [signer_program]},
+               "agent": {**config["agent"], "signingKey": other_key}}
+    rows = {"signer": [("signer.kind", "pkiDir", "command"), ("signer.command", "none", signer_program)],
+            "signing key": [("agent.signingKey", fingerprint(cluster.release_signing_key, tmp_path),
+                             fingerprint(other_key, tmp_path))]}
+    every_row = [r for kind in rows.values() for r in kind]
+    stack.set_config(changed)
+    out = "out"
+    refused = ci(stack, "preview.sh", stack.name, out, policy_config(stack, {}))  # the base allows nothing
+    summary = (stack.work_dir / out / "summary.md").read_text()
+    print("\n" + summary)
+    assert refused.returncode != 0, refused.stdout + refused.stderr
+    for setting, old, new in every_row:
+        assert row(summary, f"trust root `{setting}` changed: `{old}` → `{new}`") == ids, (setting, summary)
+    assert row(summary, "untouched") == ids  # nothing on the nodes changes
+    assert "**Policies: a mandatory rule is violated**" in summary
+    violated = summary.split("Mandatory rules violated:\n")[1].splitlines()
+    (line,) = [v for v in violated if v.startswith("- `trust-roots-unchanged` (")]
+    assert expand(line.split(" — on ")[1].split(":", 1)[1]) == ids, line
+    assert_marker_only_in_code(summary.replace(ids[0], f"{ids[0]} {MARKER}", 1))  # no link, HTML or mention
+    # The merge job's `up` is judged by the same rule, before anything changes.
+    merged = ci(stack, "up.sh", stack.name, policy_config(stack, {}))
+    assert merged.returncode != 0 and "trust-roots-unchanged" in merged.stdout, merged.stdout + merged.stderr
+    assert not [r for r in stack.export()["resources"]
+                if r["type"].endswith("ClientCertificate") and r["inputs"].get("signer")]
 
-        allowed = [{"setting": setting, "to": new} for setting, _, new in rows]
-        base = policy_config(stack, {"trust-roots-unchanged": {"allowed": allowed}})
-        passed = ci(stack, "preview.sh", stack.name, out, base)
-        summary = (stack.work_dir / out / "summary.md").read_text()
-        assert passed.returncode == 0, passed.stdout + passed.stderr + summary
-        assert "**Policies: no mandatory rule is violated**" in summary and "trust-roots-unchanged" not in summary
-        for setting, old, new in rows:  # still shown: approved is not hidden
-            assert row(summary, f"trust root `{setting}` changed: `{old}` → `{new}`") == ids, (setting, summary)
-        if name == "agent.signingKey":  # approving one value is not approving another
-            wrong = [{**a, "to": fingerprint(cluster.release_signing_key, tmp_path)} for a in allowed]
-            assert ci(stack, "preview.sh", stack.name, out,
-                      policy_config(stack, {"trust-roots-unchanged": {"allowed": wrong}})).returncode != 0
+    def allow(*kinds: str) -> list[dict[str, str]]:
+        return [{"setting": setting, "to": new} for kind in kinds for setting, _, new in rows[kind]]
+
+    # Approving one change, or another value than the one made, does not approve the other (the pack's verdict).
+    wrong_key = [{**a, "to": fingerprint(cluster.release_signing_key, tmp_path)} for a in allow("signing key")]
+    for partly in (allow("signing key"), allow("signer") + wrong_key):
+        verdict = policy_preview(stack, {"trust-roots-unchanged": {"allowed": partly}})
+        assert verdict.returncode != 0 and "trust-roots-unchanged" in verdict.stdout + verdict.stderr, partly
+    base = policy_config(stack, {"trust-roots-unchanged": {"allowed": allow("signer", "signing key")}})
+    passed = ci(stack, "preview.sh", stack.name, out, base)
+    summary = (stack.work_dir / out / "summary.md").read_text()
+    assert passed.returncode == 0, passed.stdout + passed.stderr + summary
+    assert "**Policies: no mandatory rule is violated**" in summary and "trust-roots-unchanged" not in summary
+    for setting, old, new in every_row:  # still shown: approved is not hidden
+        assert row(summary, f"trust root `{setting}` changed: `{old}` → `{new}`") == ids, (setting, summary)
     stack.set_config(config)
