@@ -9,9 +9,9 @@
 # version, the schema this package serves (what the SDK is generated from, read
 # from the component provider in-process: a change to the package that leaves
 # the schema as it was reuses the SDK), PulumiPlugin.yaml and the example's
-# files; any change to one of them runs the command again. The project's Pulumi.yaml names the
-# repository it was made from (`packages: llmgw: <path>`): a copy made for
-# another checkout is pointed at that checkout.
+# files; any change to one of them runs the command again. The project's
+# Pulumi.yaml names the repository it was made from (`packages: llmgw: <path>`):
+# a copy made for another checkout is pointed at that checkout.
 # Run scripts/engine.sh first (this runs scripts/language-hosts.sh). Prints the
 # directory holding the <lang>-<key> directories, then the key of each
 # language as "<lang> <key>".
@@ -68,10 +68,12 @@ add() {  # $1: typescript or go, $2: its key
   log "$lang's SDK generated in $(( $(date +%s) - start ))s"
 }
 
-# \`pulumi package add\` also leaves the plugin's virtualenv in the checkout it names (.venv-plugin,
-# PulumiPlugin.yaml), where the engine runs the component from. A checkout that found the SDK cached (made
-# from the same sources in another checkout) gets the same virtualenv: the package editable at the pinned
-# versions (requirements.txt), which is what scripts/install.sh put in .venv; copied, under the same lock.
+# `pulumi package add` also leaves the plugin's virtualenv in the checkout it
+# names (.venv-plugin, PulumiPlugin.yaml), where the engine runs the component
+# from. A checkout that finds the SDKs cached (made in another checkout from the
+# same schema) gets the same virtualenv: the package editable at the pinned
+# versions (requirements.txt), which is what scripts/install.sh put in .venv;
+# copied, under the cache's lock, before any SDK is generated.
 ensure_plugin_venv() {
   [ -x "$HERE/.venv-plugin/bin/python" ] && return
   log "plugin virtualenv .venv-plugin (a copy of .venv)"

@@ -17,7 +17,7 @@ import pytest
 from llmgw_pulumi import decisions, fleet_review, review
 from llmgw_pulumi.decisions import CA_CHANGED, EXPIRES, KEY_LOST, KEY_ORIGIN_CHANGED
 from llmgw_pulumi.providers import certificate
-from tests.unit import AGENT_YAML_COMMENTS, RELEASE_KEY, Mocks
+from tests.unit import AGENT_YAML_COMMENTS, RELEASE_KEY, Mocks, fake_pem
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 HOUR = dt.timedelta(hours=1)
@@ -135,8 +135,7 @@ OPERATOR_SIDE_CHANGES = [
     ("connection.user", {"connection": {**CONN, "user": "ops"}}),
     ("connection.wait", {"connection": {**CONN, "wait": 1.0}}),
     ("connection.jump", {"connection": {**CONN, "jump": [{"address": "deploy@127.0.0.1:1"}]}}),
-    ("connection.private_key", {"connection": {**CONN, "private_key": "-----BEGIN OPENSSH PRIVATE KEY-----\nQQ==\n"
-                                                                     "-----END OPENSSH PRIVATE KEY-----\n"}}),
+    ("connection.private_key", {"connection": {**CONN, "private_key": fake_pem("OPENSSH PRIVATE KEY", "QQ==")}}),
     ("connection.private_key_path", {"connection": {**CONN, "private_key_path": "/k/id_other"}}),
     ("connection.passphrase", {"connection": {**CONN, "passphrase": "new"}}),
     ("known_jump_host_keys", {"known_jump_host_keys": {"127.0.0.1:1": "ssh-ed25519 AAAAB"}}),
