@@ -15,6 +15,8 @@ if pulumi.runtime.settings.get_monitor() is None and len(sys.argv) > 1:
 
     serve()
 else:
-    from llmgw_pulumi.program import run
+    from llmgw_pulumi import program
 
-    run()
+    if hasattr(program, "exit_quietly_on_interrupt"):  # the upgrade tests run versions without it
+        program.exit_quietly_on_interrupt()
+    program.run()

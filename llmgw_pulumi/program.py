@@ -11,7 +11,10 @@ import datetime as dt
 import functools
 import hashlib
 import os
+import signal
 import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +237,24 @@ def next_steps(node_ids: list[str]) -> dict[str, Any]:
 LANGUAGE_HOST_SHOWN_EXIT = 32
 """The exit code by which a program tells pulumi-language-python it already showed the operator an actionable
 error (``pythonProcessExitedAfterShowingUserActionableMessage``), so the host adds none of its own."""
+
+
+def exit_quietly_on_interrupt() -> None:
+    """`__main__.py`, before ``run``: SIGINT ends the program at once, with LANGUAGE_HOST_SHOWN_EXIT and no traceback.
+
+    The engine interrupts the program when a resource fails (and when the operator presses Ctrl-C); by default
+    Python raises KeyboardInterrupt wherever the language host's event loop waits, and prints two tracebacks of
+    the SDK's and asyncio's frames under the stack. What failed is already said, under its resource and at the
+    end of the run (``providers._diagnostics.report_failed``); the program has nothing to add. Only a stack
+    program's main thread installs it (a test or a program of the operator's own keeps Python's default)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _interrupted)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(LANGUAGE_HOST_SHOWN_EXIT)
 
 
 def run() -> None:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pulumi
 import pytest
@@ -146,3 +149,18 @@ def test_up_exports_the_next_steps(stack_config: None, monkeypatch: pytest.Monke
     }, [])
     program.main()
     assert exported["nextSteps"] == NEXT_STEPS_FOR_TWO
+
+
+INTERRUPTED = """
+import os, signal, time
+from llmgw_pulumi import program
+program.exit_quietly_on_interrupt()
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(30)
+"""
+
+
+def test_the_stack_program_ends_silently_when_the_engine_interrupts_it():
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert (done.returncode, done.stdout, done.stderr) == (program.LANGUAGE_HOST_SHOWN_EXIT, "", "")
