@@ -108,10 +108,21 @@ def _engine_address() -> str | None:
 
 
 def install() -> None:
-    """Route the package's INFO and WARNING records to the engine (once per process)."""
+    """Route the package's INFO and WARNING records to the engine (once per process); in a dynamic-provider
+    process, errors shown without Python frames (``quiet_tracebacks``)."""
     logger = logging.getLogger("llmgw_pulumi")
     if any(isinstance(h, _EngineHandler) for h in logger.handlers):
         return
+    if _engine_address() is not None:
+        quiet_tracebacks()
     logger.addHandler(_EngineHandler(_engine_address()))
     logger.setLevel(logging.INFO)
     logger.propagate = False
+
+
+def quiet_tracebacks() -> None:
+    """The SDK's dynamic-provider server answers a failed call with ``traceback.format_exc()``, which the CLI
+    prints under the resource: its own frames, then the package's. With ``sys.tracebacklimit`` 0 that is the
+    error's class and message alone; the package's errors say what happened and the fix, and an unexpected
+    error keeps the package's frames as a note (``_glue.operator_errors``). Only in a provider process."""
+    sys.tracebacklimit = 0

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import logging
 import sys
+import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, TypeVar
@@ -188,7 +189,8 @@ def outputs(props: Mapping[str, Any], **computed: Any) -> dict[str, Any]:
 
 def operator_errors(fn: F) -> F:
     """Wrap a provider's create/update/read/delete: what it logs is shown under its resource, the
-    package's errors carry a one-frame traceback, and a ConfigError is a pulumi.RunError too.
+    package's errors carry a one-frame traceback (none in a provider process: ``_diagnostics.quiet_tracebacks``),
+    and a ConfigError is a pulumi.RunError too.
 
     The resource is the one the engine's request names (``_diagnostics.about``). The
     engine shows a provider's whole traceback; for an error that already says
@@ -198,11 +200,15 @@ def operator_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         _diagnostics.install()
-        try:
-            with _diagnostics.about(), pulumi_errors():
-                return fn(*args, **kwargs)
-        except LlmgwError as exc:
-            raise exc.with_traceback(None) from None
+        with _diagnostics.about():
+            try:
+                with pulumi_errors():
+                    return fn(*args, **kwargs)
+            except LlmgwError as exc:
+                raise exc.with_traceback(None) from None
+            except Exception as exc:  # a bug: its frames in the package, which quiet_tracebacks leaves out of the message
+                exc.add_note("".join(traceback.format_tb(exc.__traceback__, limit=64)).rstrip())
+                raise
 
     return wrapper  # type: ignore[return-value]
 

@@ -46,6 +46,16 @@ class LoggingProvider(ResourceProvider):
         return CreateResult("gpu-07", {"urn_seen": _diagnostics._urn.get() or ""})
 
 
+class FailingProvider(ResourceProvider):
+    """Fails as a provider does: with the package's error for an unreachable node, or with a bug (``props['bug']``)."""
+
+    @_glue.operator_errors
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        if props.get("bug"):
+            return {}["a key"]  # type: ignore[no-any-return]
+        raise errors.UnreachableError("gpu-07", "cannot reach deploy@10.0.0.7 over ssh after 5s\n(last error: refused)")
+
+
 class Engine(engine_pb2_grpc.EngineServicer):
     def __init__(self) -> None:
         self.logs: list[Any] = []
@@ -88,13 +98,13 @@ def dynamic_provider(engine: tuple[Engine, str]) -> Iterator[Any]:
         proc.wait()
 
 
-def create_request(urn: str) -> Any:
+def create_request(urn: str, provider: ResourceProvider | None = None, **inputs: Any) -> Any:
     # A loop of its own, not asyncio.run: that leaves the thread without an event loop, and a later test in this
     # process that makes an Output outside one (pulumi.Config.get_secret in test_program) would fail.
     loop = asyncio.new_event_loop()
     try:
         props = loop.run_until_complete(
-            rpc.serialize_properties({"__provider": serialize_provider(LoggingProvider())}, {}))
+            rpc.serialize_properties({"__provider": serialize_provider(provider or LoggingProvider()), **inputs}, {}))
     finally:
         loop.close()
     return provider_pb2.CreateRequest(urn=urn, properties=props)
@@ -142,3 +152,25 @@ def test_a_config_error_leaves_a_provider_operation_as_a_run_error_with_one_fram
     assert isinstance(err.value, pulumi.RunError)
     assert (err.value.node, err.value.field) == ("gpu-07", "binary_path")
     assert [f.name for f in traceback.extract_tb(err.value.__traceback__) if "/llmgw_pulumi/" in f.filename] == ["wrapper"]
+
+
+def test_a_failed_node_is_said_under_its_resource_without_frames(engine, dynamic_provider):
+    double, _ = engine
+    with pytest.raises(grpc.RpcError) as failed:
+        dynamic_provider.Create(create_request(URN, FailingProvider()), timeout=60)
+    shown = failed.value.details()
+    # What the CLI prints under the resource: the error's class and whole message, no frame of the SDK's or ours.
+    assert "Traceback" not in shown and "File " not in shown, shown
+    assert shown.startswith("llmgw_pulumi.errors.UnreachableError: gpu-07: cannot reach deploy@10.0.0.7"), shown
+    assert "fix: check the address" in shown
+
+
+def test_a_bug_keeps_the_packages_frames_and_is_no_node_failure(engine, dynamic_provider):
+    double, _ = engine
+    with pytest.raises(grpc.RpcError) as failed:
+        dynamic_provider.Create(create_request(URN, FailingProvider(), bug=True), timeout=60)
+    shown = failed.value.details()
+    assert shown.startswith("KeyError: 'a key'"), shown
+    assert "test_diagnostics.py" in shown and "in create" in shown, shown  # where the bug is
+    assert "pulumi/dynamic/__main__.py" not in shown, shown  # not where the SDK called it
+    assert double.logs == []
