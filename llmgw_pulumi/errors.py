@@ -84,6 +84,26 @@ class LlmgwError(Exception):
             text = f"{text}\n  fix: {self.fix}"
         super().__init__(text)
 
+    def summary(self) -> str:
+        """The error as one line of the end-of-run list of failed nodes (``failed_line``): the node, the first line
+        of what happened and of its fix."""
+        return failed_line(self.node, self.message, self.fix)
+
+
+SUMMARY_WIDTH = 240
+"""The most characters of a reason, and of a fix, in a failed node's line at the end of a run."""
+
+
+def failed_line(node: str, reason: str, fix: str = "") -> str:
+    """``"<node> failed: <reason's first line> (fix: <fix's first line>)"``, each part cut at SUMMARY_WIDTH: one line per
+    failed node, so that the end of a failed run's output lists every node that failed, and why, on one screen."""
+    def first(text: str) -> str:
+        line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+        return line if len(line) <= SUMMARY_WIDTH else line[:SUMMARY_WIDTH - 3] + "..."
+
+    line = f"{node or '?'} failed: {first(reason) or 'no reason given'}"
+    return f"{line} (fix: {first(fix)})" if first(fix) else line
+
 
 # --------------------------------------------------------------------------- the config
 

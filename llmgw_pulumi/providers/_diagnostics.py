@@ -126,3 +126,35 @@ def quiet_tracebacks() -> None:
     error's class and message alone; the package's errors say what happened and the fix, and an unexpected
     error keeps the package's frames as a note (``_glue.operator_errors``). Only in a provider process."""
     sys.tracebacklimit = 0
+
+
+STACK_TYPE = "pulumi:pulumi:Stack"
+
+
+def stack_urn(urn: str) -> str | None:
+    """The URN of the stack a resource's URN belongs to (``urn:pulumi:<stack>::<project>::...``), or None."""
+    parts = urn.split("::")
+    if len(parts) < 4 or not parts[0].startswith("urn:pulumi:"):
+        return None
+    stack, project = parts[0].removeprefix("urn:pulumi:"), parts[1]
+    return f"urn:pulumi:{stack}::{project}::{STACK_TYPE}::{project}-{stack}"
+
+
+def report_failed(line: str) -> None:
+    """Say, as an error of the stack, that a node failed (``errors.failed_line``). The CLI prints the stack's
+    diagnostics after every resource's, at the end of the run: each failed node's line there, once, makes one
+    list of the nodes that failed, whichever provider process each ran in. Outside a provider process, stderr."""
+    message = printable(line, keep="")
+    urn = _urn.get()
+    stack = stack_urn(urn) if urn else None
+    handler = next((h for h in logging.getLogger("llmgw_pulumi").handlers if isinstance(h, _EngineHandler)), None)
+    engine = handler._engine() if handler is not None and stack else None
+    if engine is not None and stack is not None:
+        from pulumi.runtime.proto import engine_pb2
+
+        try:
+            engine.Log(engine_pb2.LogRequest(severity=engine_pb2.ERROR, message=message, urn=stack), timeout=10)
+            return
+        except Exception:  # the engine went away
+            pass
+    print(f"error: {message}", file=sys.stderr, flush=True)

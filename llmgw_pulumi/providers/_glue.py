@@ -189,8 +189,9 @@ def outputs(props: Mapping[str, Any], **computed: Any) -> dict[str, Any]:
 
 def operator_errors(fn: F) -> F:
     """Wrap a provider's create/update/read/delete: what it logs is shown under its resource, the
-    package's errors carry a one-frame traceback (none in a provider process: ``_diagnostics.quiet_tracebacks``),
-    and a ConfigError is a pulumi.RunError too.
+    package's errors carry a one-frame traceback (none in a provider process: ``_diagnostics.quiet_tracebacks``)
+    and are said once more, in one line, as an error of the stack (``_diagnostics.report_failed``), and a
+    ConfigError is a pulumi.RunError too.
 
     The resource is the one the engine's request names (``_diagnostics.about``). The
     engine shows a provider's whole traceback; for an error that already says
@@ -205,6 +206,7 @@ def operator_errors(fn: F) -> F:
                 with pulumi_errors():
                     return fn(*args, **kwargs)
             except LlmgwError as exc:
+                _diagnostics.report_failed(exc.summary())  # the line of the end-of-run list of failed nodes
                 raise exc.with_traceback(None) from None
             except Exception as exc:  # a bug: its frames in the package, which quiet_tracebacks leaves out of the message
                 exc.add_note("".join(traceback.format_tb(exc.__traceback__, limit=64)).rstrip())

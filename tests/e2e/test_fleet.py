@@ -416,3 +416,37 @@ def test_nodes_behind_one_bastion_are_onboarded_through_it(cluster, hosts, new_s
     refused = stack.refresh()
     assert not refused.ok
     assert f"{bastion.addr} presented host key" in refused.output and "refusing" in refused.output, refused.output
+
+
+# --------------------------------------------------------------------------- a failed run on one screen
+
+
+def stack_section(output: str, stack: str) -> list[str]:
+    """The lines the CLI prints under the stack's own diagnostics (``pulumi:pulumi:Stack (llmgw-<stack>):``), up
+    to the next section. (The CLI orders the Diagnostics' sections as a Go map, so the stack's is not always last.)"""
+    lines = output.splitlines()
+    start = max(i for i, line in enumerate(lines) if line.strip() == f"pulumi:pulumi:Stack (llmgw-{stack}):")
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].strip() or lines[i].startswith("Resources:"))
+    return [line.strip() for line in lines[start + 1:end]]
+
+
+def test_a_failed_fleet_run_lists_the_failed_nodes_and_their_reasons_once(cluster, hosts, new_stack):
+    down = hosts(2, start=False)  # prepared, never booted: nothing answers at their addresses
+    up_hosts = hosts(10)
+    # The unreachable nodes first: their steps start before the first failure stops the engine starting others.
+    config = stack_config(cluster, [*down, *up_hosts],
+                          ssh={"user": "deploy", "privateKeyPath": str(cluster.ssh_key_path), "wait": 5})
+    stack = new_stack(config)
+    up = stack.up()
+    assert not up.ok
+    # Neither the providers' nor the program's frames: the engine interrupts the program when a node fails.
+    assert "Traceback" not in up.output and "KeyboardInterrupt" not in up.output, up.output
+    # The stack's diagnostics: one line per failed node, the first line of its reason and its fix, each once.
+    failed = [line for line in stack_section(up.output, stack.name) if " failed: " in line]
+    assert sorted(line.removeprefix("error: ").split(" failed: ")[0] for line in failed) == \
+        sorted(h.hostname for h in down), up.output
+    for h in down:
+        (line,) = [line for line in failed if line.startswith(f"error: {h.hostname} failed: ")]
+        assert f"cannot reach deploy@{h.addr} over ssh after 5s" in line and "(fix: check the address" in line, line
+    summary = up.output[up.output.index("\nDiagnostics:"):]
+    assert all(summary.count(line) == 1 for line in failed), summary

@@ -154,7 +154,11 @@ def test_a_config_error_leaves_a_provider_operation_as_a_run_error_with_one_fram
     assert [f.name for f in traceback.extract_tb(err.value.__traceback__) if "/llmgw_pulumi/" in f.filename] == ["wrapper"]
 
 
-def test_a_failed_node_is_said_under_its_resource_without_frames(engine, dynamic_provider):
+STACK_URN = "urn:pulumi:prod::llmgw::pulumi:pulumi:Stack::llmgw-prod"
+
+
+def test_a_failed_node_is_said_under_its_resource_without_frames_and_once_as_an_error_of_the_stack(
+        engine, dynamic_provider):
     double, _ = engine
     with pytest.raises(grpc.RpcError) as failed:
         dynamic_provider.Create(create_request(URN, FailingProvider()), timeout=60)
@@ -163,6 +167,11 @@ def test_a_failed_node_is_said_under_its_resource_without_frames(engine, dynamic
     assert "Traceback" not in shown and "File " not in shown, shown
     assert shown.startswith("llmgw_pulumi.errors.UnreachableError: gpu-07: cannot reach deploy@10.0.0.7"), shown
     assert "fix: check the address" in shown
+    # And one line at the stack, which the CLI prints in the stack's own section of Diagnostics.
+    sent = [(r.urn, r.message, r.severity) for r in double.logs]
+    assert sent == [(STACK_URN, "gpu-07 failed: cannot reach deploy@10.0.0.7 over ssh after 5s (fix: check the address, "
+                     "that sshd runs and that nothing filters the SSH port; raise llmgw:ssh.wait (ConnectionArgs.wait) "
+                     "for slow boots)", engine_pb2.ERROR)], sent
 
 
 def test_a_bug_keeps_the_packages_frames_and_is_no_node_failure(engine, dynamic_provider):
@@ -174,3 +183,19 @@ def test_a_bug_keeps_the_packages_frames_and_is_no_node_failure(engine, dynamic_
     assert "test_diagnostics.py" in shown and "in create" in shown, shown  # where the bug is
     assert "pulumi/dynamic/__main__.py" not in shown, shown  # not where the SDK called it
     assert double.logs == []
+
+
+def test_the_stack_urn_of_a_resource_urn():
+    assert _diagnostics.stack_urn(URN) == STACK_URN
+    assert _diagnostics.stack_urn("urn:pulumi:a-b::proj::pulumi:pulumi:Stack::proj-a-b") == \
+        "urn:pulumi:a-b::proj::pulumi:pulumi:Stack::proj-a-b"
+    assert _diagnostics.stack_urn("not a urn") is None
+
+
+def test_a_failed_nodes_line_is_the_first_line_of_its_reason_and_of_its_fix():
+    exc = errors.RemoteCommandError("gpu-07", "installing the agent failed (exit 1):\nsecond line", "look\nat the log")
+    assert exc.summary() == "gpu-07 failed: installing the agent failed (exit 1): (fix: look)"
+    assert errors.failed_line("gpu-07", "\n  refused  \nmore") == "gpu-07 failed: refused"  # no fix: none said
+    assert errors.failed_line("", "") == "? failed: no reason given"
+    long = errors.failed_line("gpu-07", "x" * 1000, "y" * 1000)
+    assert long == f"gpu-07 failed: {'x' * (errors.SUMMARY_WIDTH - 3)}... (fix: {'y' * (errors.SUMMARY_WIDTH - 3)}...)"
