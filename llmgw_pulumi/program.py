@@ -327,9 +327,31 @@ def resolve() -> Registration:
     stack_agent = functools.cache(lambda: agent_inputs(spec.agent))  # once, and only when a node uses it
     agents = {n.node_id: agent_inputs(n.agent) if n.agent else stack_agent() for n in spec.nodes}
     pki_dir = os.path.abspath(os.path.expanduser(spec.pki_dir)) if spec.pki_dir else None
+    if pki_dir is not None and (spec.signer is None or spec.signer.kind == signer.KIND_PKI_DIR):
+        refuse_unreadable_pki_dir(pki_dir)
     return Registration(spec, agents, ssh_credentials(spec, secrets), pki_dir, stack_rollout(spec),
                 signer_inputs(spec.signer), secrets.get(stack_config.CA_KEY) if _signs_with_ca_key(spec) else None,
                 secrets.get(stack_config.CA_PASSPHRASE_KEY))
+
+
+def refuse_unreadable_pki_dir(pki_dir: str) -> None:
+    """llmgw:pkiDir (the default signer) when this user cannot read it or its ca.pem: for `pulumi up`, a ConfigError
+    before any node is reached (every node's certificate is signed from it); a preview, which signs nothing (a
+    reviewer's machine has no CA), only warns."""
+    ca = Path(pki_dir) / "ca.pem"
+    if not os.path.isdir(pki_dir) or not os.access(pki_dir, os.R_OK | os.X_OK):
+        problem = f"cannot read {pki_dir}: " + ("it is not a directory" if not os.path.exists(pki_dir) or
+                                                 not os.path.isdir(pki_dir) else "it is not readable by this user")
+    elif not os.access(ca, os.R_OK):
+        problem = f"cannot read {ca}: " + ("it does not exist" if not ca.exists() else "it is not readable by this user")
+    else:
+        return
+    fix = ("point llmgw:pkiDir at the cluster CA's directory (ca.pem and ca-key.pem, as `llmgw ctl cert init-ca` "
+           "makes them), readable by the user running pulumi; or choose another signer (llmgw:signer)")
+    if pulumi.runtime.is_dry_run():
+        pulumi.log.warn(f"llmgw: pkiDir: {problem}; previewing without it; `pulumi up` refuses it (fix: {fix})")
+    else:
+        raise ConfigError("llmgw", "pkiDir", problem, fix)
 
 
 def _signs_with_ca_key(spec: stack_config.StackSpec) -> bool:

@@ -264,6 +264,22 @@ def test_preview_on_a_reviewers_machine_without_ssh_key_or_ca_key(cluster, hosts
     preview = stack.preview(expect_no_changes=True)
     assert preview.ok, preview.output
 
+    # Without the PKI dir itself, or only without its ca.pem: a warning in preview; `up` refuses before any node.
+    shutil.copy(cluster.ssh_key_path, key_path)
+    hidden.rename(pki_dir / "ca-key.pem")
+    for missing, shown in ((pki_dir, f"cannot read {pki_dir}: it is not a directory"),
+                           (pki_dir / "ca.pem", f"cannot read {pki_dir / 'ca.pem'}: it does not exist")):
+        missing.rename(tmp_path / "moved")
+        preview = stack.preview(expect_no_changes=True)
+        assert preview.ok, preview.output
+        assert f"llmgw: pkiDir: {shown}; previewing without it; `pulumi up` refuses it" in preview.output, preview.output
+        opens = h.passive_tcp_opens()
+        up = stack.up()
+        assert not up.ok
+        assert f"llmgw: pkiDir: {shown}" in up.output and "fix: point llmgw:pkiDir at" in up.output, up.output
+        assert h.passive_tcp_opens() == opens and not up.changes.get("update"), "a node was reached"
+        (tmp_path / "moved").rename(missing)
+
 
 def _key_bodies(*pems: str) -> list[str]:
     """The base64 lines of PEM bodies: what would show if a key leaked."""

@@ -32,8 +32,10 @@ STACK = {
 
 
 @pytest.fixture
-def monitor(monkeypatch: pytest.MonkeyPatch) -> Any:
+def monitor(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
     monkeypatch.delenv("PULUMI_CONFIG", raising=False)
+    (tmp_path / "ca.pem").write_text("not read in these tests")
+    monkeypatch.setitem(STACK, "llmgw:pkiDir", str(tmp_path))  # `up` reads its ca.pem before any node
     m = RecordingMonitor()
     pulumi.runtime.set_mocks(Mocks(), preview=False, monitor=m)
     yield m

@@ -65,7 +65,9 @@ def agent_inputs_of_a_run(build: Path, tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(program, "agent_inputs", spy)
     pulumi.runtime.set_mocks(Mocks(), preview=preview)
     try:
+        (tmp_path / "ca.pem").write_text("not read in this test")  # `up` reads it before any node
         pulumi.runtime.set_all_config({**STACK, "llmgw:agent": json.dumps({"binary": str(build)}),
+                                       "llmgw:pkiDir": str(tmp_path),
                                        "llmgw:ssh": json.dumps({"user": "deploy", "privateKeyPath": str(key)})}, [])
         # Run as the SDK's test decorator runs a program: its outstanding registrations are awaited, so none is
         # left for the next test in this process.

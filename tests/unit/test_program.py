@@ -146,7 +146,9 @@ def test_up_exports_the_next_steps(stack_config: None, monkeypatch: pytest.Monke
                                    "sha256": {"amd64": "ab" * 32}}),
         "llmgw:ssh": json.dumps({"user": "deploy", "privateKeyPath": str(key)}),
         "llmgw:nodes": json.dumps([{"id": "gpu-01", "address": "10.0.0.11"}, {"id": "gpu-02", "address": "10.0.0.12"}]),
+        "llmgw:pkiDir": str(tmp_path),  # `up` reads its ca.pem before any node
     }, [])
+    (tmp_path / "ca.pem").write_text("not read in this test")
     program.main()
     assert exported["nextSteps"] == NEXT_STEPS_FOR_TWO
 
@@ -164,3 +166,30 @@ def test_the_stack_program_ends_silently_when_the_engine_interrupts_it():
     done = subprocess.run([sys.executable, "-c", INTERRUPTED], capture_output=True, text=True, timeout=60,
                           cwd=Path(__file__).resolve().parents[2])
     assert (done.returncode, done.stdout, done.stderr) == (program.LANGUAGE_HOST_SHOWN_EXIT, "", "")
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_an_unreadable_pki_dir_or_ca_pem_warns_in_preview_and_is_refused_by_up(tmp_path, monkeypatch, dry_run):
+    from llmgw_pulumi.errors import ConfigError
+
+    warned: list[str] = []
+    monkeypatch.setattr(pulumi.runtime, "is_dry_run", lambda: dry_run)
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warned.append(message))
+    (tmp_path / "ca.pem").write_text("a CA certificate")
+    program.refuse_unreadable_pki_dir(str(tmp_path))  # readable: nothing said
+    assert warned == []
+    for given, problem in ((tmp_path / "absent", f"cannot read {tmp_path / 'absent'}: it is not a directory"),
+                           (tmp_path / "ca.pem", f"cannot read {tmp_path / 'ca.pem'}: it is not a directory"),
+                           (tmp_path / "empty", f"cannot read {tmp_path / 'empty' / 'ca.pem'}: it does not exist")):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        if dry_run:
+            program.refuse_unreadable_pki_dir(str(given))
+            assert warned.pop() == (f"llmgw: pkiDir: {problem}; previewing without it; `pulumi up` refuses it "
+                                    "(fix: point llmgw:pkiDir at the cluster CA's directory (ca.pem and ca-key.pem, as "
+                                    "`llmgw ctl cert init-ca` makes them), readable by the user running pulumi; or "
+                                    "choose another signer (llmgw:signer))")
+        else:
+            with pytest.raises(ConfigError) as refused:
+                program.refuse_unreadable_pki_dir(str(given))
+            assert (refused.value.node, refused.value.field) == ("llmgw", "pkiDir")
+            assert refused.value.message == f"pkiDir: {problem}" and "point llmgw:pkiDir at" in refused.value.fix
