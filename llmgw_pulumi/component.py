@@ -17,9 +17,12 @@ them with ``stack_config.parse`` itself: a bad value gets the stack config's
 list of every problem, each naming the node, the field and the fix, before
 anything is registered. Then it builds the node (``Node``).
 
-Only ``address`` and ``hostKey`` (a VM's outputs) and the secrets may be
-outputs of other resources; every other input is a plain value, so it is
-checked before anything happens. Its outputs are plain values: hostname,
+Only ``address``, ``hostKey`` and ``servers`` (a VM's outputs, the control
+plane's addresses) and the secrets may be outputs of other resources that are
+unknown until the node's resources run; ``agent`` and ``ssh`` may be outputs
+too, read once known (``settled``: at `up` always; in a preview, refused by name
+while not known yet); every other input is a plain value, so it is checked
+before anything happens. Its outputs are plain values: hostname,
 host key, certificate expiry, agent version, problems, inventory and readiness.
 
 ``depends_on`` and ``replace_with`` given to the component reach its four
@@ -27,6 +30,7 @@ resources, and each node runs in its shard's provider process
 (llmgw_pulumi.shards), as with the Python ``Node``.
 """
 
+import asyncio
 import dataclasses
 import os
 import subprocess
@@ -40,7 +44,7 @@ from pulumi.errors import InputPropertiesError
 from pulumi.output import Unknown
 
 from . import child_env, decisions, errors, program, rollout, specs, stack_config
-from .component_types import OUTPUT_CAPABLE, RENAMED, Inventory, input_type, inventory_output
+from .component_types import OUTPUT_CAPABLE, RENAMED, SETTLED, Inventory, input_type, inventory_output
 from .component_types import SECRETS as SECRETS  # the names of the component's types, importable from here too
 from .component_types import declared_settings as declared_settings
 from .component_types import schema_descriptions as schema_descriptions
@@ -96,6 +100,26 @@ def _known(value: Any) -> Any:
     return value
 
 
+def settled(value: Any) -> Any:
+    """``value`` with each output whose value is already there replaced by that value (nested too); an output not
+    known yet stays. The engine hands a construct call an input that depends on other resources as an output that
+    is already resolved (pulumi.provider.server: its data set before the component is made), so a SETTLED input
+    (``agent``, ``ssh``) computed by the program from known values is read here, before anything is registered."""
+    if isinstance(value, pulumi.Output):
+        data = getattr(value, "_data", None)  # the SDK's resolved data (pulumi.output.Output._from_data)
+        if not isinstance(data, asyncio.Future) or not data.done() or data.exception() is not None:
+            return value
+        resolved = data.result()
+        if not resolved.is_known or specs.is_unknown(resolved.value):
+            return value
+        return settled(resolved.value)
+    if isinstance(value, Mapping):
+        return {k: settled(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [settled(v) for v in value]
+    return value
+
+
 def parse(name: str, inputs: Mapping[str, Any]) -> Parsed:
     """The component's inputs (stack-config keys) checked by ``stack_config.parse`` as a one-node stack.
 
@@ -104,6 +128,7 @@ def parse(name: str, inputs: Mapping[str, Any]) -> Parsed:
     node_keys = set(stack_config.NODE_SCHEMA) - {"agent", "servers", "failOnEngineProblems"}
     spelled = {v: k for k, v in RENAMED.items()}
     given = {spelled.get(k, k): v for k, v in inputs.items() if v is not None}
+    given.update({k: settled(given[k]) for k in SETTLED if k in given})
     secrets = {k: v if isinstance(v, pulumi.Output) else pulumi.Output.secret(v)
                for k, v in given.items() if k in SECRETS}
     # An input holding an output anywhere (a list of servers, one of them another resource's) is one Output.
@@ -111,7 +136,13 @@ def parse(name: str, inputs: Mapping[str, Any]) -> Parsed:
                if k in OUTPUT_CAPABLE and specs.is_unknown(_known(v))}
     problems: list[tuple[str, str, str, str]] = []
     for key, value in given.items():
-        if key not in (*OUTPUT_CAPABLE, *SECRETS) and specs.is_unknown(_known(value)):
+        if key in SETTLED and specs.is_unknown(_known(value)):
+            problems.append((f"node {name}", key, "is an output not known yet in this preview (of a resource this "
+                             "deployment creates): the release is approved and the SSH key found before the node is "
+                             "registered", f"compute {key} from values known before the deployment (config, another "
+                             "stack's outputs, a resource that exists), or run `pulumi up` without a preview "
+                             "(`--skip-preview`): at `up` it is known"))
+        elif key not in (*OUTPUT_CAPABLE, *SETTLED, *SECRETS) and specs.is_unknown(_known(value)):
             problems.append((f"node {name}", key, "is another resource's output, which cannot be checked before the "
                              "node is registered", f"give {key} as a plain value; only {', '.join(OUTPUT_CAPABLE[:-1])} "
                              f"and {OUTPUT_CAPABLE[-1]} may be outputs (a VM's address and host key, the control "

@@ -36,6 +36,17 @@ OUTPUT_CAPABLE = ("address", "hostKey", "servers")
 and host key), and the control plane's servers (another stack's or resource's addresses). Each is checked by the
 resource it reaches, once it is known."""
 
+SETTLED = ("agent", "ssh")
+"""The inputs that may be other resources' outputs but are needed when the node is constructed (the release is
+approved and the SSH key found before anything is registered): accepted once known, as they are at `up` and in a
+preview when they come from config, another stack or a resource that exists; a preview in which one is not known
+yet (an output of a resource the same deployment creates) refuses it by name (``component.parse``)."""
+
+SETTLED_DOC = (" May be an output of another resource: it is read once known (always at `up`); in a preview, an output"
+               " not known yet (of a resource this deployment creates) is refused, as the release is approved and the"
+               " SSH key found before the node is registered.")
+"""What the component schema's descriptions of the SETTLED inputs add (``schema_descriptions``)."""
+
 SECRETS = {stack_config.SECRET_KEY: "private_key", stack_config.PASSPHRASE_KEY: "passphrase",
            stack_config.CA_PASSPHRASE_KEY: "ca_key_passphrase", stack_config.CA_KEY: "ca_key"}
 """The secret settings, which the stack config reads with ``--secret``: here, inputs (made secret)."""
@@ -238,14 +249,15 @@ def input_type() -> type:
     """The component's input type: one node's settings, spelled as in the stack config."""
     return _typed_dict("NodeArgs", declared_settings(), "One node's settings, as the stack config gives them.",
                        required=(RENAMED["id"], "address"),
-                       inputs=(*OUTPUT_CAPABLE, *SECRETS))
+                       inputs=(*OUTPUT_CAPABLE, *SETTLED, *SECRETS))
 
 
 def schema_descriptions(schema: dict[str, Any], nodejs_package: str, go_import_path: str) -> dict[str, Any]:
     """The package schema with each input property documented from its declaration (the analyzer reads
     docs from source, which generated types do not have), the secret settings (``SECRETS``) marked
     ``secret`` (the analyzer has no way to say so, and an SDK then keeps them secret wherever they are given),
-    and the SDKs' own names: the npm package and the Go import path."""
+    how the SETTLED inputs take an output (``SETTLED_DOC``), and the SDKs' own names: the npm package and the
+    Go import path."""
     def walk(props: dict[str, Any], settings: Sequence[Declared]) -> None:
         by_key = {d.key: d for d in settings}
         for key, prop in props.items():
@@ -269,6 +281,9 @@ def schema_descriptions(schema: dict[str, Any], nodejs_package: str, go_import_p
         for key in SECRETS:
             if key in inputs:
                 inputs[key]["secret"] = True
+        for key in SETTLED:  # the component's own terms: how an output is taken (not the stack config's page)
+            if key in inputs:
+                inputs[key]["description"] = inputs[key].get("description", "") + SETTLED_DOC
     return schema
 
 

@@ -66,9 +66,12 @@ def test_the_input_types_are_the_declared_ones_and_documented():
     # The docs are the declarations' (the spec's attribute docstrings).
     assert props["hostKey"]["description"].startswith("Pinned host key as 'TYPE BASE64'")
     assert "Seconds to keep retrying" in ssh["wait"]["description"]
-    # Only a VM's address and host key, the control plane's servers, and the secrets may be other resources'
-    # outputs; the rest is plain.
-    assert {k for k, p in props.items() if not p.get("plain")} == {"address", "hostKey", "servers", *component.SECRETS}
+    # Only a VM's address and host key, the control plane's servers, agent and ssh (read once known), and the
+    # secrets may be other resources' outputs; the rest is plain.
+    assert {k for k, p in props.items() if not p.get("plain")} == \
+        {"address", "hostKey", "servers", "agent", "ssh", *component.SECRETS}
+    for key in ("agent", "ssh"):  # and their descriptions say how an output not known in a preview is taken
+        assert props[key]["description"].endswith(component_types.SETTLED_DOC), props[key]["description"]
 
 
 def test_the_secret_settings_are_secret_inputs_of_the_schema():
@@ -166,6 +169,43 @@ def test_an_output_for_a_plain_setting_is_refused_by_name():
     with pytest.raises(InputPropertiesError) as caught:
         component.parse("gpu-01", {**GOOD, "pkiDir": pulumi.Output.from_input("/pki")})
     assert "node gpu-01: pkiDir: is another resource's output" in caught.value.message
+
+
+def as_construct_gives(value: Any) -> Any:
+    """``value`` as the SDK's provider server hands a construct call an input that depends on another resource
+    (pulumi.provider.server.ProviderServicer._select_value: an Output, already resolved)."""
+    import asyncio
+
+    from pulumi.provider.server import ProviderServicer
+
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(ProviderServicer._select_value(value, deps={"urn:pulumi:s::p::x:y:Z::release"}))
+    finally:
+        loop.close()
+
+
+def test_agent_and_ssh_may_be_outputs_read_once_known():
+    agent = {**GOOD["agent"], "version": "v1.5.0"}
+    given = {**GOOD, "agent": as_construct_gives(agent), "ssh": as_construct_gives({**GOOD["ssh"], "wait": 45})}
+    assert isinstance(given["agent"], pulumi.Output) and isinstance(given["ssh"], pulumi.Output)
+    parsed = component.parse("gpu-01", given)
+    assert parsed.spec.agent.version == "v1.5.0" and parsed.spec.agent.release_sha256 == {"amd64": "a" * 64}
+    assert parsed.node.connection.wait == 45 and parsed.outputs == {}
+    # Read, they are checked as any value: a bad one gets the stack config's problem.
+    with pytest.raises(InputPropertiesError) as caught:
+        component.parse("gpu-01", {**GOOD, "agent": as_construct_gives({**agent, "version": "1.5"})})
+    assert "node gpu-01: agent.binary: is missing: version 1.5 is not a release tag" in caught.value.message
+
+
+def test_agent_or_ssh_not_known_yet_in_a_preview_is_refused_by_name():
+    from pulumi.output import Unknown
+
+    for key in ("agent", "ssh"):
+        with pytest.raises(InputPropertiesError) as caught:  # what deserialize_properties(keep_unknowns=True) gives
+            component.parse("gpu-01", {**GOOD, key: as_construct_gives(Unknown())})  # type: ignore[no-untyped-call]
+        assert f"node gpu-01: {key}: is an output not known yet in this preview" in caught.value.message
+        assert "at `up` it is known" in caught.value.message
 
 
 def test_the_python_the_plugin_would_run_is_checked():
