@@ -49,7 +49,7 @@ func main() {
 		var tool vmTool
 		var spec vmSpec
 		var agent llmgw.AgentArgs
-		var ssh llmgw.SshArgs
+		var ssh llmgw.Ssh
 		var servers []string
 		conf.RequireObject("vmctl", &tool) // the VM tool as this operator runs it
 		conf.RequireObject("vm", &spec)
@@ -90,8 +90,18 @@ func main() {
 			Address: address,
 			PkiDir:  &pkiDir,
 			Servers: pulumi.ToStringArray(servers),
-			Agent:   &agent,
-			Ssh:     &ssh,
+			Agent:   agent,
+			// An input may be computed, as an Output: here the SSH settings, with a longer wait for a fresh
+			// VM's first boot unless the config gives one. Agent and Ssh are read once known; in a preview, one
+			// not known yet (computed from the VM's stdout, say) is refused by name: the release is approved
+			// and the key found before the node is registered.
+			Ssh: pulumi.ToOutput(ssh).ApplyT(func(s llmgw.Ssh) llmgw.Ssh {
+				if s.Wait == nil {
+					wait := 180.0
+					s.Wait = &wait
+				}
+				return s
+			}).(llmgw.SshOutput),
 		}, pulumi.DependsOn([]pulumi.Resource{&vm}), pulumi.ReplaceWith([]pulumi.Resource{&vm}))
 		if err != nil {
 			return err

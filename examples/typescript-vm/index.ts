@@ -36,7 +36,12 @@ const node = new llmgw.Node(nodeId, {
     pkiDir: config.require("pkiDir"),
     servers: config.requireObject<string[]>("servers"),
     agent: config.requireObject<llmgw.types.input.AgentArgs>("agent"),
-    ssh: config.requireObject<llmgw.types.input.SshArgs>("ssh"),
+    // An input may be computed, as an Output: here the SSH settings, with a longer wait for a fresh VM's
+    // first boot unless the config gives one. agent and ssh are read once known; in a preview, one not known
+    // yet (computed from the VM's stdout, say) is refused by name: the release is approved and the key found
+    // before the node is registered.
+    ssh: pulumi.output(config.requireObject<llmgw.types.input.SshArgs>("ssh"))
+        .apply(ssh => ({ ...ssh, wait: ssh.wait ?? 180 })),
 }, { dependsOn: [vm], replaceWith: [vm] });
 
 export const hostKey = node.hostKey;
