@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import growth, toxiproxy
+from bench import growth, output_lines, toxiproxy
 from bench.summary import WIDTH, Target, summary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -546,3 +546,25 @@ def test_the_page_says_which_runs_hosts_trusted_3_cas_as_the_results_record_it(t
     assert line(True, True, False, False).endswith("the other 2 run(s) use the full bundle.")
     assert line(True, True, True).endswith("no run used the full bundle.")
     assert line(True, True).startswith("The hosts of the runs marked `hosts trust 3 system CAs (--reduced-ca)`")
+
+
+FAILED_UP = """Updating (lines30):
+ +  pulumi:pulumi:Stack llmgw-lines30 creating (0s)
+Diagnostics:
+  pulumi-python:dynamic/llmgw:ClientCertificate (node10):
+    error: Traceback (most recent call last):
+      File "/venv/pulumi/dynamic/__main__.py", line 84, in wrapper
+    llmgw_pulumi.errors.WaitExpired: node10: cannot reach deploy@10.200.0.30 over ssh after 5s
+
+Resources:
+    2 errored
+"""
+
+
+def test_output_lines_counts_every_line_the_tracebacks_and_the_diagnostics():
+    assert output_lines.counts(FAILED_UP) == {"lines": 10, "traceback_lines": 2, "diagnostics_lines": 8}
+    assert output_lines.counts("Updating (x):\nResources:\n") == {"lines": 2, "traceback_lines": 0,
+                                                                  "diagnostics_lines": 0}
+    row = {"label": "after", "nodes": 30, **{run: output_lines.counts(FAILED_UP) for run in ("up", "no-op up", "failed up")}}
+    assert output_lines.table([row]).splitlines()[2:] == [f"| after | 30 | {run} | 10 | 2 | 8 |"
+                                                          for run in ("up", "no-op up", "failed up")]
