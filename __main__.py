@@ -11,11 +11,11 @@ import pulumi.runtime
 
 # The engine starts a plugin with arguments and no program monitor; a stack program has a monitor.
 if pulumi.runtime.settings.get_monitor() is None and len(sys.argv) > 1:
-    from llmgw_pulumi.component_host import serve
+    from llmgw_pulumi.stack.component_host import serve
 
     serve()
 else:
-    from llmgw_pulumi import program
+    from llmgw_pulumi.stack import program
 
     if hasattr(program, "exit_quietly_on_interrupt"):  # the upgrade tests run versions without it
         program.exit_quietly_on_interrupt()

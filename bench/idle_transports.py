@@ -25,7 +25,7 @@ import paramiko
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from llmgw_pulumi import transport
+from llmgw_pulumi.ssh import transport
 
 PARAMIKO_POLL = 0.1
 """paramiko.Transport._active_check_timeout: what each connection's socket timeout is unless changed."""

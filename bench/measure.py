@@ -298,7 +298,7 @@ class EngineSteps:
 def transport_idle_seconds() -> float:
     """How long the package keeps an idle pooled SSH connection (its transport's IDLE_SECONDS)."""
     try:
-        from llmgw_pulumi import transport
+        from llmgw_pulumi.ssh import transport
 
         return float(getattr(transport, "IDLE_SECONDS", float("inf")))
     except ImportError:

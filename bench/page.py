@@ -109,7 +109,7 @@ than linearly.
 
 ## Provider processes
 
-`pulumi up` from scratch with LLMGW_PROVIDER_SHARDS set (llmgw_pulumi/shards.py).
+`pulumi up` from scratch with LLMGW_PROVIDER_SHARDS set (llmgw_pulumi/stack/shards.py).
 
 {shard_rows}
 

@@ -4,7 +4,7 @@ the real H200, for 1 and for 8 GPUs, and an InfiniBand port per HCA) and judging
     .venv/bin/python -m bench.readiness [--repeats 200] [--write docs/benchmark.md]
 
 Measurement only, in one process, no node and no SSH: the health is read in the probe's one run that EngineCheck
-makes anyway (llmgw_pulumi/scripts/probe-engines.sh), so what the verdict adds per node is the bytes that run
+makes anyway (llmgw_pulumi/nodestate/scripts/probe-engines.sh), so what the verdict adds per node is the bytes that run
 prints and this CPU time. ``--write`` replaces the page's section between SECTION_BEGIN and SECTION_END (or
 appends it); bench.page keeps that section when it renders the page again.
 """
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from lab.doubles.nvidia_smi import smi_xml
-from llmgw_pulumi import readiness
-from llmgw_pulumi.readiness import Expectations, HcaExpectation
+from llmgw_pulumi.health import readiness
+from llmgw_pulumi.health.readiness import Expectations, HcaExpectation
 
 SECTION_BEGIN = "<!-- bench.readiness: begin -->"
 SECTION_END = "<!-- bench.readiness: end -->"

@@ -101,7 +101,7 @@ class Bench(Harness):
         Returns the onboarded stack (None when its `up` failed), for more runs on it (bench/daily.py).
         """
         tag = f"n{size}" + (f"d{self.delay_ms}" if self.delay_ms else "") + (f"s{self.shards}" if self.shards else "") + self.stack_tag
-        from llmgw_pulumi.shards import SHARDS_ENV
+        from llmgw_pulumi.stack.shards import SHARDS_ENV
 
         stack = self.new_stack(f"bench-{tag}", extra_env={SHARDS_ENV: str(self.shards)} if self.shards else None)
         stack.set_config(self.stack_config([(h.hostname, h.addr) for h in hosts]))

@@ -33,7 +33,7 @@ from cryptography.x509.oid import NameOID
 
 from lab import pki as labpki
 from lab.hsm import SIGNER, Token
-from llmgw_pulumi import pki, signer, signing
+from llmgw_pulumi.certificates import pki, signer, signing
 
 
 def requests(n: int, ca_end: dt.datetime) -> list[signer.SigningRequest]:

@@ -51,7 +51,7 @@ def release_name(tag: str, arch: str) -> str:
 
 
 SIGNATURE_NAMESPACE = "llmgw-release"
-"""The namespace llmgw_pulumi.release verifies checksums.txt's signature in (stated here, not imported)."""
+"""The namespace llmgw_pulumi.releases.approval verifies checksums.txt's signature in (stated here, not imported)."""
 
 
 def make_signing_key(directory: Path, name: str = "release-signing") -> tuple[Path, str]:

@@ -279,10 +279,10 @@ class LabStack:
 
     def outputs(self) -> dict[str, Any]:
         """``pulumi stack output --json --show-secrets``, and each node's outputs under its node id (read from the
-        ``nodes`` output, one line of JSON per node, as llmgw_pulumi.fleet.read_nodes reads it)."""
+        ``nodes`` output, one line of JSON per node, as llmgw_pulumi.stack.fleet.read_nodes reads it)."""
         out: dict[str, Any] = json.loads(self.cli("stack", "output", "--json", "--show-secrets", "--stack", self.name).stdout or "{}")
         if isinstance(out.get("nodes"), str):
-            from llmgw_pulumi.fleet import read_nodes
+            from llmgw_pulumi.stack.fleet import read_nodes
 
             out = {**read_nodes(out["nodes"]), **out}
         return out

@@ -22,17 +22,17 @@ from typing import Any as _Any
 
 from . import errors
 from .errors import *  # noqa: F403 - every error, as errors.__all__ lists them (its hierarchy)
+from .moved import install as _install_moved
+
+_install_moved()  # the old module paths (moved.MOVED)
 
 if _TYPE_CHECKING:  # what a type checker sees; at run time, _PUBLIC's modules are imported on first use
-    from .agent_settings import AgentSettings as AgentSettings
-    from .agent_settings import BinarySource as BinarySource
-    from .agent_settings import Discovery as Discovery
-    from .agent_settings import Fabric as Fabric
-    from .node import ConnectionArgs as ConnectionArgs
-    from .node import Node as Node
-    from .node import NodeArgs as NodeArgs
-    from .node import check_node_args as check_node_args
-    from .node import node_settings as node_settings
+    from .config.agent_settings import AgentSettings as AgentSettings
+    from .config.agent_settings import BinarySource as BinarySource
+    from .config.agent_settings import Discovery as Discovery
+    from .config.agent_settings import Fabric as Fabric
+    from .config.registration import RegistrationCheck as RegistrationCheck
+    from .config.schema import SettingInfo as SettingInfo
     from .providers.agent import AgentInstall as AgentInstall
     from .providers.agent import AgentInstallArgs as AgentInstallArgs
     from .providers.certificate import ClientCertificate as ClientCertificate
@@ -41,18 +41,21 @@ if _TYPE_CHECKING:  # what a type checker sees; at run time, _PUBLIC's modules a
     from .providers.engines import EngineCheckArgs as EngineCheckArgs
     from .providers.identity import NodeIdentity as NodeIdentity
     from .providers.identity import NodeIdentityArgs as NodeIdentityArgs
-    from .registration import RegistrationCheck as RegistrationCheck
-    from .schema import SettingInfo as SettingInfo
+    from .stack.node import ConnectionArgs as ConnectionArgs
+    from .stack.node import Node as Node
+    from .stack.node import NodeArgs as NodeArgs
+    from .stack.node import check_node_args as check_node_args
+    from .stack.node import node_settings as node_settings
 
 _PUBLIC = {
     # the component, its resources and their Args
-    "Node": ".node", "NodeArgs": ".node", "ConnectionArgs": ".node", "AgentSettings": ".agent_settings",
-    "Discovery": ".agent_settings", "Fabric": ".agent_settings", "BinarySource": ".agent_settings",
-    "RegistrationCheck": ".registration",
+    "Node": ".stack.node", "NodeArgs": ".stack.node", "ConnectionArgs": ".stack.node", "AgentSettings": ".config.agent_settings",
+    "Discovery": ".config.agent_settings", "Fabric": ".config.agent_settings", "BinarySource": ".config.agent_settings",
+    "RegistrationCheck": ".config.registration",
     # every setting of a node, described (for schemas in other languages)
-    "node_settings": ".node", "SettingInfo": ".schema",
+    "node_settings": ".stack.node", "SettingInfo": ".config.schema",
     # every problem of a node's settings at once, nothing registered
-    "check_node_args": ".node",
+    "check_node_args": ".stack.node",
     "ClientCertificate": ".providers.certificate", "ClientCertificateArgs": ".providers.certificate",
     "NodeIdentity": ".providers.identity", "NodeIdentityArgs": ".providers.identity",
     "AgentInstall": ".providers.agent", "AgentInstallArgs": ".providers.agent",

@@ -1,7 +1,7 @@
 """What the providers decide about a change, declared once for them and for the review of a preview (pure).
 
 The providers (llmgw_pulumi.providers) make these decisions when they run; the review
-(llmgw_pulumi.fleet_review) reads a preview's JSON and says what the providers will do. Both call what
+(llmgw_pulumi.preview.changes) reads a preview's JSON and says what the providers will do. Both call what
 is here, so the summary of a pull request cannot say something the `up` then does not do:
 
 - the type tokens of the resources, as the preview's URNs carry them;
@@ -11,7 +11,7 @@ is here, so the summary of a pull request cannot say something the `up` then doe
 - that a refresh could not read a node: a warning that ends with ``UNREADABLE_MARK``
   (``unreadable_warning``, read back by ``unreadable_reason``), not a phrase to search for.
 
-It imports nothing but the standard library and llmgw_pulumi.specs' defaults.
+It imports nothing but the standard library and llmgw_pulumi.config.specs' defaults.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .specs import DEFAULT_RENEW_BEFORE_HOURS, KEY_ORIGIN_NODE
+from .config.specs import DEFAULT_RENEW_BEFORE_HOURS, KEY_ORIGIN_NODE
 
 # --------------------------------------------------------------------------- type tokens
 
 PACKAGE = "llmgw"
 """The package's name in Pulumi: the module of every type token below."""
 NODE_TYPE = f"{PACKAGE}:index:Node"
-"""The type token of the Node component (llmgw_pulumi.node, llmgw_pulumi.component)."""
+"""The type token of the Node component (llmgw_pulumi.stack.node, llmgw_pulumi.stack.component)."""
 CERTIFICATE, IDENTITY, AGENT, ENGINES = "ClientCertificate", "NodeIdentity", "AgentInstall", "EngineCheck"
 """The names of the four dynamic resources (llmgw_pulumi.providers); their type is
 ``pulumi-python:dynamic/llmgw:<name>``."""

@@ -337,7 +337,7 @@ class EngineWillNotRunError(LlmgwError):
 
 class NodeNotReadyError(LlmgwError):
     """The node is not ready: the readiness verdict found a critical problem of its GPUs, fabric, driver or
-    engines (raised only when failOnProblems is set; llmgw_pulumi.readiness)."""
+    engines (raised only when failOnProblems is set; llmgw_pulumi.health.readiness)."""
 
     fix = ("fix each critical problem as its fix says, then `pulumi up --refresh`; or take the node out of the "
            "stack until it is serviced")

@@ -1,6 +1,6 @@
 """Safe fleet-wide upgrades: canaries first, at most N agents restarting at once, stop after a failure.
 
-A stack's nodes are spread over several provider processes (``llmgw_pulumi.shards``),
+A stack's nodes are spread over several provider processes (``llmgw_pulumi.stack.shards``),
 so the coordination lives where every one of them can see it: a directory on the
 operator's machine, the one running `pulumi up`.
 
@@ -76,8 +76,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import slots, validate
+from .config.specs import NodeRollout
 from .errors import ConfigError, RolloutStoppedError
-from .specs import NodeRollout
 
 DIR_ENV = "LLMGW_ROLLOUT_DIR"
 RUN_FILE = "run"

@@ -9,7 +9,7 @@ operator's side: the parsers of what scripts print (``facts``), the stderr
 of a failed script (``providers._glue.raise_for``), and, as a last net, every
 error message (``errors.LlmgwError``) and log record (``providers._diagnostics``).
 
-In Markdown (the pull-request summary, llmgw_pulumi.review_markdown) such text
+In Markdown (the pull-request summary, llmgw_pulumi.preview.markdown) such text
 must also stay text: ``inert`` shows it as a code span, in which neither
 CommonMark nor GitHub makes a link, an image, HTML, emphasis, a block, a
 mention or an issue reference of anything.

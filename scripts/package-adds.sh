@@ -29,7 +29,7 @@ hosts=$("$HERE/scripts/language-hosts.sh")
 BIN=$(sed -n 1p <<<"$hosts")
 MODULES=$(sed -n 2p <<<"$hosts")
 
-SCHEMA=$("$HERE/.venv/bin/python" -c 'from llmgw_pulumi.component_host import NodeProvider; print(NodeProvider().schema)')
+SCHEMA=$("$HERE/.venv/bin/python" -c 'from llmgw_pulumi.stack.component_host import NodeProvider; print(NodeProvider().schema)')
 
 key_of() {  # $1: typescript or go
   (

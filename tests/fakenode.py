@@ -44,9 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmgw_pulumi import errors, sessions
-from llmgw_pulumi.remote import Script
-from llmgw_pulumi.ssh_session import stdin_chunks
+from llmgw_pulumi import errors
+from llmgw_pulumi.nodestate.commands import Script
+from llmgw_pulumi.ssh import sessions
+from llmgw_pulumi.ssh.connection import stdin_chunks
 
 RELEASE_URL = "https://releases.fake.test/llmgw"
 

@@ -1,7 +1,7 @@
 """A stand-in for ``journalctl``: the kernel log of a GPU node, for the node probe's Xid read.
 
 The lab cannot put a line in a host's kernel log: every lab host shares the machine's one kernel. The node probe
-(llmgw_pulumi/scripts/probe-engines.sh, ``xid_lines``) reads the driver's Xid lines from the first root-owned,
+(llmgw_pulumi/nodestate/scripts/probe-engines.sh, ``xid_lines``) reads the driver's Xid lines from the first root-owned,
 root-only-writable ``/usr/bin/journalctl``, ``/bin/journalctl``, ``/usr/bin/dmesg`` or ``/bin/dmesg``, running a
 journalctl twice: ``-k -b -q -n 0 --no-pager`` (can the journal be read at all?), then
 ``-k -b -q -o short-monotonic --no-pager`` (the kernel's lines since boot). This is a POSIX sh script answering

@@ -1,4 +1,4 @@
-"""The llmgw policy pack: each rule of llmgw_pulumi.fleet_rules as a pulumi-policy policy.
+"""The llmgw policy pack: each rule of llmgw_pulumi.preview.rules as a pulumi-policy policy.
 
 Per stack, a policy config file (``pulumi preview --policy-pack-config FILE``)
 sets each rule's enforcement level and parameters:
@@ -27,8 +27,8 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import UnknownValueError
 
-from llmgw_pulumi import child_env, fleet_review, trust_roots
-from llmgw_pulumi import fleet_rules as rules
+from llmgw_pulumi import child_env
+from llmgw_pulumi.preview import changes, rules, trust_roots
 
 LEVELS = {"advisory": EnforcementLevel.ADVISORY, "mandatory": EnforcementLevel.MANDATORY,
           "disabled": EnforcementLevel.DISABLED}
@@ -49,7 +49,7 @@ def schema(rule: rules.Rule) -> PolicyConfigSchema | None:
 def resource_policy(rule: rules.Rule, check: Callable[[str, Mapping[str, Any], Mapping[str, Any]], str | None]) \
         -> ResourceValidationPolicy:
     def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
-        message = check(fleet_review.kind_of(args.urn), known(args.props), args.get_config())
+        message = check(changes.kind_of(args.urn), known(args.props), args.get_config())
         if message:
             report_violation(message, None)
 
@@ -91,11 +91,11 @@ def trust_roots_policy() -> ResourceValidationPolicy:
     def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
         if os.environ.get("PULUMI_DRY_RUN") != "true":
             return  # while `up` applies steps the deployment is half the new state: the preview before it judged
-        kind = fleet_review.kind_of(args.urn)
-        if kind not in (fleet_review.CERTIFICATE, fleet_review.IDENTITY, fleet_review.AGENT, fleet_review.ENGINES):
+        kind = changes.kind_of(args.urn)
+        if kind not in (changes.CERTIFICATE, changes.IDENTITY, changes.AGENT, changes.ENGINES):
             return
         props = known(args.props)
-        if kind == fleet_review.CERTIFICATE:
+        if kind == changes.CERTIFICATE:
             props = trust_roots.ca_as_read(props, pki_dir_ca(props.get("pki_dir")))
         for message in rules.trust_roots_unchanged(kind, deployed_inputs().get(args.urn), props, args.get_config()):
             report_violation(message, None)
@@ -109,7 +109,7 @@ def stack_policy(rule: rules.Rule, check: Callable[[list[rules.Resource], list[r
     def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
         if os.environ.get("PULUMI_DRY_RUN") != "true":
             return  # after `up` the deployment is the new state: the preview before it judged the change
-        planned = [rules.Resource(fleet_review.kind_of(r.urn), r.name, known(r.props), r.urn) for r in args.resources]
+        planned = [rules.Resource(changes.kind_of(r.urn), r.name, known(r.props), r.urn) for r in args.resources]
         for urn, message in check(deployed(), planned, args.get_config()):
             report_violation(message, urn)
 

@@ -1,4 +1,4 @@
-"""Running ``llmgw:registration``'s command once the agent has (re)started (llmgw_pulumi.registration).
+"""Running ``llmgw:registration``'s command once the agent has (re)started (llmgw_pulumi.config.registration).
 
 AgentInstall calls ``confirm`` as the last step of a create, and of each update that reached the node: never in
 a preview (the engine calls no create or update then) and never in a `pulumi up` that changes nothing (no
@@ -20,7 +20,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from .. import child_env, registration
+from .. import child_env
+from ..config import registration
 from ..errors import AgentNotRegisteredError
 from ..operator_files import exposed
 

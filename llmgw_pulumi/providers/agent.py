@@ -8,7 +8,7 @@ the same for every node, is the input ``unit`` as its ``sha256:`` digest. The ou
 where it is needed (``texts_of``). Changing settings rewrites the config atomically
 and restarts the agent; changing the version installs the new binary (a
 release must have the sha256 approved on the operator's side, see
-llmgw_pulumi.release, and report its tag); nothing is re-issued.
+llmgw_pulumi.releases.approval, and report its tag); nothing is re-issued.
 """
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 from pulumi.output import Unknown
 
-from .. import decisions, desired, facts, observed, plan, release, remote, rollout
+from .. import decisions, rollout
+from ..config.registration import RegistrationCheck
+from ..config.specs import NODE_REPLACE_KEYS, AgentSettings, AgentSpec, BinarySource, NodeRollout, build, is_unknown, names
 from ..errors import ConfigError
-from ..observed import OBSERVED_KEY, RENDERED_KEYS, STATE_VERSION, VERSION_KEY, Observed, Wanted
-from ..registration import RegistrationCheck
-from ..specs import NODE_REPLACE_KEYS, AgentSettings, AgentSpec, BinarySource, NodeRollout, build, is_unknown, names
-from . import _glue, _registration
+from ..nodestate import commands, desired, facts, observed, plan
+from ..nodestate.observed import OBSERVED_KEY, RENDERED_KEYS, STATE_VERSION, VERSION_KEY, Observed, Wanted
+from ..releases import approval
+from . import _registration, base
 
 SETTINGS_KEYS = ("node_id", *names(AgentSettings))
 """The inputs agent.yaml is rendered from: the node id and AgentSettings' fields, each an input of its own."""
@@ -128,7 +130,7 @@ def drift(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
 def changed_inputs(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
     """The inputs that changed, the texts compared by their digests (the outputs keep no more of them). A local
     build is compared by its sha256: where it lies on the machine running Pulumi is no change to the node."""
-    found = _glue.changed_keys(digested(olds), digested(news), INPUT_KEYS)
+    found = base.changed_keys(digested(olds), digested(news), INPUT_KEYS)
     same_build = isinstance(news.get("binary_sha256"), str) and olds.get("binary_sha256") == news["binary_sha256"]
     return [k for k in found if not (k == "binary_path" and same_build)]
 
@@ -149,7 +151,7 @@ def binary_wanted(spec: AgentSpec, olds: Mapping[str, Any], changed: frozenset[s
         return plan.BinaryWanted(source, {"" if source is plan.Do.COPY else arch: installed}, spec.binary.version)
     if source is plan.Do.COPY:
         return plan.BinaryWanted(source, {"": spec.binary.binary_sha256 or _sha256(_local_build(spec))})
-    digests = dict(spec.binary.release_sha256 or release.approve(release_of(spec.binary)))
+    digests = dict(spec.binary.release_sha256 or approval.approve(release_of(spec.binary)))
     log.info("%s: %s llmgw %s from %s and verifies it against the sha256 approved on this machine", spec.node_id,
              "this machine downloads (and pushes)" if spec.binary.fetched_here else "the node fetches",
              spec.binary.version, spec.binary.release_url)
@@ -165,52 +167,52 @@ def _local_build(spec: AgentSpec) -> bytes:
                           "build llmgw there, or point agent.binary at the build") from None
 
 
-def _streamed(spec: AgentSpec, path: Path) -> remote.StdinFile:
+def _streamed(spec: AgentSpec, path: Path) -> commands.StdinFile:
     """The binary at ``path`` as the script's stdin: streamed from disk as it is sent (a release of any size takes
     one chunk of memory); the node checks its size and sha256 before anything is installed."""
     try:
-        return remote.StdinFile(str(path), path.stat().st_size)
+        return commands.StdinFile(str(path), path.stat().st_size)
     except OSError as exc:
         raise ConfigError(spec.node_id, "binary_path", f"cannot read the binary {path}: {exc.strerror}",
                           "build llmgw there, or point agent.binary at the build") from None
 
 
-def _script(spec: AgentSpec, props: Mapping[str, Any], change: plan.Plan) -> remote.Script:
+def _script(spec: AgentSpec, props: Mapping[str, Any], change: plan.Plan) -> commands.Script:
     """The plan as the script that carries it out, with the binary's bytes where it is pushed or copied."""
     step = change.step(BINARY_FILE.path)
     binary = None
     if step.do is plan.Do.COPY:
         binary = _streamed(spec, Path(spec.binary.binary_path or ""))
     elif step.do is plan.Do.PUSH:
-        binary = _streamed(spec, release.fetch_binary_file(release_of(spec.binary), change.arch, step.want.sha256))
+        binary = _streamed(spec, approval.fetch_binary_file(release_of(spec.binary), change.arch, step.want.sha256))
     texts = texts_of(props)
-    return remote.install_agent(change, texts["agent_yaml"], texts["unit"], version=spec.binary.version,
+    return commands.install_agent(change, texts["agent_yaml"], texts["unit"], version=spec.binary.version,
                                 release_url=spec.binary.release_url or "", binary=binary)
 
 
 def _survey(s: Any, spec: AgentSpec, props: Mapping[str, Any]) -> tuple[Observed, str]:
-    res = s.run(remote.survey(FILES, TEXT_FILES))
-    _glue.raise_for(res, spec.node_id, f"reading the agent's files on {spec.connection.host}")
+    res = s.run(commands.survey(FILES, TEXT_FILES))
+    base.raise_for(res, spec.node_id, f"reading the agent's files on {spec.connection.host}")
     node = facts.parse_survey(res.stdout)
     return seen_on(node, texts_of(props)), node.arch
 
 
 def _install(spec: AgentSpec, props: Mapping[str, Any], known: tuple[str | None, Any], binary: plan.BinaryWanted,
              seen: tuple[Observed, str] | None, changed: frozenset[str], gate: Callable[[plan.Plan | None], Any]) -> dict[str, Any]:
-    """Plan the agent's change (llmgw_pulumi.plan) and carry it out over one session. ``seen``: what the node
+    """Plan the agent's change (llmgw_pulumi.nodestate.plan) and carry it out over one session. ``seen``: what the node
     was last seen holding, and its architecture; None (a create), or a plan the node finds stale: the node is
     read first. ``gate(plan)``: the rollout's context for a plan (None: not known before the node is read)."""
     want = wanted(props)
     change = plan.agent_plan(spec.node_id, want, *seen, binary, changed) if seen else None
     # The gate is the first plan's; what it reports is the outcome, so the error is raised inside it.
-    with gate(change), _glue.session(spec.connection, spec.node_id, *known) as s:
-        def run(seen: tuple[Observed, str]) -> remote.Result:
+    with gate(change), base.session(spec.connection, spec.node_id, *known) as s:
+        def run(seen: tuple[Observed, str]) -> commands.Result:
             change = plan.agent_plan(spec.node_id, want, *seen, binary, changed)
             log.debug("%s", plan.render(change))
             return s.run(_script(spec, props, change))
 
-        res = _glue.run_fresh(spec.node_id, seen, lambda: _survey(s, spec, props), run)
-        _glue.raise_for(res, spec.node_id, f"installing the agent on {spec.connection.host}")
+        res = base.run_fresh(spec.node_id, seen, lambda: _survey(s, spec, props), run)
+        base.raise_for(res, spec.node_id, f"installing the agent on {spec.connection.host}")
     node = facts.parse_survey(res.stdout)
     return {
         "installed_sha256": node.sha256(desired.BINARY_PATH) or "",
@@ -220,9 +222,9 @@ def _install(spec: AgentSpec, props: Mapping[str, Any], known: tuple[str | None,
     }
 
 
-def release_of(binary: BinarySource) -> release.Release:
-    """The release a binary source names, as llmgw_pulumi.release approves it."""
-    return release.Release(binary.release_url or "", binary.version, binary.signing_key, ca_file=binary.release_ca)
+def release_of(binary: BinarySource) -> approval.Release:
+    """The release a binary source names, as llmgw_pulumi.releases.approval approves it."""
+    return approval.Release(binary.release_url or "", binary.version, binary.signing_key, ca_file=binary.release_ca)
 
 
 def _sha256(data: bytes) -> str:
@@ -243,7 +245,7 @@ def with_approved_digests(olds: Mapping[str, Any], news: dict[str, Any]) -> dict
     release at the last `up`, so that `preview --diff` does not show them as removed."""
     if news.get("release_sha256") is not None or not olds.get("release_sha256"):
         return news
-    if any(is_unknown(news.get(k)) or _glue.normalise(news.get(k)) != _glue.normalise(olds.get(k))
+    if any(is_unknown(news.get(k)) or base.normalise(news.get(k)) != base.normalise(olds.get(k))
            for k in ("version", "release_url")):
         return news
     return {**news, "release_sha256": olds["release_sha256"]}
@@ -251,7 +253,7 @@ def with_approved_digests(olds: Mapping[str, Any], news: dict[str, Any]) -> dict
 
 def _outputs(props: dict[str, Any], computed: dict[str, Any]) -> dict[str, Any]:
     """The inputs but RELEASE_KEYS, the texts as their digests, and what the operation found."""
-    return _glue.outputs(digested({k: v for k, v in props.items() if k not in RELEASE_KEYS}), **computed)
+    return base.outputs(digested({k: v for k, v in props.items() if k not in RELEASE_KEYS}), **computed)
 
 
 def _migrated(props: Mapping[str, Any]) -> dict[str, Any]:
@@ -273,10 +275,10 @@ def carry_version(olds: Mapping[str, Any], news: dict[str, Any]) -> dict[str, An
     return news
 
 
-class AgentInstallProvider(_glue.ModuleProvider):
+class AgentInstallProvider(base.ModuleProvider):
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        return _glue.check(with_approved_digests(olds, carry_version(olds, news)), AgentSpec.collect, derive=derive, olds=olds,
+        return base.check(with_approved_digests(olds, carry_version(olds, news)), AgentSpec.collect, derive=derive, olds=olds,
                            machine_facts=("hostname", "known_host_key", "known_jump_host_keys"))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
@@ -286,9 +288,9 @@ class AgentInstallProvider(_glue.ModuleProvider):
         found = changes(olds, news)
         if not found and isinstance(news.get("node_id"), str):
             rollout.unchanged(rollout_of(news), news["node_id"])
-        return _glue.diff_result(found, REPLACE_KEYS)
+        return base.diff_result(found, REPLACE_KEYS)
 
-    @_glue.operator_errors
+    @base.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         spec = AgentSpec.from_props(props)
         binary = binary_wanted(spec, {}, frozenset())
@@ -296,11 +298,11 @@ class AgentInstallProvider(_glue.ModuleProvider):
         def gate(_: plan.Plan | None) -> Any:
             return rollout.onboarding(spec.rollout, spec.node_id)  # first-time onboarding never waits
 
-        computed = _install(spec, props, _glue.known_keys(props), binary, None, frozenset(), gate)
+        computed = _install(spec, props, base.known_keys(props), binary, None, frozenset(), gate)
         _registration.confirm(spec.node_id, spec.registration)  # the agent started: the control plane lists it
         return CreateResult(spec.node_id, _outputs(props, computed))
 
-    @_glue.operator_errors
+    @base.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         operator_side = decisions.operator_side_only(changes(olds, news))
         olds = _migrated(olds)
@@ -319,16 +321,16 @@ class AgentInstallProvider(_glue.ModuleProvider):
             rollout.unchanged(spec.rollout, spec.node_id)
             return contextlib.nullcontext()
 
-        computed = _install(spec, news, _glue.known_keys(news, olds), binary_wanted(spec, olds, changed), seen,
+        computed = _install(spec, news, base.known_keys(news, olds), binary_wanted(spec, olds, changed), seen,
                             changed, gate)
         _registration.confirm(spec.node_id, spec.registration)  # the agent (re)started: the control plane lists it
         return UpdateResult(_outputs(news, computed))
 
-    @_glue.operator_errors
+    @base.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         props = _migrated(props)
         spec = AgentSpec.from_props(props)
-        surveyed = _glue.survey_for_read(spec.connection, spec.node_id, _glue.known_keys(props), FILES, TEXT_FILES)
+        surveyed = base.survey_for_read(spec.connection, spec.node_id, base.known_keys(props), FILES, TEXT_FILES)
         if surveyed is None:
             return ReadResult(id_, props)  # an outage never rewrites the record
         node = surveyed.node
@@ -345,22 +347,22 @@ class AgentInstallProvider(_glue.ModuleProvider):
             on_node["agent_yaml"] = texts.get("agent_yaml")  # the inputs the preview compares hold the text
         if on_node["agent_yaml"] is not None:
             on_node["agent_yaml"] = desired.agent_yaml_input(spec.node_id, on_node["agent_yaml"])
-        return _glue.read_result(id_, props, OUTPUT_KEYS, {**props, OBSERVED_KEY: seen.record()},
+        return base.read_result(id_, props, OUTPUT_KEYS, {**props, OBSERVED_KEY: seen.record()},
                                  {**on_node, "drift": observed.by_path(found) or None})
 
-    @_glue.operator_errors
+    @base.operator_errors
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         spec = AgentSpec.from_props(_migrated(props))
-        _glue.remove_from_node(spec.connection, spec.node_id, _glue.known_keys(props), remote.remove_agent(spec.node_id),
+        base.remove_from_node(spec.connection, spec.node_id, base.known_keys(props), commands.remove_agent(spec.node_id),
                                "the agent")
 
 
 PROVIDER = AgentInstallProvider()
-"""The one instance every resource is registered with (``_glue.ModuleProvider``)."""
+"""The one instance every resource is registered with (``base.ModuleProvider``)."""
 
 
 @dataclass
-class AgentInstallArgs(_glue.OnboardedNodeArgs):
+class AgentInstallArgs(base.OnboardedNodeArgs):
     hostname: pulumi.Input[str]
     """The node's hostname (NodeIdentity reads it): agent.yaml says node_id only when they differ."""
     settings: AgentSettings = field(metadata={"flatten": True})
@@ -371,11 +373,11 @@ class AgentInstallArgs(_glue.OnboardedNodeArgs):
     """This node's share of how updates of running agents are spread over the stack (llmgw_pulumi.rollout); never a
     change itself."""
     registration: pulumi.Input[RegistrationCheck] | None = None
-    """What must list the node once its agent (re)started (llmgw_pulumi.registration): run after each create, and
+    """What must list the node once its agent (re)started (llmgw_pulumi.config.registration): run after each create, and
     each update that reached the node; never a change itself."""
 
 
-class AgentInstall(_glue.NodeResource, module=decisions.PACKAGE, name=decisions.AGENT):
+class AgentInstall(base.NodeResource, module=decisions.PACKAGE, name=decisions.AGENT):
     PROVIDER = AgentInstallProvider
     SHOWN_INPUTS = ("version", "agent_yaml", "unit")
 
@@ -388,7 +390,7 @@ class AgentInstall(_glue.NodeResource, module=decisions.PACKAGE, name=decisions.
     installed_sha256: pulumi.Output[str]
     arch: pulumi.Output[str]
     observed: pulumi.Output[dict[str, Any]]
-    """What the node was last seen holding (llmgw_pulumi.observed)."""
+    """What the node was last seen holding (llmgw_pulumi.nodestate.observed)."""
     state_version: pulumi.Output[int]
 
     def __init__(self, name: str, args: AgentInstallArgs, opts: pulumi.ResourceOptions | None = None) -> None:

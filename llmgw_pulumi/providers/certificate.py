@@ -17,7 +17,7 @@ Where the key pair is made is the node's ``key_origin``:
 - ``operator``: the key pair is made on the machine running Pulumi and kept in
   state as a secret output (``key_pem``), for nodes without openssl.
 
-How it is signed is the stack's ``llmgw:signer`` (llmgw_pulumi.signer): the CA key read from the PKI dir at
+How it is signed is the stack's ``llmgw:signer`` (llmgw_pulumi.certificates.signer): the CA key read from the PKI dir at
 issue time (the default), the CA key as the ``llmgw:caKey`` secret, or an external signer command. The CA key
 never enters state: the caKey secret arrives as the secret input ``ca_key``, which ``check`` takes out of the
 inputs the engine records and keeps in this provider process's memory for the create or update that follows.
@@ -59,10 +59,11 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 
-from .. import decisions, desired, errors, facts, remote
-from ..schema import defaults
-from ..specs import KEY_ORIGIN_NODE, NODE_REPLACE_KEYS, CertificateSpec, Connection
-from . import _glue
+from .. import decisions, errors
+from ..config.schema import defaults
+from ..config.specs import KEY_ORIGIN_NODE, NODE_REPLACE_KEYS, CertificateSpec, Connection
+from ..nodestate import commands, desired, facts
+from . import base
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ def pem_fingerprint(ca_pem: str) -> str | None:
     return hashlib.sha256(der).hexdigest()
 
 
-class ClientCertificateProvider(_glue.ModuleProvider):
+class ClientCertificateProvider(base.ModuleProvider):
     """Stateless: every method works from its arguments alone."""
 
 
@@ -166,73 +167,73 @@ class ClientCertificateProvider(_glue.ModuleProvider):
             if fp or olds.get("ca_fingerprint"):
                 inputs["ca_fingerprint"] = fp or olds["ca_fingerprint"]
 
-        return _glue.check(news, CertificateSpec.collect, derive=derive,
+        return base.check(news, CertificateSpec.collect, derive=derive,
                            defaults=defaults(CertificateSpec, ("validity_hours", "renew_before_hours", "key_origin")))
 
-    @_glue.operator_errors
+    @base.operator_errors
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        changes = _glue.changed_keys(olds, news, INPUT_KEYS)
+        changes = base.changed_keys(olds, news, INPUT_KEYS)
         reasons = reissue_reasons(olds, news, _now())
         changes += [r for r in reasons if r not in changes]
-        replaces = _glue.diff_result(changes, REPLACE_KEYS)
+        replaces = base.diff_result(changes, REPLACE_KEYS)
         if reasons and not replaces.replaces:
             log.info("%s", why_reissued(news, olds, reasons))  # the preview's only place to say why
         return replaces
 
-    @_glue.operator_errors
+    @base.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         # A new resource: a new node id or another machine, trusted on first use unless its host key is pinned.
         outs = _issue(props, None)
         return CreateResult(f"{outs['node_id']}:{outs['serial']}", outs)
 
-    @_glue.operator_errors
+    @base.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         reasons = reissue_reasons(olds, news, _now())
         if not reasons:
             # Only validity settings or the way to reach the node changed: they apply at the next issuance.
-            return UpdateResult(_glue.carried(olds, news, OUTPUT_KEYS))
+            return UpdateResult(base.carried(olds, news, OUTPUT_KEYS))
         # The same machine: the host keys recorded when it was first reached are expected.
         return UpdateResult(_issue(news, Recorded(olds.get("host_key"), olds.get("jump_host_keys"))))
 
-    @_glue.operator_errors
+    @base.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         # The certificate lives in state; with the key made on the node, whether the node still holds it is read.
         spec = CertificateSpec.from_props(props)
         cert_pem = props.get("cert_pem")
         if not spec.key_on_node or spec.connection is None or not isinstance(cert_pem, str):
             return ReadResult(id_, props)
-        from .. import pki
+        from ..certificates import pki
 
         def look() -> dict[str, str]:
-            with _glue.session(_glue.for_read(spec.connection), spec.node_id, props.get("host_key"),
+            with base.session(base.for_read(spec.connection), spec.node_id, props.get("host_key"),
                                props.get("jump_host_keys")) as s:
                 return _held_identity(s, spec)[1]
 
         try:
-            seen = _glue.read_once_more(look, spec.node_id)
+            seen = base.read_once_more(look, spec.node_id)
         except errors.UnreachableError as exc:
-            return _glue.unreachable_on_read(id_, props, exc)
+            return base.unreachable_on_read(id_, props, exc)
         want = pki.spki_b64(cert_pem)
         held = want in (seen.get("key_spki"), seen.get("pending_spki"))
         node_key = NODE_KEY_HELD if held else NODE_KEY_OTHER if seen.get("key_spki") else NODE_KEY_GONE
         return ReadResult(id_, {**props, "node_key": node_key})
 
-    @_glue.operator_errors
+    @base.operator_errors
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
         # Revoking the old certificate is a separate decision (SPEC step 2).
         return None
 
 
 PROVIDER = ClientCertificateProvider()
-"""The one instance every resource is registered with (``_glue.ModuleProvider``)."""
+"""The one instance every resource is registered with (``base.ModuleProvider``)."""
 
 
 def _held_identity(s: Any, spec: CertificateSpec) -> tuple[str | None, dict[str, str]]:
     """The certificate the node holds (public), and the public halves of its key and of a pending one
     (``key_spki``, ``pending_spki``): node-key.sh read, over session ``s``."""
     assert spec.connection is not None
-    res = s.run(remote.read_node_key())
-    _glue.raise_for(res, spec.node_id, f"reading the identity on {spec.connection.host}")
+    res = s.run(commands.read_node_key())
+    base.raise_for(res, spec.node_id, f"reading the identity on {spec.connection.host}")
     return facts.parse_survey(res.stdout).texts.get(desired.CERT_PATH), facts.key_values(res.stdout)
 
 
@@ -250,7 +251,7 @@ def _issue(props: dict[str, Any], recorded: Recorded | None) -> dict[str, Any]:
     else the keys its node must present (an update)."""
     from cryptography.hazmat.primitives import serialization
 
-    from .. import pki, signer, signing  # cryptography: only when a certificate is issued
+    from ..certificates import pki, signer, signing  # cryptography: only when a certificate is issued
 
     spec = CertificateSpec.from_props(props)
     now = _now()
@@ -262,7 +263,7 @@ def _issue(props: dict[str, Any], recorded: Recorded | None) -> dict[str, Any]:
     else:
         key_pem, csr = pki.operator_key_and_csr(spec.node_id)
         issued, reached = dataclasses.replace(how.sign(spec, csr), key_pem=key_pem), {}
-    return _glue.outputs(
+    return base.outputs(
         props,
         cert_pem=issued.cert_pem,
         key_pem=issued.key_pem or None,
@@ -289,7 +290,7 @@ class Signing:
         The request is checked first (``pki.requested_key``: CN=<node id> alone, no extension, signed by its own
         strong key): one that asks for anything else never reaches the signer, whichever it is (a command signer
         may sign what it is given verbatim)."""
-        from .. import pki, signer
+        from ..certificates import pki, signer
 
         pki.requested_key(csr_pem, spec.node_id)
         req = signer.request(spec.node_id, csr_pem, dt.timedelta(hours=spec.validity_hours), self.now,
@@ -306,7 +307,7 @@ def _issue_for_node_key(spec: CertificateSpec, how: Signing,
     anything runs on it. An update that has none recorded (the key was made here until now) reaches a machine this
     resource never met: it needs the host key pinned, as a first contact of NodeIdentity's would have recorded it.
     """
-    from .. import pki
+    from ..certificates import pki
 
     assert spec.connection is not None  # checked by ClientCertificateArgs / check()
     if recorded is not None and recorded.host_key is None and spec.connection.host_key is None:
@@ -318,14 +319,14 @@ def _issue_for_node_key(spec: CertificateSpec, how: Signing,
             "`pulumi stack export`), after comparing its fingerprint with `ssh-keygen -lf "
             "/etc/ssh/ssh_host_ed25519_key.pub` run on the machine's console")
     expected_host_key, expected_jump_keys = (recorded.host_key, recorded.jump_host_keys) if recorded else (None, None)
-    with _glue.session(spec.connection, spec.node_id, expected_host_key, expected_jump_keys) as s:
+    with base.session(spec.connection, spec.node_id, expected_host_key, expected_jump_keys) as s:
         held, seen = _held_identity(s, spec)
         adopted = pki.adoptable(pki.Authority(how.ca, None), spec.node_id, held, seen.get("key_spki", ""),
                                 dt.timedelta(hours=spec.renew_before_hours), how.now)
         issued = adopted
         if issued is None:
-            res = s.run(remote.make_node_key(spec.node_id))
-            _glue.raise_for(res, spec.node_id, f"making the node's key pair on {spec.connection.host}")
+            res = s.run(commands.make_node_key(spec.node_id))
+            base.raise_for(res, spec.node_id, f"making the node's key pair on {spec.connection.host}")
             csr = base64.b64decode(facts.key_values(res.stdout).get("csr", "")).decode(errors="replace")
             # how.sign refuses a request for anything but CN=<node id> before any signer sees it. A signer that
             # fails leaves the new key pending on the node, unused: the next attempt replaces it.
@@ -347,7 +348,7 @@ class ClientCertificateArgs:
     connection: Connection | None = None
     """How to reach the node: needed when the key is made on the node."""
     signer: pulumi.Input[Mapping[str, Any]] | None = None
-    """How it is signed: llmgw_pulumi.signer.SignerSpec's fields (kind, ca_pem, command, timeout_seconds,
+    """How it is signed: llmgw_pulumi.certificates.signer.SignerSpec's fields (kind, ca_pem, command, timeout_seconds,
     max_parallel); None: from pki_dir."""
     ca_key: pulumi.Input[str] | None = None
     """Signer caKey: the CA key PEM, as a secret. Taken out of the inputs by check: never recorded in state."""
@@ -356,7 +357,7 @@ class ClientCertificateArgs:
     issued; None (absent) for a CA key that is not encrypted."""
 
 
-class ClientCertificate(_glue.NodeResource, module=decisions.PACKAGE, name=decisions.CERTIFICATE):
+class ClientCertificate(base.NodeResource, module=decisions.PACKAGE, name=decisions.CERTIFICATE):
     PROVIDER = ClientCertificateProvider
     SECRET_OUTPUTS = ("key_pem", "ca_key_passphrase")
 

@@ -30,11 +30,13 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 
-from .. import decisions, facts, readiness, remote
+from .. import decisions
+from ..config.schema import defaults, replace_keys
+from ..config.specs import Connection, Discovery, EngineCheckSpec, Fabric, Hardware, engines_input
 from ..errors import EngineWillNotRunError, NodeNotReadyError, UnreachableError
-from ..schema import defaults, replace_keys
-from ..specs import Connection, Discovery, EngineCheckSpec, Fabric, Hardware, engines_input
-from . import _glue
+from ..health import readiness
+from ..nodestate import commands, facts
+from . import base
 
 INPUT_KEYS = ("node_id", "connection", "known_host_key", "known_jump_host_keys", "engines", "fail_on_problems",
               "fabrics", "discovery", "hardware", "fail_on_critical_problems")
@@ -44,10 +46,10 @@ REPLACE_KEYS = replace_keys(Connection, "connection.")
 
 def _probe(spec: EngineCheckSpec, known: tuple[str | None, Any]) -> dict[str, Any]:
     """Probe the engines and read the inventory, in one run of probe-engines.sh on the node's pooled session."""
-    with _glue.session(spec.connection, spec.node_id, *known) as s:
-        res = s.run(remote.probe_engines(spec.engines, spec.nvidia_smi, spec.ib_root),
-                    timeout=remote.ENGINE_PROBE_TIMEOUT * 4 + 30)
-    _glue.raise_for(res, spec.node_id, f"probing the engines on {spec.connection.host}")
+    with base.session(spec.connection, spec.node_id, *known) as s:
+        res = s.run(commands.probe_engines(spec.engines, spec.nvidia_smi, spec.ib_root),
+                    timeout=commands.ENGINE_PROBE_TIMEOUT * 4 + 30)
+    base.raise_for(res, spec.node_id, f"probing the engines on {spec.connection.host}")
     target = spec.connection.target
     text = readiness.other_lines(res.stdout)  # the health's lines are read by readiness.from_probe
     probes = facts.parse_engine_probes(text, spec.engines)
@@ -69,50 +71,50 @@ def _probe(spec: EngineCheckSpec, known: tuple[str | None, Any]) -> dict[str, An
             "inventory": inventory.as_output(), "readiness": readiness.readiness_of(problems)}
 
 
-class EngineCheckProvider(_glue.ModuleProvider):
+class EngineCheckProvider(base.ModuleProvider):
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        return _glue.check(news, EngineCheckSpec.collect, defaults=defaults(EngineCheckSpec, ("fail_on_problems",)),
+        return base.check(news, EngineCheckSpec.collect, defaults=defaults(EngineCheckSpec, ("fail_on_problems",)),
                            olds=olds, machine_facts=("known_host_key", "known_jump_host_keys"))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # An engine that stays broken is not a change: its problems are outputs, which the
         # Node component shows as warnings in every preview and `up`; refresh probes again.
-        return _glue.diff_result(_glue.changed_keys(olds, news, INPUT_KEYS), REPLACE_KEYS)
+        return base.diff_result(base.changed_keys(olds, news, INPUT_KEYS), REPLACE_KEYS)
 
-    @_glue.operator_errors
+    @base.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         spec = EngineCheckSpec.from_props(props)
-        return CreateResult(spec.node_id, _glue.outputs(props, **_probe(spec, _glue.known_keys(props))))
+        return CreateResult(spec.node_id, base.outputs(props, **_probe(spec, base.known_keys(props))))
 
-    @_glue.operator_errors
+    @base.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        if decisions.operator_side_only(_glue.changed_keys(olds, news, INPUT_KEYS)):
-            return UpdateResult(_glue.carried(olds, news, OUTPUT_KEYS))
+        if decisions.operator_side_only(base.changed_keys(olds, news, INPUT_KEYS)):
+            return UpdateResult(base.carried(olds, news, OUTPUT_KEYS))
         spec = EngineCheckSpec.from_props(news)
-        return UpdateResult(_glue.outputs(news, **_probe(spec, _glue.known_keys(news, olds))))
+        return UpdateResult(base.outputs(news, **_probe(spec, base.known_keys(news, olds))))
 
-    @_glue.operator_errors
+    @base.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         spec = EngineCheckSpec.from_props({**props, "fail_on_problems": False, "fail_on_critical_problems": False})
-        spec = dataclasses.replace(spec, connection=_glue.for_read(spec.connection))
+        spec = dataclasses.replace(spec, connection=base.for_read(spec.connection))
         try:
-            probed = _glue.read_once_more(lambda: _probe(spec, _glue.known_keys(props)), spec.node_id)
+            probed = base.read_once_more(lambda: _probe(spec, base.known_keys(props)), spec.node_id)
             return ReadResult(id_, {**props, **probed})
         except UnreachableError as exc:
-            return _glue.unreachable_on_read(id_, props, exc)
+            return base.unreachable_on_read(id_, props, exc)
 
-    @_glue.operator_errors
+    @base.operator_errors
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
         return None  # a check leaves nothing behind
 
 
 PROVIDER = EngineCheckProvider()
-"""The one instance every resource is registered with (``_glue.ModuleProvider``)."""
+"""The one instance every resource is registered with (``base.ModuleProvider``)."""
 
 
 @dataclass
-class EngineCheckArgs(_glue.OnboardedNodeArgs):
+class EngineCheckArgs(base.OnboardedNodeArgs):
     engines: pulumi.Input[Mapping[str, str]] | None = field(default=None, metadata={"to_input": engines_input})
     """engine -> its executable on the node, as AgentSettings.engines: {"llamacpp": "/opt/llama/bin/llama-server"}."""
     fail_on_problems: pulumi.Input[bool] | None = None
@@ -126,7 +128,7 @@ class EngineCheckArgs(_glue.OnboardedNodeArgs):
     """Fail when the node is not ready (a critical problem), instead of warning (NodeArgs.fail_on_critical_problems)."""
 
 
-class EngineCheck(_glue.NodeResource, module=decisions.PACKAGE, name=decisions.ENGINES):
+class EngineCheck(base.NodeResource, module=decisions.PACKAGE, name=decisions.ENGINES):
     PROVIDER = EngineCheckProvider
 
     problems: pulumi.Output[list[Any]]
@@ -137,7 +139,7 @@ class EngineCheck(_glue.NodeResource, module=decisions.PACKAGE, name=decisions.E
     """{gpus: [{index, name, memory_mib, uuid, pci_bus_id, compute_cap}], driver, cuda, hcas: [...]}."""
     readiness: pulumi.Output[str]
     """ready, degraded (warnings only) or not ready (a critical problem), as of the last probe: the readiness
-    verdict (llmgw_pulumi.readiness) on ``problems``."""
+    verdict (llmgw_pulumi.health.readiness) on ``problems``."""
 
     def __init__(self, name: str, args: EngineCheckArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(*self.registration(name, args, opts))

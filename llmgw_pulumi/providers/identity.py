@@ -19,10 +19,9 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 
-from .. import decisions, desired, errors, facts, observed, plan, remote
-from ..observed import ANY, OBSERVED_KEY, STATE_VERSION, VERSION_KEY, Observed, Want, Wanted
-from ..schema import defaults
-from ..specs import (
+from .. import decisions, errors
+from ..config.schema import defaults
+from ..config.specs import (
     KEY_ORIGIN_NODE,
     KEY_ORIGIN_OPERATOR,
     NODE_REPLACE_KEYS,
@@ -32,7 +31,9 @@ from ..specs import (
     Problems,
     is_unknown,
 )
-from . import _glue
+from ..nodestate import commands, desired, facts, observed, plan
+from ..nodestate.observed import ANY, OBSERVED_KEY, STATE_VERSION, VERSION_KEY, Observed, Want, Wanted
+from . import base
 
 INPUT_KEYS = ("node_id", "connection", "ca_pem", "cert_pem", "key_pem", "key_origin")
 REPLACE_KEYS = NODE_REPLACE_KEYS
@@ -82,7 +83,7 @@ def operator_key_unguarded(sends_key: bool, pin: Any, recorded: Mapping[str, Any
 
 def _apply(spec: IdentitySpec, props: Mapping[str, Any], recorded: Mapping[str, Any],
            seen: Observed | None) -> dict[str, Any]:
-    """Plan and carry out the identity's change (llmgw_pulumi.plan) over one session. ``seen``: what the node
+    """Plan and carry out the identity's change (llmgw_pulumi.nodestate.plan) over one session. ``seen``: what the node
     was last seen holding; None (a create), or a plan the node finds stale: the node is read first."""
     if operator_key_unguarded(spec.key_pem is not None, spec.connection.host_key, recorded):
         # Refused before any connection: nothing is sent, not even the session's first command.
@@ -92,20 +93,20 @@ def _apply(spec: IdentitySpec, props: Mapping[str, Any], recorded: Mapping[str, 
     assert want is not None  # create and update get known PEMs
     spki = None
     if spec.key_pem is None:
-        from .. import pki  # cryptography: only to name the node's key by its public half
+        from ..certificates import pki  # cryptography: only to name the node's key by its public half
 
         spki = pki.spki_b64(spec.cert_pem)
-    with _glue.session(spec.connection, spec.node_id, *recorded_keys(recorded)) as s:
+    with base.session(spec.connection, spec.node_id, *recorded_keys(recorded)) as s:
         def survey() -> Observed:
-            res = s.run(remote.survey(FILES))
-            _glue.raise_for(res, spec.node_id, f"reading the identity's files on {spec.connection.host}")
+            res = s.run(commands.survey(FILES))
+            base.raise_for(res, spec.node_id, f"reading the identity's files on {spec.connection.host}")
             return observed.from_facts(facts.parse_survey(res.stdout), FILES)
 
-        def run(seen: Observed) -> remote.Result:
-            return s.run(remote.install_identity(plan.identity_plan(spec.node_id, want, seen, key_on_node(props)), files, spki))
+        def run(seen: Observed) -> commands.Result:
+            return s.run(commands.install_identity(plan.identity_plan(spec.node_id, want, seen, key_on_node(props)), files, spki))
 
-        res = _glue.run_fresh(spec.node_id, seen, survey, run)
-        _glue.raise_for(res, spec.node_id, f"installing the identity on {spec.connection.host}")
+        res = base.run_fresh(spec.node_id, seen, survey, run)
+        base.raise_for(res, spec.node_id, f"installing the identity on {spec.connection.host}")
         node = facts.parse_survey(res.stdout)
         return {
             "host_key": s.host_key,
@@ -131,7 +132,7 @@ def changes(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
     """Changed inputs, and drift: the node's files, as last seen, differ from what they should hold. A record of
     an earlier version of the package is read through its migration (``observed.migrate``): it is no change."""
     olds = _migrated(olds)
-    found = _glue.changed_keys(olds, news, INPUT_KEYS)
+    found = base.changed_keys(olds, news, INPUT_KEYS)
     want = wanted(news)
     if want is not None and not set(PEM_KEYS) & set(found) and \
             observed.differences(want, Observed.parse(olds.get(OBSERVED_KEY))):
@@ -139,7 +140,7 @@ def changes(olds: Mapping[str, Any], news: Mapping[str, Any]) -> list[str]:
     return found
 
 
-class NodeIdentityProvider(_glue.ModuleProvider):
+class NodeIdentityProvider(base.ModuleProvider):
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         def collect(props: Mapping[str, Any], problems: Problems) -> None:
@@ -149,52 +150,52 @@ class NodeIdentityProvider(_glue.ModuleProvider):
             conn = props.get("connection")
             if not isinstance(conn, Mapping) or is_unknown(conn.get("host_key")):
                 return  # the pin is not known yet (a preview): create() decides
-            new_machine = not olds or not _glue.same_machine(olds, props) or olds.get("node_id") != props.get("node_id")
+            new_machine = not olds or not base.same_machine(olds, props) or olds.get("node_id") != props.get("node_id")
             operator_key = props.get("key_origin") == KEY_ORIGIN_OPERATOR
             if new_machine and operator_key_unguarded(operator_key, conn.get("host_key"), props):
                 problems.add("hostKey", *OPERATOR_KEY_UNGUARDED)
 
         # The host keys ClientCertificate recorded: the same while the machine is (it refuses another).
-        return _glue.check(news, collect, defaults=defaults(CertificateSpec, ("key_origin",)), olds=olds,
+        return base.check(news, collect, defaults=defaults(CertificateSpec, ("key_origin",)), olds=olds,
                            machine_facts=("known_host_key", "known_jump_host_keys"))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # A replacement is created before the old one is deleted; the delete
         # leaves the node alone once it carries the replacement's certificate.
-        return _glue.diff_result(changes(olds, news), REPLACE_KEYS)
+        return base.diff_result(changes(olds, news), REPLACE_KEYS)
 
-    @_glue.operator_errors
+    @base.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         spec = IdentitySpec.from_props(props)
         computed = _apply(spec, props, props, None)
-        return CreateResult(spec.node_id, _recorded(_glue.outputs(props, **computed)))
+        return CreateResult(spec.node_id, _recorded(base.outputs(props, **computed)))
 
-    @_glue.operator_errors
+    @base.operator_errors
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         operator_side = decisions.operator_side_only(changes(olds, news))
         olds = _migrated(olds)
         if operator_side:
-            return UpdateResult(_recorded(_glue.carried(olds, news, OUTPUT_KEYS)))
+            return UpdateResult(_recorded(base.carried(olds, news, OUTPUT_KEYS)))
         spec = IdentitySpec.from_props(news)
         computed = _apply(spec, news, olds, Observed.parse(olds.get(OBSERVED_KEY)))
-        return UpdateResult(_recorded(_glue.outputs(news, **computed)))
+        return UpdateResult(_recorded(base.outputs(news, **computed)))
 
-    @_glue.operator_errors
+    @base.operator_errors
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         props = _migrated(props)
         spec = IdentitySpec.from_props(props)
-        surveyed = _glue.survey_for_read(spec.connection, spec.node_id, recorded_keys(props), FILES)
+        surveyed = base.survey_for_read(spec.connection, spec.node_id, recorded_keys(props), FILES)
         if surveyed is None:
             return ReadResult(id_, props)  # an outage never rewrites the record
         node = surveyed.node
         jump_host_keys = {**(props.get("jump_host_keys") or {}), **surveyed.jump_host_keys}
         seen = observed.from_facts(node, FILES)
-        outs = _recorded(_glue.outputs({**props, OBSERVED_KEY: seen.record(), "hostname": node.hostname,
+        outs = _recorded(base.outputs({**props, OBSERVED_KEY: seen.record(), "hostname": node.hostname,
                                         "arch": node.arch}, jump_host_keys=jump_host_keys))
         drift = observed.by_path(observed.differences(wanted(props) or Wanted({}), seen))
-        return _glue.read_result(id_, props, OUTPUT_KEYS, outs, {"drift": drift or None})
+        return base.read_result(id_, props, OUTPUT_KEYS, outs, {"drift": drift or None})
 
-    @_glue.operator_errors
+    @base.operator_errors
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         props = _migrated(props)
         spec = IdentitySpec.from_props(props)
@@ -204,12 +205,12 @@ class NodeIdentityProvider(_glue.ModuleProvider):
         shas = {path: want.sha256 if want.sha256 != ANY else last.sha256(path)
                 for path, want in (wanted(props) or Wanted({})).files.items()}
         owned = {path: sha for path, sha in shas.items() if sha}
-        _glue.remove_from_node(spec.connection, spec.node_id, recorded_keys(props),
-                               remote.remove_identity(owned), "the identity")
+        base.remove_from_node(spec.connection, spec.node_id, recorded_keys(props),
+                               commands.remove_identity(owned), "the identity")
 
 
 PROVIDER = NodeIdentityProvider()
-"""The one instance every resource is registered with (``_glue.ModuleProvider``)."""
+"""The one instance every resource is registered with (``base.ModuleProvider``)."""
 
 
 def _migrated(props: Mapping[str, Any]) -> dict[str, Any]:
@@ -231,7 +232,7 @@ class NodeIdentityArgs:
     known_jump_host_keys: pulumi.Input[dict[str, str]] | None = None
 
 
-class NodeIdentity(_glue.NodeResource, module=decisions.PACKAGE, name=decisions.IDENTITY):
+class NodeIdentity(base.NodeResource, module=decisions.PACKAGE, name=decisions.IDENTITY):
     PROVIDER = NodeIdentityProvider
     SECRET_OUTPUTS = ("key_pem",)
 
@@ -241,7 +242,7 @@ class NodeIdentity(_glue.NodeResource, module=decisions.PACKAGE, name=decisions.
     hostname: pulumi.Output[str]
     arch: pulumi.Output[str]
     observed: pulumi.Output[dict[str, Any]]
-    """What the node was last seen holding (llmgw_pulumi.observed)."""
+    """What the node was last seen holding (llmgw_pulumi.nodestate.observed)."""
     trust: pulumi.Output[str]
     state_version: pulumi.Output[int]
 

@@ -6,7 +6,7 @@ import shlex
 import pytest
 import yaml
 
-from llmgw_pulumi.shards import SHARDS_ENV
+from llmgw_pulumi.stack.shards import SHARDS_ENV
 from tests.conftest import ssh, stack_config, up_while
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]

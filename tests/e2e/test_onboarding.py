@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
 from lab.doubles.llmgw import build_llmgw
-from llmgw_pulumi import pki
+from llmgw_pulumi.certificates import pki
 from tests.conftest import RELEASE, TAMPERED_RELEASE, resource_count, ssh, stack_config, up_while
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
@@ -155,9 +155,9 @@ def test_tampered_release_is_refused_and_nothing_installed(cluster, hosts, new_s
 
 def staging_dirs() -> list[str]:
     """The directory install-agent.sh makes its staging dir in (``mktemp -d``), then those earlier versions used."""
-    from llmgw_pulumi import remote
+    from llmgw_pulumi.nodestate import commands
 
-    found = re.findall(r'mktemp -d "\$R(/[^"]*)/llmgw-stage\.X+"', remote.script_text("install-agent.sh"))
+    found = re.findall(r'mktemp -d "\$R(/[^"]*)/llmgw-stage\.X+"', commands.script_text("install-agent.sh"))
     assert len(found) == 1, "install-agent.sh no longer makes its staging dir with mktemp -d \"$R/DIR/llmgw-stage.X...\""
     return [found[0], *(d for d in ("/run", "/var/tmp") if d != found[0])]
 

@@ -7,7 +7,7 @@ When the thread that does it is preempted in that gap (it happened once in a 1,0
 names a channel sshd has freed, and sshd drops the whole connection ("ieof packet referred to nonexistent
 channel 0" in the node's journal), so the node's next step over the pooled connection failed with "Unable to open
 channel". `late_end_of_input` makes that gap as wide as the test needs: the message is sent once the channel has
-closed, or after LATE_SECONDS. `ssh_session.reads_its_input_to_the_end` is what keeps the connection.
+closed, or after LATE_SECONDS. `connection.reads_its_input_to_the_end` is what keeps the connection.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 import paramiko
 import pytest
 
-from llmgw_pulumi import ssh_session, transport
+from llmgw_pulumi.config.specs import Connection
 from llmgw_pulumi.errors import RemoteCommandError
-from llmgw_pulumi.remote import Script
-from llmgw_pulumi.specs import Connection
+from llmgw_pulumi.nodestate.commands import Script
+from llmgw_pulumi.ssh import connection, transport
 from tests.conftest import ssh
 
 pytestmark = [pytest.mark.hosts]
@@ -95,7 +95,7 @@ def test_without_reading_to_the_end_a_late_end_of_input_drops_the_connection(
     """The fault the first test survives, shown to strike: without `reads_its_input_to_the_end`, sshd closes the
     channel before our end of input, and drops the connection when it comes."""
     host, = hosts(1)
-    monkeypatch.setattr(ssh_session, "reads_its_input_to_the_end", lambda command: command)
+    monkeypatch.setattr(connection, "reads_its_input_to_the_end", lambda command: command)
     with pytest.raises(RemoteCommandError) as broke:
         commands_over_one_connection(host, cluster, monkeypatch)
     assert "the SSH connection to deploy@" in broke.value.message and "broke" in broke.value.message

@@ -1,7 +1,7 @@
 """Changing how many provider processes a program spreads its nodes over moves an onboarded stack's nodes to other
 processes without touching a node (issue 21, item 5).
 
-A node's four resources belong to the provider resource ``llmgw-shard-<k>`` of its shard (llmgw_pulumi/shards.py).
+A node's four resources belong to the provider resource ``llmgw-shard-<k>`` of its shard (llmgw_pulumi/stack/shards.py).
 With another count, many nodes land in another shard: their resources' provider reference changes. The engine
 replaces a resource whose provider changed only when the new provider's DiffConfig asks for it; a
 ``pulumi-python`` provider resource has no config, so the resource is diffed as usual, and nothing else of it
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from llmgw_pulumi.shards import PROVIDER_SHARDS, SHARDS_ENV, shard_name, shard_of
+from llmgw_pulumi.stack.shards import PROVIDER_SHARDS, SHARDS_ENV, shard_name, shard_of
 from tests.conftest import stack_config
 from tests.e2e.node_checks import agent_process, node_files, serials, steps_taken
 

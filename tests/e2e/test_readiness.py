@@ -24,10 +24,10 @@ from lab.doubles import infiniband
 from lab.doubles.kernel_log import build_journalctl
 from lab.doubles.nvidia_smi import FIXTURES, build_nvidia_smi
 from lab.local import give_hardware
-from llmgw_pulumi import sessions, transport
-from llmgw_pulumi.providers import _glue, engines
-from llmgw_pulumi.remote import Script
-from llmgw_pulumi.specs import EngineCheckSpec
+from llmgw_pulumi.config.specs import EngineCheckSpec
+from llmgw_pulumi.nodestate.commands import Script
+from llmgw_pulumi.providers import base, engines
+from llmgw_pulumi.ssh import sessions, transport
 from tests.conftest import ssh, stack_config
 from tests.fixtures.faults import FAULTS, fault
 
@@ -136,7 +136,7 @@ def test_problems_appear_under_their_node_the_gate_fails_only_them_and_fixing_cl
 
 def install(spec: EngineCheckSpec, known: tuple[str | None, Any], path: str, text: str) -> None:
     """``text`` as root's ``path`` (mode 0755) on the node, over its pooled session, put in place at once."""
-    with _glue.session(spec.connection, spec.node_id, *known) as s:
+    with base.session(spec.connection, spec.node_id, *known) as s:
         res = s.run(Script('cat > "$1.new" && chmod 0755 "$1.new" && mv -f "$1.new" "$1"', (path,), text.encode()))
     assert res.rc == 0, res
 
@@ -152,7 +152,7 @@ def test_every_fault_fixture_and_an_xid_reach_their_node_through_the_probe_and_r
     assert stack.outputs()[host.hostname]["readiness"] == "ready"
     (check,) = [r for r in stack.export()["resources"] if r["type"].endswith("EngineCheck")]
     # The node's check as the provider reads it on a refresh: its spec and the host key NodeIdentity recorded.
-    spec, known = EngineCheckSpec.from_props(check["outputs"]), _glue.known_keys(check["outputs"])
+    spec, known = EngineCheckSpec.from_props(check["outputs"]), base.known_keys(check["outputs"])
     target = f"ssh deploy@{host.addr} "
 
     # Each fault's nvidia-smi on the node, then the probe EngineCheck runs, over one pooled SSH connection.

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from lab import pki as labpki
-from llmgw_pulumi import desired
+from llmgw_pulumi.nodestate import desired
 from tests.conftest import ssh, stack_config
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]

@@ -26,7 +26,7 @@ import pytest
 
 from lab.doubles.llmgw import build_llmgw
 from lab.release_server import corrupt_signature, make_signing_key, publish_release, serving
-from llmgw_pulumi.release_policy import UNVERIFIED_WARNING
+from llmgw_pulumi.releases.policy import UNVERIFIED_WARNING
 from tests.conftest import RELEASE, REPO, shard, stack_config
 
 BINARY, CONFIG, UNIT = "/usr/local/bin/llmgw", "/etc/llmgw/agent.yaml", "/etc/systemd/system/llmgw-agent.service"

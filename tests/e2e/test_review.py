@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from llmgw_pulumi import review
+from llmgw_pulumi.preview import cli as review
 from tests.conftest import NEXT_RELEASE, RELEASE, REPO, ssh, stack_config
 from tests.unit.inert_markdown import MARKER, PARSER, assert_marker_only_in_code, kinds, leaves
 

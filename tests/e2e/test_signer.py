@@ -29,7 +29,7 @@ from lab import seed
 from lab.control_plane import ControlPlane
 from lab.hsm import SIGNER, Token
 from lab.stack import LabStack, engine_env
-from llmgw_pulumi import pki
+from llmgw_pulumi.certificates import pki
 from tests.conftest import RELEASE, REPO, ssh, stack_config, wait_until
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]

@@ -15,9 +15,9 @@ PEM = re.compile(r"-----BEGIN [A-Z0-9 ]+-----.*?-----END [A-Z0-9 ]+-----")
 
 NODE_FRAMES = {"Node": 0, "ClientCertificate": 0, "NodeIdentity": 0, "AgentInstall": 0, "EngineCheck": 0}
 """Frames of the program's call stack each of a node's resources records (the SDK's stackTrace), made by the package's
-program: none (llmgw_pulumi.call_stack). They were 7 and 10 (16 each while the program registered from
+program: none (llmgw_pulumi.stack.call_stack). They were 7 and 10 (16 each while the program registered from
 `__main__.py`), 4.7 KB of a node's 16.4 KB in the 500-node benchmark; then the Node kept the line that made it,
-the same line of llmgw_pulumi.program for every node (133 bytes)."""
+the same line of llmgw_pulumi.stack.program for every node (133 bytes)."""
 
 NODE_BUDGET = 9_700
 """Bytes of a node's five resources in `pulumi stack export`, PEM bodies left out: 9,372 measured under the tests'

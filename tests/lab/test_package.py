@@ -82,7 +82,7 @@ def test_install_keeps_the_users_newest_sdk_and_exposes_the_public_api(tmp_path:
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     out = run(python, "-c", "\n".join([
-        "import llmgw_pulumi, llmgw_pulumi.pki, llmgw_pulumi.transport",
+        "import llmgw_pulumi, llmgw_pulumi.certificates.pki, llmgw_pulumi.ssh.transport",
         "from llmgw_pulumi import Node, NodeArgs, ConnectionArgs, ConfigError, __version__",
         "from pathlib import Path",
         "pkg = Path(llmgw_pulumi.__file__).parent",

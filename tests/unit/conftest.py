@@ -9,7 +9,7 @@ import pulumi
 import pytest
 
 from lab import pki as labpki
-from llmgw_pulumi import sessions
+from llmgw_pulumi.ssh import sessions
 from tests.fakenode import FakeNode, FakeNodes
 from tests.unit import Mocks
 from tests.unit.fake_node_resources import ADDR, HOST_KEY, agent_binary

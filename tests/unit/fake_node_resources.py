@@ -13,8 +13,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from lab.release_server import publish_release
-from llmgw_pulumi import desired
-from llmgw_pulumi.observed import Observed
+from llmgw_pulumi.nodestate import desired
+from llmgw_pulumi.nodestate.observed import Observed
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lab.doubles.nvidia_smi import FIXTURES as SHARED_FIXTURES
-from llmgw_pulumi.readiness import Expectations
+from llmgw_pulumi.health.readiness import Expectations
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REAL_XML = (FIXTURES / "nvidia-h200" / "nvidia-smi-q.xml").read_text()

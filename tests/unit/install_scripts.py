@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
-from llmgw_pulumi import desired, plan, remote
-from llmgw_pulumi.observed import Observed, Want, Wanted
+from llmgw_pulumi.nodestate import commands, desired, plan
+from llmgw_pulumi.nodestate.observed import Observed, Want, Wanted
 
 
 def agent_install(source=plan.Do.FETCH, config="c", unit="u", binary=b"", **kwargs):
@@ -13,5 +13,5 @@ def agent_install(source=plan.Do.FETCH, config="c", unit="u", binary=b"", **kwar
     wanted = Wanted({f.path: Want(f.sha256, f.mode, f.owner) for f in desired.agent_files(config, unit)}, "active enabled")
     sha = hashlib.sha256(binary).hexdigest()
     change = plan.agent_plan("gpu-01", wanted, Observed({}), "amd64", plan.BinaryWanted(source, {"amd64": sha, "": sha}))
-    pushed = remote.StdinFile("/the/binary", len(binary)) if source in (plan.Do.COPY, plan.Do.PUSH) else None
-    return remote.install_agent(change, config, unit, binary=pushed, **kwargs)
+    pushed = commands.StdinFile("/the/binary", len(binary)) if source in (plan.Do.COPY, plan.Do.PUSH) else None
+    return commands.install_agent(change, config, unit, binary=pushed, **kwargs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmgw_pulumi.observed import STATE_VERSION, Observed, Seen
+from llmgw_pulumi.nodestate.observed import STATE_VERSION, Observed, Seen
 from llmgw_pulumi.providers.agent import wanted as agent_wanted
 from tests.unit import fake_pem
 

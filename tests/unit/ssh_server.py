@@ -15,7 +15,7 @@ import paramiko
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from llmgw_pulumi.specs import Connection
+from llmgw_pulumi.config.specs import Connection
 
 
 def ed25519_pair() -> tuple[paramiko.Ed25519Key, str]:

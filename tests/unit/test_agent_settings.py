@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from pulumi.output import Unknown
 
-from llmgw_pulumi import agent_settings
-from llmgw_pulumi.agent_settings import BinarySource
-from llmgw_pulumi.schema import Problems, Spelling
+from llmgw_pulumi.config import agent_settings
+from llmgw_pulumi.config.agent_settings import BinarySource
+from llmgw_pulumi.config.schema import Problems, Spelling
 
 UNKNOWN = Unknown()
 SHA = "ab" * 32

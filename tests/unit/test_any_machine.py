@@ -12,16 +12,17 @@ import pulumi
 import pytest
 from pulumi.output import Unknown
 
-from llmgw_pulumi import program, validate
+from llmgw_pulumi import validate
+from llmgw_pulumi.config.specs import Connection, Problems, is_unknown
 from llmgw_pulumi.errors import ConfigError
-from llmgw_pulumi.observed import STATE_VERSION
+from llmgw_pulumi.nodestate.observed import STATE_VERSION
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
 from llmgw_pulumi.providers.identity import wanted as identity_wanted
-from llmgw_pulumi.specs import Connection, Problems, is_unknown
-from llmgw_pulumi.ssh_keys import load_private_key
+from llmgw_pulumi.ssh.keys import load_private_key
+from llmgw_pulumi.stack import program
 from tests.unit import Mocks
 from tests.unit.provider_inputs import as_installed, as_seen
 

@@ -13,8 +13,9 @@ import pulumi
 import pytest
 from google.protobuf import json_format
 
-from llmgw_pulumi import program, stack_config
+from llmgw_pulumi.config import stack_config
 from llmgw_pulumi.errors import ConfigError
+from llmgw_pulumi.stack import program
 from tests.unit import Mocks
 from tests.unit.mock_monitor import RecordingMonitor
 

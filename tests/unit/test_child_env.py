@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_pulumi import child_env, program
+from llmgw_pulumi import child_env
+from llmgw_pulumi.stack import program
 
 CONFIDENTIAL = {
     "PULUMI_CONFIG": '{"llmgw:caKey": "the CA key\'s text"}',

@@ -1,4 +1,4 @@
-"""python -m llmgw_pulumi.ci review-config: the stack config a pull request's preview reads (examples/ci)."""
+"""python -m llmgw_pulumi.preview.ci review-config: the stack config a pull request's preview reads (examples/ci)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmgw_pulumi import ci
+from llmgw_pulumi.preview import ci
 
 SALT = "v1:ArfQ3k9KlII=:v1:3zs7oNexI9Lq5Mq7:Iserj2kan4FcYQjfmX/8Vk13IIfWww=="
 PLAIN = {"llmgw:servers": ["cp1:7443"], "llmgw:nodes": [{"id": "gpu-01", "address": "10.0.0.1"}]}

@@ -1,4 +1,4 @@
-"""Node as a component package (llmgw_pulumi.component): its schema from the declarations, its inputs checked as
+"""Node as a component package (llmgw_pulumi.stack.component): its schema from the declarations, its inputs checked as
 stack config, its wiring under the SDK's mock monitor, and the Python the dynamic-provider plugin would run."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import pulumi
 import pytest
 from pulumi.errors import InputPropertiesError
 
-from llmgw_pulumi import component, component_types, stack_config
-from llmgw_pulumi.component_host import NodeProvider
-from llmgw_pulumi.schema import Spelling, names
-from llmgw_pulumi.shards import shard_name, shard_of
-from llmgw_pulumi.specs import Hop
+from llmgw_pulumi.config import stack_config
+from llmgw_pulumi.config.schema import Spelling, names
+from llmgw_pulumi.config.specs import Hop
+from llmgw_pulumi.stack import component, component_types
+from llmgw_pulumi.stack.component_host import NodeProvider
+from llmgw_pulumi.stack.shards import shard_name, shard_of
 from tests.conftest import REPO
 from tests.unit.mock_monitor import NODE_TYPES, PROVIDER_TYPE, RecordingMonitor, settle
 

@@ -17,10 +17,10 @@ import pulumi
 import pytest
 
 import llmgw_pulumi
-from llmgw_pulumi import node_list, stack_config
-from llmgw_pulumi.agent_settings import AgentSettings, BinarySource
+from llmgw_pulumi.config import node_list, stack_config
+from llmgw_pulumi.config.agent_settings import AgentSettings, BinarySource
 from llmgw_pulumi.errors import ConfigError, StackConfigError
-from llmgw_pulumi.node import ConnectionArgs, check_node_args
+from llmgw_pulumi.stack.node import ConnectionArgs, check_node_args
 from tests.unit import RELEASE_KEY
 from tests.unit.good_configs import good_node_args
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
-from llmgw_pulumi import component_types, config_reference, stack_config
+from llmgw_pulumi.config import stack_config
+from llmgw_pulumi.stack import component_types, reference
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "configuration.md"
@@ -34,8 +35,8 @@ def rows(text: str) -> dict[str, dict[str, tuple[str, ...]]]:
 
 
 def test_the_page_is_what_the_declarations_say() -> None:
-    assert PAGE.read_text() == config_reference.render(), \
-        "docs/configuration.md is stale: run `python -m llmgw_pulumi.config_reference > docs/configuration.md`"
+    assert PAGE.read_text() == reference.render(), \
+        "docs/configuration.md is stale: run `python -m llmgw_pulumi.stack.reference > docs/configuration.md`"
 
 
 def missing(page: dict[str, dict[str, tuple[str, ...]]]) -> list[str]:
@@ -62,13 +63,13 @@ def test_a_key_without_a_meaning_is_found(monkeypatch: pytest.MonkeyPatch) -> No
     declared = component_types.declared_settings()
     undocumented = tuple(dataclasses.replace(d, doc="") if d.key == "pkiDir" else d for d in declared)
     monkeypatch.setattr(component_types, "declared_settings", lambda: undocumented)
-    assert missing(rows(config_reference.render())) == ["pkiDir"]
+    assert missing(rows(reference.render())) == ["pkiDir"]
     monkeypatch.setattr(stack_config, "SCHEMA", {**stack_config.SCHEMA, "newKey": None})
-    assert "newKey" in missing(rows(config_reference.render()))
+    assert "newKey" in missing(rows(reference.render()))
 
 
 def test_defaults_types_and_the_stack_config_s_own_spelling_are_shown() -> None:
-    page = rows(config_reference.render())
+    page = rows(reference.render())
     assert page["A node"]["id"][1:3] == ("text", "required")
     assert "nodeId" not in page["A node"]
     assert page["The stack"]["signer.kind"][1:3] == ("text", '`"pkiDir"`')
@@ -82,4 +83,4 @@ def test_a_doc_holding_a_pipe_stays_one_cell(monkeypatch: pytest.MonkeyPatch) ->
     declared = component_types.declared_settings()
     piped = tuple(dataclasses.replace(d, doc="node | operator") if d.key == "pkiDir" else d for d in declared)
     monkeypatch.setattr(component_types, "declared_settings", lambda: piped)
-    assert rows(config_reference.render())["The stack"]["pkiDir"][3] == "node | operator"
+    assert rows(reference.render())["The stack"]["pkiDir"][3] == "node | operator"

@@ -2,7 +2,7 @@
 
 Each decision is tabled once here, and each table is run through both sides: the provider itself (its diff, its
 update, the warning it logs) and the review of a preview that holds the same recorded and new values
-(``review.review``). A side that decides on its own again fails the table on that side.
+(``cli.review``). A side that decides on its own again fails the table on that side.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from typing import Any
 import pulumi
 import pytest
 
-from llmgw_pulumi import decisions, fleet_review, review
+from llmgw_pulumi import decisions
 from llmgw_pulumi.decisions import CA_CHANGED, EXPIRES, KEY_LOST, KEY_ORIGIN_CHANGED
+from llmgw_pulumi.preview import changes as fleet_review
+from llmgw_pulumi.preview import cli
 from llmgw_pulumi.providers import certificate
 from tests.unit import AGENT_YAML_COMMENTS, RELEASE_KEY, Mocks, fake_pem
 
@@ -100,7 +102,7 @@ def test_the_certificate_provider_reissues_for_the_reasons_decided(
 def certificate_update(recorded: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
     """A preview in which gpu-01's ClientCertificate is updated from ``recorded`` to ``wanted``, as the engine's
     JSON writes it."""
-    urn = f"urn:pulumi:prod::fleet::{review.NODE_TYPE}$pulumi-python:dynamic/llmgw:ClientCertificate::gpu-01"
+    urn = f"urn:pulumi:prod::fleet::{cli.NODE_TYPE}$pulumi-python:dynamic/llmgw:ClientCertificate::gpu-01"
     inputs = {k: v for k, v in recorded.items() if k in WANTED}
     return {"steps": [{"urn": urn, "op": "update", "oldState": {"inputs": inputs, "outputs": recorded},
                        "newState": {"inputs": wanted}}], "diagnostics": []}
@@ -109,7 +111,7 @@ def certificate_update(recorded: dict[str, Any], wanted: dict[str, Any]) -> dict
 @pytest.mark.parametrize(("what", "recorded", "wanted", "reasons"), REISSUE, ids=IDS)
 def test_the_review_says_the_reasons_decided(what: str, recorded: dict[str, Any], wanted: dict[str, Any],
                                              reasons: tuple[str, ...]) -> None:
-    node = review.review(certificate_update(recorded, wanted), NOW).nodes["gpu-01"]
+    node = cli.review(certificate_update(recorded, wanted), NOW).nodes["gpu-01"]
     assert node.certificate == tuple(fleet_review.REISSUE_WHY[r] for r in reasons), what
 
 
@@ -119,7 +121,7 @@ def test_a_window_not_known_yet_decides_nothing() -> None:
     due = {**RECORDED, "not_after": NOW.isoformat()}
     assert decisions.reissue(due, WANTED, NOW).reasons == (EXPIRES,)  # the control: known, it is due
     assert decisions.reissue(due, {**WANTED, "renew_before_hours": Unknown()}, NOW).reasons == ()
-    unknown_in_json = review.review(certificate_update(due, {**WANTED, "renew_before_hours": review.UNKNOWN}), NOW)
+    unknown_in_json = cli.review(certificate_update(due, {**WANTED, "renew_before_hours": cli.UNKNOWN}), NOW)
     assert unknown_in_json.nodes["gpu-01"].certificate == ()
 
 
@@ -151,7 +153,7 @@ def installed(inputs: dict[str, Any]) -> dict[str, Any]:
     the shape before state_version 1, read through its migration)."""
     import hashlib
 
-    from llmgw_pulumi import desired
+    from llmgw_pulumi.nodestate import desired
 
     config = AGENT_YAML_COMMENTS.format(inputs["node_id"]) + inputs["agent_yaml"]  # as a package of that shape kept it
     seen = {"binary_sha256": "b" * 64, "config_sha256": hashlib.sha256(config.encode()).hexdigest(),
@@ -168,7 +170,7 @@ def checked(provider: Any, news: dict[str, Any]) -> dict[str, Any]:
 
 def agent_update(old_in: dict[str, Any], new_in: dict[str, Any]) -> dict[str, Any]:
     """A preview in which gpu-01's AgentInstall is updated from ``old_in`` to ``new_in``."""
-    urn = f"urn:pulumi:prod::fleet::{review.NODE_TYPE}$pulumi-python:dynamic/llmgw:AgentInstall::gpu-01"
+    urn = f"urn:pulumi:prod::fleet::{cli.NODE_TYPE}$pulumi-python:dynamic/llmgw:AgentInstall::gpu-01"
     return {"steps": [{"urn": urn, "op": "update", "oldState": {"inputs": old_in, "outputs": old_in},
                        "newState": {"inputs": new_in}}], "diagnostics": []}
 
@@ -176,7 +178,7 @@ def agent_update(old_in: dict[str, Any], new_in: dict[str, Any]) -> dict[str, An
 @pytest.mark.parametrize(("name", "change"), OPERATOR_SIDE_CHANGES, ids=[c[0] for c in OPERATOR_SIDE_CHANGES])
 def test_an_operator_side_change_reaches_no_node_and_the_review_restarts_nothing(name: str,
                                                                                  change: dict[str, Any]) -> None:
-    from llmgw_pulumi.providers import _glue
+    from llmgw_pulumi.providers import base
     from llmgw_pulumi.providers.agent import AgentInstallProvider
     from llmgw_pulumi.providers.engines import EngineCheckProvider
 
@@ -186,11 +188,11 @@ def test_an_operator_side_change_reaches_no_node_and_the_review_restarts_nothing
     for provider, inputs, record in ((AgentInstallProvider(), AGENT, installed), (EngineCheckProvider(), engines, dict)):
         olds = checked(provider, {**inputs, "known_jump_host_keys": {"127.0.0.1:1": HOST_KEY}})
         news = checked(provider, {**olds, **change})
-        assert _glue.changed_keys(olds, news, keys) == [name]  # the change is the one named
+        assert base.changed_keys(olds, news, keys) == [name]  # the change is the one named
         outs = provider.update("gpu-01", record(olds), news).outs  # reaching 127.0.0.1:1 would fail: not tried
         assert {k: outs.get(k) for k in keys} == {k: news.get(k) for k in keys}, provider
     olds = checked(AgentInstallProvider(), AGENT)
-    node = review.review(agent_update(olds, {**olds, **change}), NOW).nodes["gpu-01"]
+    node = cli.review(agent_update(olds, {**olds, **change}), NOW).nodes["gpu-01"]
     assert not node.restarts and node.untouched, name
 
 
@@ -205,7 +207,7 @@ def test_a_change_to_the_node_reaches_it_and_the_review_restarts_the_agent(name:
     news = checked(provider, {**AGENT, **change})
     with pytest.raises(errors.UnreachableError):  # it reaches for the node, which is not there
         provider.update("gpu-01", olds, news)
-    node = review.review(agent_update(checked(provider, AGENT), news), NOW).nodes["gpu-01"]
+    node = cli.review(agent_update(checked(provider, AGENT), news), NOW).nodes["gpu-01"]
     assert node.restart_gated and not node.untouched, name
 
 
@@ -237,8 +239,8 @@ def test_every_input_named_by_a_decision_is_an_input_of_a_resource() -> None:
     # A renamed input would leave its old name here, deciding nothing.
     import dataclasses
 
+    from llmgw_pulumi.config.specs import Connection
     from llmgw_pulumi.providers import certificate as cert
-    from llmgw_pulumi.specs import Connection
 
     inputs = agent_inputs() | {f.name for f in dataclasses.fields(cert.ClientCertificateArgs)}
     inputs |= {f"connection.{f.name}" for f in dataclasses.fields(Connection)}
@@ -262,9 +264,9 @@ def as_the_engine_writes(urn: str) -> str:
 
 def read_as_the_review_reads(urns: list[str]) -> list[str]:
     """The kinds the review tells resources by (``kind_of``), for those it reads, sorted."""
-    kinds = [review.kind_of(as_the_engine_writes(urn)) for urn in urns]
-    return sorted(k for k in kinds if k in (review.NODE_TYPE, review.CERTIFICATE, review.IDENTITY, review.AGENT,
-                                            review.ENGINES))
+    kinds = [cli.kind_of(as_the_engine_writes(urn)) for urn in urns]
+    return sorted(k for k in kinds if k in (cli.NODE_TYPE, cli.CERTIFICATE, cli.IDENTITY, cli.AGENT,
+                                            cli.ENGINES))
 
 
 EVERY_KIND = sorted([decisions.NODE_TYPE, decisions.CERTIFICATE, decisions.IDENTITY, decisions.AGENT, decisions.ENGINES])
@@ -289,7 +291,7 @@ def test_the_review_reads_the_types_a_program_s_node_registers(mocked: None) -> 
 
 @pulumi.runtime.test
 def test_the_review_reads_the_type_the_component_s_node_registers(mocked: None, tmp_path: Any) -> Any:
-    from llmgw_pulumi import component
+    from llmgw_pulumi.stack import component
 
     key = tmp_path / "id_ed25519"
     key.write_text("read only when a node is reached")
@@ -330,7 +332,7 @@ def test_a_node_a_refresh_could_not_read_is_marked_by_the_provider_and_read_so_b
                            for kind in (decisions.ENGINES, decisions.AGENT)],
                  "diagnostics": [{"urn": urn.format(kind), "severity": "warning", "message": record}
                                  for kind, record in zip((decisions.ENGINES, decisions.AGENT), said, strict=True)]}
-    node = review.review(refreshed, NOW).nodes["gpu-01"]
+    node = cli.review(refreshed, NOW).nodes["gpu-01"]
     assert len(node.unreadable) == 1 and node.unreadable[0].startswith("gpu-01: cannot reach deploy@127.0.0.1")
     assert decisions.UNREADABLE_MARK not in node.unreadable[0] and not node.problems
 
@@ -344,7 +346,7 @@ def test_only_the_providers_mark_says_a_node_could_not_be_read(message: str) -> 
     urn = f"urn:pulumi:prod::fleet::{decisions.NODE_TYPE}$pulumi-python:dynamic/llmgw:{decisions.ENGINES}::gpu-01"
     preview = {"steps": [{"urn": urn, "op": "refresh", "newState": {"inputs": {}, "outputs": {}}}],
                "diagnostics": [{"urn": urn, "severity": "warning", "message": f"warning: {message}\n"}]}
-    node = review.review(preview, NOW).nodes["gpu-01"]
+    node = cli.review(preview, NOW).nodes["gpu-01"]
     assert not node.unreadable and node.problems == [message]
     marked = decisions.unreadable_warning("gpu-01: cannot reach deploy@10.0.0.9 over ssh after 10s")
     assert decisions.unreadable_reason(marked + "\n") == \

@@ -3,8 +3,8 @@
 import pytest
 import yaml
 
-from llmgw_pulumi import desired
-from llmgw_pulumi.specs import AgentSettings
+from llmgw_pulumi.config.specs import AgentSettings
+from llmgw_pulumi.nodestate import desired
 
 BASE = {"node_id": "gpu-01", "servers": ["cp1.example.net:7443"]}
 TLS = {"ca": "/etc/llmgw/ca.pem", "cert": "/etc/llmgw/agent.pem", "key": "/etc/llmgw/agent-key.pem"}

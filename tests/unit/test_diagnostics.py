@@ -2,7 +2,7 @@
 
 The SDK's own dynamic-provider server (`python -m pulumi.dynamic`, the process the engine starts for
 `pulumi-python` resources) runs here as it does under the CLI, on loopback; a small engine double takes its Log
-calls. The provider below logs from inside the package's provider wrapper (``_glue.operator_errors``), as the four
+calls. The provider below logs from inside the package's provider wrapper (``base.operator_errors``), as the four
 providers do, and the URN it is logged under must be the one in the engine's request: no input names it.
 """
 
@@ -30,7 +30,7 @@ from pulumi.runtime import rpc
 from pulumi.runtime.proto import engine_pb2, engine_pb2_grpc, provider_pb2, provider_pb2_grpc
 
 from llmgw_pulumi import errors
-from llmgw_pulumi.providers import _diagnostics, _glue
+from llmgw_pulumi.providers import _diagnostics, base
 
 REPO = Path(__file__).resolve().parents[2]
 log = logging.getLogger("llmgw_pulumi.tests.diagnostics")
@@ -40,7 +40,7 @@ URN = "urn:pulumi:prod::llmgw::llmgw:index:Node$pulumi-python:dynamic/llmgw:Agen
 class LoggingProvider(ResourceProvider):
     """Logs one line, as AgentInstall does when it starts fetching a release, and says which URN it was under."""
 
-    @_glue.operator_errors
+    @base.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         log.info("gpu-07 fetches llmgw v1.4.2")
         return CreateResult("gpu-07", {"urn_seen": _diagnostics._urn.get() or ""})
@@ -49,7 +49,7 @@ class LoggingProvider(ResourceProvider):
 class FailingProvider(ResourceProvider):
     """Fails as a provider does: with the package's error for an unreachable node, or with a bug (``props['bug']``)."""
 
-    @_glue.operator_errors
+    @base.operator_errors
     def create(self, props: dict[str, Any]) -> CreateResult:
         if props.get("bug"):
             return {}["a key"]  # type: ignore[no-any-return]
@@ -143,7 +143,7 @@ def test_outside_a_request_no_urn_is_found_and_a_record_goes_to_stderr(capsys):
 
 
 def test_a_config_error_leaves_a_provider_operation_as_a_run_error_with_one_frame() -> None:
-    @_glue.operator_errors
+    @base.operator_errors
     def create(props: dict[str, Any]) -> CreateResult:
         raise errors.ConfigError("gpu-07", "binary_path", "cannot read the local binary", "build it, or fix the path")
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from pulumi.output import Unknown
 
-from llmgw_pulumi import desired, rollout
+from llmgw_pulumi import rollout
+from llmgw_pulumi.nodestate import desired
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from tests.unit import AGENT_YAML_COMMENTS, fake_pem
@@ -146,7 +147,7 @@ def test_the_renewal_window_defaults_for_a_stack_that_never_set_it_and_includes_
 def test_a_key_made_on_the_node_is_expected_to_stay_what_the_last_read_saw() -> None:
     import hashlib
 
-    from llmgw_pulumi.observed import OBSERVED_KEY
+    from llmgw_pulumi.nodestate.observed import OBSERVED_KEY
     from llmgw_pulumi.providers.identity import NodeIdentityProvider, changes
 
     ca, cert = "-----BEGIN CERTIFICATE-----\nCA\n", "-----BEGIN CERTIFICATE-----\nC\n"

@@ -16,7 +16,7 @@ import pytest
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
-from llmgw_pulumi import stack_config
+from llmgw_pulumi.config import stack_config
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import llmgw_pulumi
-from llmgw_pulumi import specs, stack_config
+from llmgw_pulumi.config import specs, stack_config
 
 PACKAGE = Path(llmgw_pulumi.__file__).parent
 SOURCES = sorted([*(PACKAGE / name for name in ("errors.py", "validate.py", "stack_config.py", "specs.py", "agent_settings.py",

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_pulumi import node_health
-from llmgw_pulumi.node_health import EccCounts, PcieLink, RemappedRows, parse_ib_ports, parse_smi_xml, parse_xid_events
+from llmgw_pulumi.health import parsers as node_health
+from llmgw_pulumi.health.parsers import EccCounts, PcieLink, RemappedRows, parse_ib_ports, parse_smi_xml, parse_xid_events
 from tests.unit.health_samples import FIXTURES, IB_ROOT, REAL_XML, UUID0, sysfs_lines
 
 ZEROS = (("sram_correctable", 0), ("sram_uncorrectable_parity", 0), ("sram_uncorrectable_secded", 0),

@@ -10,8 +10,8 @@ from dataclasses import astuple, replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmgw_pulumi.node_health import parse_ib_ports, parse_smi_xml, parse_xid_events
-from llmgw_pulumi.readiness import HcaExpectation, Problem, verdict
+from llmgw_pulumi.health.parsers import parse_ib_ports, parse_smi_xml, parse_xid_events
+from llmgw_pulumi.health.readiness import HcaExpectation, Problem, verdict
 from tests.unit.health_samples import DECLARED, REAL_XML
 
 HOSTILE = st.sampled_from(["", "N/A", "Yes", "No", "Active", "Not Active", "Enabled", "Disabled", "-1", "99999999999999999999",

@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from llmgw_pulumi import readiness
-from llmgw_pulumi.node_health import SmiReport, parse_ib_ports, parse_smi_xml, parse_xid_events
-from llmgw_pulumi.readiness import CRITICAL, WARNING, Expectations, HcaExpectation, Problem, verdict
+from llmgw_pulumi.health import readiness
+from llmgw_pulumi.health.parsers import SmiReport, parse_ib_ports, parse_smi_xml, parse_xid_events
+from llmgw_pulumi.health.readiness import CRITICAL, WARNING, Expectations, HcaExpectation, Problem, verdict
 from tests.fixtures.faults import FAULTS
 from tests.unit.health_samples import DECLARED, FIXTURES, IB_ROOT, REAL_XML, UUID0, sysfs_lines
 

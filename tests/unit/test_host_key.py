@@ -11,9 +11,11 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from llmgw_pulumi import ssh_keys, stack_config, validate
-from llmgw_pulumi.specs import Connection
-from llmgw_pulumi.stack_config import StackConfigError
+from llmgw_pulumi import validate
+from llmgw_pulumi.config import stack_config
+from llmgw_pulumi.config.specs import Connection
+from llmgw_pulumi.config.stack_config import StackConfigError
+from llmgw_pulumi.ssh import keys
 from tests.unit.good_configs import GOOD
 
 
@@ -85,5 +87,5 @@ def test_a_fingerprint_is_the_one_ssh_keygen_prints_with_or_without_the_comment(
     printed = subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", "-"], input=f"{line} root@gpu-01\n",
                              capture_output=True, text=True, check=True).stdout.split()[1]
     assert printed.startswith("SHA256:")
-    assert ssh_keys.fingerprint(line) == printed
-    assert ssh_keys.fingerprint(f"{line} root@gpu-01 (a .pub line)") == printed
+    assert keys.fingerprint(line) == printed
+    assert keys.fingerprint(f"{line} root@gpu-01 (a .pub line)") == printed

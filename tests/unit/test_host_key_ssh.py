@@ -14,7 +14,8 @@ import time
 import paramiko
 import pytest
 
-from llmgw_pulumi import errors, transport
+from llmgw_pulumi import errors
+from llmgw_pulumi.ssh import transport
 from tests.unit.ssh_server import Server, connection, ed25519_pair, public_text
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import datetime as dt
 
 from lab.doubles.nvidia_smi import FIXTURES
-from llmgw_pulumi import facts, fleet, remote
+from llmgw_pulumi.nodestate import commands, facts
+from llmgw_pulumi.stack import fleet
 from tests.unit.health_samples import UUID0, needs_fixtures
 
 
@@ -34,7 +35,7 @@ def test_inventory_of_a_real_h200() -> None:
 @needs_fixtures
 def test_the_query_the_probe_makes_is_the_one_the_fixture_was_captured_with() -> None:
     # The script asks nvidia-smi for these fields: the noheader capture has exactly these columns.
-    assert remote.probe_engines(()).args[3] == ",".join(facts.INVENTORY_QUERY_FIELDS)
+    assert commands.probe_engines(()).args[3] == ",".join(facts.INVENTORY_QUERY_FIELDS)
     row = (FIXTURES / "query-gpu-noheader-nounits.csv").read_text().split(",")
     assert len(row) == len(facts.INVENTORY_QUERY_FIELDS)
     assert facts.parse_gpu_query((FIXTURES / "query-gpu.csv").read_text()) == list(facts.parse_inventory(probe_output()).gpus)

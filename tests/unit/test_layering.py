@@ -91,22 +91,22 @@ def test_a_pure_module_loads_no_sdk_ssh_process_or_network_module(module: str) -
 
 def test_the_probe_names_the_forbidden_import_and_its_chain() -> None:
     # Positive control: the transport reaches nodes with paramiko, and says so.
-    chains = forbidden_imports("llmgw_pulumi.transport")
-    assert ["llmgw_pulumi.transport", "paramiko"] in chains, chains
-    assert "llmgw_pulumi.transport loads paramiko: llmgw_pulumi.transport -> paramiko" in described(
-        "llmgw_pulumi.transport", chains)
+    chains = forbidden_imports("llmgw_pulumi.ssh.transport")
+    assert ["llmgw_pulumi.ssh.transport", "paramiko"] in chains, chains
+    assert "llmgw_pulumi.ssh.transport loads paramiko: llmgw_pulumi.ssh.transport -> paramiko" in described(
+        "llmgw_pulumi.ssh.transport", chains)
     # ... and through another module: signing runs no process itself, the signer it imports does.
-    assert ["llmgw_pulumi.signing", "llmgw_pulumi.signer", "subprocess"] in forbidden_imports("llmgw_pulumi.signing")
+    assert ["llmgw_pulumi.certificates.signing", "llmgw_pulumi.certificates.signer", "subprocess"] in forbidden_imports("llmgw_pulumi.certificates.signing")
     # A submodule is forbidden with its package, but for those declared allowed.
-    assert ["llmgw_pulumi.release", "urllib.request"] in forbidden_imports("llmgw_pulumi.release")
-    loaded = forbidden_imports("llmgw_pulumi.release", ["urllib"])
+    assert ["llmgw_pulumi.releases.approval", "urllib.request"] in forbidden_imports("llmgw_pulumi.releases.approval")
+    loaded = forbidden_imports("llmgw_pulumi.releases.approval", ["urllib"])
     assert [links[-1] for links in loaded] == ["urllib.error", "urllib.request"], loaded  # not urllib.parse
 
 
 def test_importing_the_package_loads_neither_the_sdk_nor_the_providers() -> None:
     chains = forbidden_imports("llmgw_pulumi")
     assert not chains, described("llmgw_pulumi", chains)
-    assert forbidden_imports("llmgw_pulumi", ["llmgw_pulumi.providers", "llmgw_pulumi.node"]) == []
+    assert forbidden_imports("llmgw_pulumi", ["llmgw_pulumi.providers", "llmgw_pulumi.stack.node"]) == []
     # The control: a name of the package loads what it names, and the SDK with it.
     assert forbidden_imports("llmgw_pulumi.providers.agent", ["pulumi"])
 
@@ -157,6 +157,6 @@ def test_the_static_pass_sees_an_import_inside_a_function() -> None:
     # issue a certificate, never at the top of the module.
     source = (REPO / "llmgw_pulumi" / "providers" / "certificate.py").read_text()
     on_top = {node.lineno for node in ast.parse(source).body if isinstance(node, (ast.Import, ast.ImportFrom))}
-    pki = [bad for bad in impure_imports("llmgw_pulumi.providers.certificate") if bad.endswith("imports llmgw_pulumi.pki")]
+    pki = [bad for bad in impure_imports("llmgw_pulumi.providers.certificate") if bad.endswith("imports llmgw_pulumi.certificates.pki")]
     assert pki and not any(f"line {line}:" in bad for line in on_top for bad in pki), pki
-    assert any(bad.endswith(": imports subprocess") for bad in impure_imports("llmgw_pulumi.program"))
+    assert any(bad.endswith(": imports subprocess") for bad in impure_imports("llmgw_pulumi.stack.program"))

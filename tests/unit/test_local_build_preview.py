@@ -18,10 +18,11 @@ from typing import Any
 import pulumi
 import pytest
 
-from llmgw_pulumi import fleet_review, program, review
-from llmgw_pulumi.agent_settings import BinarySource
+from llmgw_pulumi.config.agent_settings import BinarySource
+from llmgw_pulumi.preview import changes, cli
 from llmgw_pulumi.providers import agent
 from llmgw_pulumi.providers.agent import AgentInstallProvider
+from llmgw_pulumi.stack import program
 from tests.unit.fake_node_resources import CONN, HOST_KEY
 from tests.unit.good_configs import STACK
 from tests.unit.review_previews import NOW, preview, step
@@ -129,7 +130,7 @@ def test_another_build_is_a_change_whose_version_is_not_known_yet(build: Path) -
     upgrade["oldState"]["inputs"].update(version=olds["version"], binary_path=olds["binary_path"],
                                          binary_sha256=olds["binary_sha256"])
     upgrade["newState"]["inputs"].update(version="", binary_path=news["binary_path"], binary_sha256=news["binary_sha256"])
-    assert review.review(data, NOW).nodes["node10"].upgrade == (DEV_VERSION, fleet_review.NEW_LOCAL_BUILD)
+    assert cli.review(data, NOW).nodes["node10"].upgrade == (DEV_VERSION, changes.NEW_LOCAL_BUILD)
 
 
 def test_a_version_left_empty_needs_the_build_and_its_sha256() -> None:

@@ -14,9 +14,9 @@ import pulumi
 import pytest
 
 from llmgw_pulumi import AgentSettings, BinarySource, ConnectionArgs, Node, NodeArgs
-from llmgw_pulumi.call_stack import recorded_frames
 from llmgw_pulumi.errors import ConfigError
-from llmgw_pulumi.shards import PROVIDER_SHARDS, SHARDS_ENV, provider_for, shard_count, shard_name, shard_of
+from llmgw_pulumi.stack.call_stack import recorded_frames
+from llmgw_pulumi.stack.shards import PROVIDER_SHARDS, SHARDS_ENV, provider_for, shard_count, shard_name, shard_of
 from tests.unit import Mocks
 from tests.unit.mock_monitor import NODE_TYPES, PROVIDER_TYPE, RecordingMonitor, node_args, settle
 
@@ -204,7 +204,7 @@ def test_each_agent_is_given_its_share_of_the_rollout_never_the_canary_list(moni
 
     from pulumi.runtime import rpc
 
-    from llmgw_pulumi.specs import Rollout
+    from llmgw_pulumi.config.specs import Rollout
 
     policy = Rollout(max_parallel=2, canaries=("gpu-01",), directory="/home/op/.local/state/r")
     nodes = [Node(n, dataclasses.replace(node_args(i), rollout=policy))
@@ -247,7 +247,7 @@ def test_a_node_records_the_line_that_made_it_and_its_resources_no_call_stack(mo
 
 @pulumi.runtime.test
 def test_a_node_made_where_no_frame_is_recorded_records_none(monitor):
-    # llmgw_pulumi.program makes every Node so: each would record the same line of the package's program.
+    # llmgw_pulumi.stack.program makes every Node so: each would record the same line of the package's program.
     with recorded_frames(0):
         node = Node("gpu-01", node_args("gpu-01"))
 

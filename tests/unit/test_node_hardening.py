@@ -19,10 +19,12 @@ from typing import Any
 
 import pytest
 
-from llmgw_pulumi import errors, remote, sessions
+from llmgw_pulumi import errors
+from llmgw_pulumi.nodestate import commands
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
+from llmgw_pulumi.ssh import sessions
 from tests.fakenode import FakeNode, FakeNodes, with_root
 from tests.unit.error_checks import assert_refused
 from tests.unit.fake_node_resources import ADDR, CONN, HOST_KEY, agent_binary, agent_inputs, certificate, identity_inputs
@@ -217,7 +219,7 @@ def test_the_environment_cannot_move_the_root(node: FakeNode) -> None:
     planted = "/etc/llmgw-hardening-test/only-in-the-fake-root"
     assert not Path(planted).exists()
     node.write(planted, b"x")
-    text = remote.survey().text
+    text = commands.survey().text
     # The package's own text, with every variable an older version or a node's setting could have used:
     seen = survey_of(node, planted, text, {"LLMGW_ROOT": str(node.root), "R": str(node.root)})
     assert f"file\t{planted}\t-" in seen.splitlines(), seen
@@ -228,7 +230,7 @@ def test_the_environment_cannot_move_the_root(node: FakeNode) -> None:
 
 @pytest.mark.parametrize("root", ["/", "//", "/tmp/..", "relative/dir", "/no/such/dir"])
 def test_a_test_root_that_is_slash_or_no_directory_is_refused(node: FakeNode, root: str) -> None:
-    res = subprocess.run(["sh", "-c", with_root(remote.survey().text, Path(root)), "sh", "x"], capture_output=True,
+    res = subprocess.run(["sh", "-c", with_root(commands.survey().text, Path(root)), "sh", "x"], capture_output=True,
                          text=True, env={"PATH": ":".join(node.path_dirs), "FAKE_STATE": str(node.state)})
     assert res.returncode == 2 and "refusing the test root" in res.stderr, (res.returncode, res.stderr)
     assert res.stdout == ""

@@ -13,8 +13,8 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from llmgw_pulumi import node_list, stack_config
-from llmgw_pulumi.stack_config import StackConfigError
+from llmgw_pulumi.config import node_list, stack_config
+from llmgw_pulumi.config.stack_config import StackConfigError
 from tests.unit import RELEASE_KEY
 
 HOST_KEY = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(

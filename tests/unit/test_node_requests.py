@@ -24,10 +24,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import AttributeOID, NameOID
 
-from llmgw_pulumi import cert_policy, pki, sessions, signer, signing
+from llmgw_pulumi.certificates import pki, policy, signer, signing
 from llmgw_pulumi.errors import CertificateRequestError
+from llmgw_pulumi.nodestate.commands import Result, Script
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider
-from llmgw_pulumi.remote import Result, Script
+from llmgw_pulumi.ssh import sessions
 from tests.fakenode import FakeNode, FakeNodes
 
 NODE = "gpu-01"
@@ -109,7 +110,7 @@ def test_the_honest_request_is_taken(tmp_path: Path) -> None:
                    check=True, capture_output=True)
     made = subprocess.run(["openssl", "req", "-new", "-key", str(key), "-subj", f"/CN={NODE}"], check=True,
                           capture_output=True, text=True).stdout
-    assert cert_policy.request_problems(x509.load_pem_x509_csr(made.encode()), NODE) == []
+    assert policy.request_problems(x509.load_pem_x509_csr(made.encode()), NODE) == []
     assert isinstance(pki.requested_key(made, NODE), ec.EllipticCurvePublicKey)
     assert pki.requested_key(request(), NODE) == P256.public_key()
 
@@ -253,7 +254,7 @@ def test_a_certificate_signed_with_md5_is_named_as_such(tmp_path: Path) -> None:
                    check=True, capture_output=True)
     cert = x509.load_pem_x509_certificate((tmp_path / "node.pem").read_bytes())
     assert isinstance(cert.signature_hash_algorithm, hashes.MD5)  # the positive control: openssl used MD5
-    assert cert_policy.check_node_certificate(cert, ca, NODE, P256.public_key(), now) == [
+    assert policy.check_node_certificate(cert, ca, NODE, P256.public_key(), now) == [
         "it is signed with md5, which is broken"]
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw_pulumi import desired, observed
-from llmgw_pulumi.observed import Observed, Seen, Want, Wanted
+from llmgw_pulumi.nodestate import desired, observed
+from llmgw_pulumi.nodestate.observed import Observed, Seen, Want, Wanted
 
 A, B = "a" * 64, "b" * 64
 A_SHORT, B_SHORT = "qqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqo", "u7u7u7u7u7u7u7u7u7u7u7u7u7u7u7u7u7u7u7u7u7s"

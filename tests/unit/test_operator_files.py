@@ -17,8 +17,11 @@ from typing import Any
 import pulumi
 import pytest
 
-from llmgw_pulumi import operator_files, program, signer, stack_config
+from llmgw_pulumi import operator_files
+from llmgw_pulumi.certificates import signer
+from llmgw_pulumi.config import stack_config
 from llmgw_pulumi.errors import ConfigError, SignerError
+from llmgw_pulumi.stack import program
 from tests.unit import Mocks
 
 NOBODY = pwd.getpwnam("nobody").pw_uid

@@ -9,9 +9,9 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from llmgw_pulumi.config.specs import Connection
 from llmgw_pulumi.errors import ConfigError
-from llmgw_pulumi.specs import Connection
-from llmgw_pulumi.ssh_keys import load_private_key
+from llmgw_pulumi.ssh.keys import load_private_key
 
 KINDS = [("ed25519", "RFC4716", paramiko.Ed25519Key), ("ecdsa", "PEM", paramiko.ECDSAKey),
          ("ecdsa", "RFC4716", paramiko.ECDSAKey), ("rsa", "PEM", paramiko.RSAKey), ("rsa", "RFC4716", paramiko.RSAKey)]

@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, r
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from lab import pki as labpki
-from llmgw_pulumi import cert_policy, pki
+from llmgw_pulumi.certificates import pki, policy
 from llmgw_pulumi.errors import AuthorityError, CertificatePolicyError, CertificateRequestError, SignedCertificateError
 from tests.unit import fake_pem
 from tests.unit.error_checks import assert_refused
@@ -84,7 +84,7 @@ def test_garbage_key_file_is_named_not_quoted(ca):
 # --------------------------------------------------------------------------- the node certificate policy
 #
 # Every certificate and request below is built here, with cryptography (or the openssl CLI), from the test's own
-# choices; what the policy must say about each is written out in full, never computed by llmgw_pulumi.pki.
+# choices; what the policy must say about each is written out in full, never computed by llmgw_pulumi.certificates.pki.
 
 NODE = "gpu-01"
 CA_NAME = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "llmgw test CA")])
@@ -281,7 +281,7 @@ def test_a_v1_certificate_is_named_as_one(tmp_path: Path, test_ca: Any) -> None:
                     "-out", str(tmp_path / "node.pem")], check=True, capture_output=True)
     cert = x509.load_pem_x509_certificate((tmp_path / "node.pem").read_bytes())
     assert cert.version == x509.Version.v1  # the positive control: openssl really wrote v1
-    problems = cert_policy.check_node_certificate(cert, ca_cert, NODE, node_key.public_key(), dt.datetime.now(dt.UTC))
+    problems = policy.check_node_certificate(cert, ca_cert, NODE, node_key.public_key(), dt.datetime.now(dt.UTC))
     assert problems == ["it is an X.509 v1 certificate, not v3",
                         "it has no BasicConstraints extension (CA:FALSE)",
                         "it has no KeyUsage extension (digitalSignature)",
@@ -292,9 +292,9 @@ def test_a_certificate_whose_key_cannot_be_read_says_so(test_ca: Any) -> None:
     ca_cert, _ = test_ca
     now = dt.datetime.now(dt.UTC)
     good = node_cert(test_ca, ed25519.Ed25519PrivateKey.generate())
-    assert cert_policy.check_node_certificate(good, ca_cert, NODE, None, now) == []  # the positive control
+    assert policy.check_node_certificate(good, ca_cert, NODE, None, now) == []  # the positive control
     cert = x509.load_der_x509_certificate(_unknown_key_type(good.public_bytes(serialization.Encoding.DER)))
-    assert cert_policy.check_node_certificate(cert, ca_cert, NODE, None, now) == [
+    assert policy.check_node_certificate(cert, ca_cert, NODE, None, now) == [
         "it is not signed by the cluster CA (CN=llmgw test CA)",  # its bytes changed after signing
         "its public key cannot be read"]
 
@@ -366,7 +366,7 @@ def test_a_request_for_a_key_of_an_unknown_kind_is_refused_naming_the_node_and_t
     csr = x509.CertificateSigningRequestBuilder().subject_name(NODE_NAME).sign(ed25519.Ed25519PrivateKey.generate(), None)
     bad = x509.load_der_x509_csr(_unknown_key_type(csr.public_bytes(serialization.Encoding.DER)))
     with pytest.raises(CertificateRequestError) as err:
-        cert_policy.requested_key(bad.public_bytes(serialization.Encoding.PEM).decode(), NODE)
+        policy.requested_key(bad.public_bytes(serialization.Encoding.PEM).decode(), NODE)
     assert str(err.value) == f"gpu-01: the node's key is of a kind this policy does not know\n  fix: {KEY_FIX}"
 
 
@@ -380,7 +380,7 @@ class PublicKey:
 
 @pytest.mark.parametrize("key, kind", [(_XrayPublicKey(), "Xray"), (PublicKey(), "unknown"), (object(), "object")])
 def test_a_key_of_no_kind_signed_for_is_named_by_its_class(key: object, kind: str) -> None:
-    assert cert_policy.key_problem(key) == f"a {kind} key, which is not one of P-256, P-384, P-521, Ed25519 or RSA"
+    assert policy.key_problem(key) == f"a {kind} key, which is not one of P-256, P-384, P-521, Ed25519 or RSA"
 
 
 # --------------------------------------------------------------------------- what issue() signs
@@ -451,7 +451,7 @@ def test_a_certificate_that_breaks_the_policy_is_not_adopted(ca, caplog, change,
     change = dict(change)  # the parameter's own dict is shared by every run of the test
     key = change.pop("key", lambda: strong)()
     bad = node_cert((auth.cert, ca_key), key, **change).public_bytes(serialization.Encoding.PEM).decode()
-    with caplog.at_level("WARNING", logger="llmgw_pulumi.pki"):
+    with caplog.at_level("WARNING", logger="llmgw_pulumi.certificates.pki"):
         assert pki.adoptable(auth, NODE, bad, _spki(key), dt.timedelta(hours=1), NOW) is None
     assert [r.getMessage() for r in caplog.records if logged in r.getMessage() and r.getMessage().startswith(
         "gpu-01: the certificate on the node is not kept (")], caplog.text
@@ -707,7 +707,7 @@ def test_several_problems_are_all_named_in_order(ca, test_ca, node_key, caplog) 
     ca_key = serialization.load_pem_private_key((ca / "ca-key.pem").read_bytes(), None)
     bad = node_cert((auth.cert, ca_key), node_key, constraints=(x509.BasicConstraints(ca=True, path_length=None), True),
                     purposes=[ExtendedKeyUsageOID.SERVER_AUTH]).public_bytes(serialization.Encoding.PEM).decode()
-    with caplog.at_level("WARNING", logger="llmgw_pulumi.pki"):
+    with caplog.at_level("WARNING", logger="llmgw_pulumi.certificates.pki"):
         assert pki.adoptable(auth, NODE, bad, _spki(node_key), dt.timedelta(hours=1), NOW) is None
     assert [r.getMessage() for r in caplog.records] == [
         "gpu-01: the certificate on the node is not kept (its BasicConstraints say CA:TRUE: it could sign certificates; "
@@ -774,7 +774,7 @@ def test_the_ca_key_secret_must_be_the_signer_cas_key_and_is_never_quoted(test_c
 
 
 def test_a_key_here_signs_exactly_the_validity_a_signer_request_asks_for(test_ca, node_key) -> None:
-    from llmgw_pulumi import signer
+    from llmgw_pulumi.certificates import signer
 
     ca_cert, ca_key = test_ca
     auth = pki.Authority(cert=ca_cert, key=ca_key)
@@ -803,14 +803,14 @@ def test_an_operator_key_pair_comes_with_its_own_request_for_the_node(test_ca) -
 
 def _request(test_ca, key: Any, hours: int = 30) -> tuple[Any, dt.datetime]:
     """A signer request for ``key`` made at a whole second (so its validity is whole hours), and that second."""
-    from llmgw_pulumi import signer
+    from llmgw_pulumi.certificates import signer
 
     now = NOW.replace(microsecond=0)
     return signer.request(NODE, _csr(key), dt.timedelta(hours=hours), now, test_ca[0].not_valid_after_utc), now
 
 
 def test_what_a_signer_returns_is_held_to_the_request(test_ca, node_key) -> None:
-    from llmgw_pulumi import signer
+    from llmgw_pulumi.certificates import signer
 
     req, now = _request(test_ca, node_key)
     assert pki.signed_problems(test_ca[0], node_cert(test_ca, node_key, not_before=req.not_before,

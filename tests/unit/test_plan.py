@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from llmgw_pulumi import desired, errors, plan
-from llmgw_pulumi.observed import Observed, Seen, Want, Wanted
+from llmgw_pulumi import errors
+from llmgw_pulumi.nodestate import desired, plan
+from llmgw_pulumi.nodestate.observed import Observed, Seen, Want, Wanted
 
 NAMES = {f.path: f.name for f in desired.NODE_FILES}
 PATHS = {f.name: f for f in desired.NODE_FILES}

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_pulumi import desired, errors, plan, remote, rollout
-from llmgw_pulumi.observed import Observed, Seen
+from llmgw_pulumi import errors, rollout
+from llmgw_pulumi.nodestate import commands, desired, plan
+from llmgw_pulumi.nodestate.observed import Observed, Seen
 from llmgw_pulumi.providers.agent import AgentInstallProvider, wanted
 from tests.fakenode import FakeNode
 from tests.unit.fake_node_resources import agent_binary, agent_inputs, changes_to_systemd, files, sha
@@ -29,8 +30,8 @@ def test_a_plan_made_from_a_node_that_changed_since_changes_nothing(agent_node: 
     made = plan.agent_plan("gpu-01", wanted(news), seen, "amd64",
                            plan.BinaryWanted(plan.Do.COPY, {"": sha(dev_build.read_bytes())}))
     assert made.step(CONFIG).do is plan.Do.WRITE and made.unit is plan.Unit.RESTART
-    res = fake.run(remote.install_agent(made, news["agent_yaml"], news["unit"]))
-    assert res.rc == remote.Exit.STALE, (res.rc, res.stderr)
+    res = fake.run(commands.install_agent(made, news["agent_yaml"], news["unit"]))
+    assert res.rc == commands.Exit.STALE, (res.rc, res.stderr)
     assert f"{CONFIG} changed since the node was read" in res.stderr
     after = {p: (fake.read(p), fake.mode(p), fake.path(p).stat().st_ino) for p in (BINARY, CONFIG, UNIT)}
     assert after == before, "a stale plan changed a file"

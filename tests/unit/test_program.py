@@ -12,8 +12,8 @@ from pathlib import Path
 import pulumi
 import pytest
 
-from llmgw_pulumi import program
-from llmgw_pulumi.stack_config import StackConfigError
+from llmgw_pulumi.config.stack_config import StackConfigError
+from llmgw_pulumi.stack import program
 from tests.unit.good_configs import STACK
 
 NEXT_STEPS_FOR_TWO = {

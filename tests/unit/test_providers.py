@@ -13,8 +13,9 @@ import pytest
 from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.output import Unknown
 
-from llmgw_pulumi import decisions, desired, observed
-from llmgw_pulumi.observed import STATE_VERSION
+from llmgw_pulumi import decisions
+from llmgw_pulumi.nodestate import desired, observed
+from llmgw_pulumi.nodestate.observed import STATE_VERSION
 from llmgw_pulumi.providers import agent
 from llmgw_pulumi.providers.agent import AgentInstall, AgentInstallProvider
 from llmgw_pulumi.providers.agent import wanted as agent_wanted
@@ -158,7 +159,7 @@ def test_a_standing_engine_problem_is_not_a_change():
 
 
 def test_operator_side_connection_settings_are_state_only_changes():
-    from llmgw_pulumi.providers import _glue
+    from llmgw_pulumi.providers import base as _glue
 
     old_conn = {**CONN, "user": "deploy", "wait": 30, "private_key_path": "/a/key"}
     for field, value in [("user", "ops"), ("wait", 45), ("private_key_path", "/b/key"), ("passphrase", "x"),

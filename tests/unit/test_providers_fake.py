@@ -20,8 +20,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
 from lab import pki as labpki
-from llmgw_pulumi import desired, errors, pki, remote
-from llmgw_pulumi.observed import STATE_VERSION
+from llmgw_pulumi import errors
+from llmgw_pulumi.certificates import pki
+from llmgw_pulumi.nodestate import commands, desired
+from llmgw_pulumi.nodestate.observed import STATE_VERSION
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
@@ -270,7 +272,7 @@ def test_agent_create_downloads_a_verified_release(agent_node: FakeNode) -> None
     inputs = agent_inputs(version="v1.2.3", release_url=RELEASE_URL + "/", release_sha256={"amd64": sha(binary)})
     outs = AgentInstallProvider().create(inputs).outs
     assert_agent_installed(node, inputs, binary, outs)
-    # Only the binary: the digest it must have was approved on the operator's side (llmgw_pulumi.release).
+    # Only the binary: the digest it must have was approved on the operator's side (llmgw_pulumi.releases.approval).
     assert [c.split()[-1] for c in node.calls("curl")] == [f"{RELEASE_URL}/v1.2.3/llmgw-v1.2.3-linux-amd64"]
 
 
@@ -537,7 +539,7 @@ def test_a_node_that_holds_an_identity_of_this_ca_is_adopted_without_a_change(no
     assert cert["adopted"] is True and cert["serial"] == issued["serial"] and cert["cert_pem"] == issued["cert_pem"]
     # The node was asked what it holds, and never to make a key pair: no key-making script ran, and no pending key
     # was staged (the temporary file a new pair is born in, which the key-making test sees given its owner).
-    assert remote.read_node_key() in node.runs and remote.make_node_key("gpu-01") not in node.runs, [s.args for s in node.runs]
+    assert commands.read_node_key() in node.runs and commands.make_node_key("gpu-01") not in node.runs, [s.args for s in node.runs]
     assert [r for r in node.chowns if r.path.startswith(PENDING + ".llmgw-new.")] == [], node.chowns
     assert node.read(PENDING) is None
     outs = NodeIdentityProvider().create(identity_inputs(cert)).outs

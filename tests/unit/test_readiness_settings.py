@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from llmgw_pulumi import node_list, stack_config
+from llmgw_pulumi.config import node_list, stack_config
+from llmgw_pulumi.config.specs import EngineCheckSpec, Fabric, Hardware, HcaPorts
+from llmgw_pulumi.config.stack_config import StackConfigError
 from llmgw_pulumi.errors import ConfigError
-from llmgw_pulumi.node import check_node_args, node_settings
+from llmgw_pulumi.health.readiness import Expectations, HcaExpectation
 from llmgw_pulumi.providers.engines import EngineCheckProvider
-from llmgw_pulumi.readiness import Expectations, HcaExpectation
-from llmgw_pulumi.specs import EngineCheckSpec, Fabric, Hardware, HcaPorts
-from llmgw_pulumi.stack_config import StackConfigError
+from llmgw_pulumi.stack.node import check_node_args, node_settings
 from tests.unit import RELEASE_KEY, with_value
 from tests.unit.fake_node_resources import CONN, HOST_KEY
 from tests.unit.good_configs import good_node_args
@@ -145,8 +145,8 @@ def test_an_existing_checks_inputs_gain_no_new_key_so_an_upgrade_is_no_change() 
 
 
 def test_a_readiness_problem_is_a_standing_problem_of_the_pr_summary_with_its_severity_and_fix() -> None:
-    from llmgw_pulumi import review
-    from llmgw_pulumi.review_markdown import markdown
+    from llmgw_pulumi.preview import cli
+    from llmgw_pulumi.preview.markdown import markdown
     from tests.unit.review_previews import NOW, preview
 
     data = preview()
@@ -160,9 +160,9 @@ def test_a_readiness_problem_is_a_standing_problem_of_the_pr_summary_with_its_se
             for state in (step.get("oldState"), step.get("newState")):
                 if state:
                     state["outputs"]["problems"].append(found)
-    node = review.review(data, NOW).nodes["node14"]
+    node = cli.review(data, NOW).nodes["node14"]
     assert node.problems[-1] == f"critical: {found['problem']} (fix: {found['hint']})"
-    text = markdown(review.review(data, NOW))
+    text = markdown(cli.review(data, NOW))
     standing = text[text.index("**Standing problems:**"):]
     assert "critical: GPU 3 (GPU-65de, 00000000:00:09.0) on node14: a row remap pending" in standing
     assert "sudo nvidia-smi -r -i 3" in standing
@@ -171,7 +171,7 @@ def test_a_readiness_problem_is_a_standing_problem_of_the_pr_summary_with_its_se
 def test_the_fleet_table_shows_each_nodes_readiness_and_its_problems_by_gpu_or_port() -> None:
     import datetime as dt
 
-    from llmgw_pulumi import fleet
+    from llmgw_pulumi.stack import fleet
 
     remap = {"check": "row-remap-pending", "subject": "GPU 3 (GPU-65de, 00000000:00:09.0)", "severity": "critical"}
     port = {"check": "ib-phys-state", "subject": "mlx5_1 port 1", "severity": "critical"}

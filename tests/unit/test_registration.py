@@ -13,14 +13,15 @@ from typing import Any
 
 import pytest
 
-from llmgw_pulumi import AgentNotRegisteredError, registration, stack_config
-from llmgw_pulumi.agent_settings import AgentSettings, BinarySource
+from llmgw_pulumi import AgentNotRegisteredError
+from llmgw_pulumi.config import registration, stack_config
+from llmgw_pulumi.config.agent_settings import AgentSettings, BinarySource
+from llmgw_pulumi.config.registration import RegistrationCheck, listed, shown
+from llmgw_pulumi.config.specs import AgentSpec
 from llmgw_pulumi.errors import StackConfigError
-from llmgw_pulumi.node import ConnectionArgs, NodeArgs, check_node_args
 from llmgw_pulumi.providers import _registration
 from llmgw_pulumi.providers.agent import AgentInstallProvider
-from llmgw_pulumi.registration import RegistrationCheck, listed, shown
-from llmgw_pulumi.specs import AgentSpec
+from llmgw_pulumi.stack.node import ConnectionArgs, NodeArgs, check_node_args
 from tests.unit import RELEASE_KEY
 from tests.unit.provider_inputs import AGENT, as_installed, checked
 

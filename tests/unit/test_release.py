@@ -1,4 +1,4 @@
-"""The operator's side of release trust (llmgw_pulumi.release) and what the node checks (install-agent.sh).
+"""The operator's side of release trust (llmgw_pulumi.releases.approval) and what the node checks (install-agent.sh).
 
 Pure parts directly; signatures with the real ssh-keygen; the node's checks with the real scripts on a fake node.
 """
@@ -12,9 +12,12 @@ from typing import Any
 import pytest
 
 from lab.release_server import corrupt_signature, make_signing_key, publish_release
-from llmgw_pulumi import errors, program, release, specs, stack_config, validate
+from llmgw_pulumi import errors, validate
+from llmgw_pulumi.config import specs, stack_config
+from llmgw_pulumi.config.stack_config import StackConfigError
 from llmgw_pulumi.providers.agent import AgentInstallProvider
-from llmgw_pulumi.stack_config import StackConfigError
+from llmgw_pulumi.releases import approval
+from llmgw_pulumi.stack import program
 from tests.fakenode import RELEASE_URL, FakeNode
 from tests.unit.fake_node_resources import agent_binary, agent_inputs, changes_to_systemd, files, publish
 
@@ -61,7 +64,7 @@ def test_a_plain_https_url_is_accepted() -> None:
 def test_checksums_are_read_per_architecture() -> None:
     a, b = "a" * 64, "B" * 64
     text = f"{a}  llmgw-{TAG}-linux-amd64\r\n{b} *llmgw-{TAG}-linux-arm64\n\n{'c' * 64}  llmgw-{TAG}.tar.gz\n"
-    assert release.parse_checksums(text, TAG) == {"amd64": a, "arm64": "b" * 64}
+    assert approval.parse_checksums(text, TAG) == {"amd64": a, "arm64": "b" * 64}
 
 
 @pytest.mark.parametrize("text,words", [
@@ -76,7 +79,7 @@ def test_checksums_are_read_per_architecture() -> None:
 ])
 def test_a_checksums_txt_that_is_not_exactly_one_good_line_per_file_is_refused(text: str, words: str) -> None:
     with pytest.raises(errors.ChecksumMismatchError, match="checksums.txt of v1.2.3") as raised:
-        release.parse_checksums(text, TAG)
+        approval.parse_checksums(text, TAG)
     assert words in str(raised.value) and "fix: republish checksums.txt in sha256sum format" in str(raised.value)
     assert "\x1b" not in str(raised.value)  # what the server sent is shown escaped
 
@@ -98,16 +101,16 @@ def test_a_good_signature_verifies_and_any_change_does_not(signed: tuple[Path, s
     root, public, _, other = signed
     data = (root / TAG / "checksums.txt").read_bytes()
     sig = (root / TAG / "checksums.txt.sig").read_bytes()
-    release.verify_signature(data, sig, public, "checksums.txt")
+    approval.verify_signature(data, sig, public, "checksums.txt")
     with pytest.raises(errors.ReleaseSignatureError, match="does not verify with agent.signingKey SHA256:"):
-        release.verify_signature(data + b"\n", sig, public, "checksums.txt")
+        approval.verify_signature(data + b"\n", sig, public, "checksums.txt")
     copy = tmp_path / "copy"
     publish_release(copy, TAG, {"amd64": b"bytes"}, sign_with=other)  # the same file, signed by another key
     with pytest.raises(errors.ReleaseSignatureError):
-        release.verify_signature(data, (copy / TAG / "checksums.txt.sig").read_bytes(), public, "checksums.txt")
+        approval.verify_signature(data, (copy / TAG / "checksums.txt.sig").read_bytes(), public, "checksums.txt")
     corrupt_signature(copy, TAG)
     with pytest.raises(errors.ReleaseSignatureError):
-        release.verify_signature(data, (copy / TAG / "checksums.txt.sig").read_bytes(), public, "checksums.txt")
+        approval.verify_signature(data, (copy / TAG / "checksums.txt.sig").read_bytes(), public, "checksums.txt")
 
 
 def test_a_signature_in_another_namespace_does_not_verify(signed: tuple[Path, str, Path, Path], tmp_path: Path) -> None:
@@ -118,7 +121,7 @@ def test_a_signature_in_another_namespace_does_not_verify(signed: tuple[Path, st
     data.write_bytes((root / TAG / "checksums.txt").read_bytes())
     subprocess.run(["ssh-keygen", "-q", "-Y", "sign", "-f", str(key), "-n", "file", str(data)], check=True)
     with pytest.raises(errors.ReleaseSignatureError):
-        release.verify_signature(data.read_bytes(), Path(f"{data}.sig").read_bytes(), public, "checksums.txt")
+        approval.verify_signature(data.read_bytes(), Path(f"{data}.sig").read_bytes(), public, "checksums.txt")
 
 
 # --------------------------------------------------------------------------- approval without network
@@ -128,9 +131,9 @@ def test_pins_are_the_digests_and_nothing_is_fetched(monkeypatch: pytest.MonkeyP
     def no_network(*_: Any, **__: Any) -> bytes:
         raise AssertionError("fetched")
 
-    monkeypatch.setattr(release, "https_get", no_network)
-    pinned = release.Release("https://r.example", TAG, pins=(("amd64", "a" * 64),))
-    assert release.approve(pinned) == {"amd64": "a" * 64}
+    monkeypatch.setattr(approval, "https_get", no_network)
+    pinned = approval.Release("https://r.example", TAG, pins=(("amd64", "a" * 64),))
+    assert approval.approve(pinned) == {"amd64": "a" * 64}
     source = specs.BinarySource(version=TAG, release_url="https://r.example", allow_unverified_release=True)
     assert program.agent_inputs(source, dry_run=True).release_sha256 is None  # a preview fetches nothing
 
@@ -142,10 +145,10 @@ def test_an_approval_is_fetched_once_per_release(monkeypatch: pytest.MonkeyPatch
         fetched.append(url)
         return f"{'d' * 64}  llmgw-v7.7.7-linux-amd64\n".encode()
 
-    monkeypatch.setattr(release, "https_get", get)
-    release.approve.cache_clear()  # an earlier run of the tests in this process (the mutation run's) fetched it
-    source = release.Release("https://once.example", "v7.7.7")
-    assert release.approve(source) == release.approve(source) == {"amd64": "d" * 64}
+    monkeypatch.setattr(approval, "https_get", get)
+    approval.approve.cache_clear()  # an earlier run of the tests in this process (the mutation run's) fetched it
+    source = approval.Release("https://once.example", "v7.7.7")
+    assert approval.approve(source) == approval.approve(source) == {"amd64": "d" * 64}
     assert fetched == ["https://once.example/v7.7.7/checksums.txt"]
 
 
@@ -171,16 +174,16 @@ def test_fetch_operator_downloads_once_per_digest_and_refuses_other_bytes(monkey
         out.write(served["bytes"])
         return sha(served["bytes"])  # what _download returns: the sha256 of what it wrote
 
-    monkeypatch.setattr(release, "_download", download)
-    source = release.Release("https://r.example", TAG)
+    monkeypatch.setattr(approval, "_download", download)
+    source = approval.Release("https://r.example", TAG)
     digest = sha(b"the release")
-    assert release.fetch_binary_file(source, "amd64", digest, tmp_path).read_bytes() == b"the release"
-    assert release.fetch_binary_file(source, "amd64", digest, tmp_path).read_bytes() == b"the release"
+    assert approval.fetch_binary_file(source, "amd64", digest, tmp_path).read_bytes() == b"the release"
+    assert approval.fetch_binary_file(source, "amd64", digest, tmp_path).read_bytes() == b"the release"
     assert calls == [f"https://r.example/{TAG}/llmgw-{TAG}-linux-amd64"]
     (tmp_path / digest).write_bytes(b"planted")  # the cache is hashed again when read
     served["bytes"] = b"evil"
     with pytest.raises(errors.ChecksumMismatchError, match="nothing was pushed to any node"):
-        release.fetch_binary_file(source, "amd64", digest, tmp_path)
+        approval.fetch_binary_file(source, "amd64", digest, tmp_path)
     assert (tmp_path / digest).read_bytes() == b"planted" and len(calls) == 2
 
 

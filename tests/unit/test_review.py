@@ -1,4 +1,4 @@
-"""The fleet change summary (llmgw_pulumi.review) and the fleet rules (llmgw_pulumi.fleet_rules), pure.
+"""The fleet change summary (llmgw_pulumi.preview.cli) and the fleet rules (llmgw_pulumi.preview.rules), pure.
 
 The fixture is a real preview (`pulumi preview --json --diff --refresh` of a 5-node lab stack, trimmed of stack
 traces and provider payloads): node10 upgraded, node11 reconfigured, node12's key deleted on the node, node13
@@ -17,12 +17,14 @@ from typing import Any
 
 import pytest
 
-from llmgw_pulumi import decisions, fleet_rules, review
+from llmgw_pulumi import decisions
+from llmgw_pulumi.preview import cli
+from llmgw_pulumi.preview import rules as fleet_rules
 from tests.unit.review_previews import NOW, created, preview, step
 
 
 def test_the_real_preview_is_read_node_by_node():
-    fleet = review.review(preview(), NOW)
+    fleet = cli.review(preview(), NOW)
     n = fleet.nodes
     assert set(n) == {"node10", "node11", "node12", "node13", "node14"}
     assert n["node10"].upgrade == ("v1.4.2", "v1.5.0") and n["node10"].restart_gated and not n["node10"].config_lines
@@ -40,12 +42,12 @@ def test_expiry_and_a_rotated_ca_are_told_apart():
     data = preview()
     cert = step(data, "ClientCertificate", "node12")
     cert["oldState"]["outputs"]["node_key"] = "held"
-    assert review.review(data, NOW).nodes["node12"].certificate == ()
+    assert cli.review(data, NOW).nodes["node12"].certificate == ()
     cert["oldState"]["outputs"]["not_after"] = (NOW + dt.timedelta(hours=100)).isoformat()  # renewBeforeHours 720
-    assert review.review(data, NOW).nodes["node12"].certificate == ("expiry",)
+    assert cli.review(data, NOW).nodes["node12"].certificate == ("expiry",)
     cert["newState"]["inputs"]["ca_fingerprint"] = "another"
-    assert review.review(data, NOW).nodes["node12"].certificate == ("expiry", "CA rotation")
-    summary = review.markdown(review.review(data, NOW))
+    assert cli.review(data, NOW).nodes["node12"].certificate == ("expiry", "CA rotation")
+    summary = cli.markdown(cli.review(data, NOW))
     assert "| certificate renewed (expiry) | 1 | `node12` |" in summary
     assert "| certificate re-issued (CA rotation) | 1 | `node12` |" in summary
 
@@ -55,7 +57,7 @@ def test_an_operator_side_change_restarts_nothing():
     agent = step(data, "AgentInstall", "node11")
     agent["newState"]["inputs"] = {**agent["oldState"]["inputs"],
                                    "connection": {**agent["oldState"]["inputs"]["connection"], "user": "other"}}
-    node = review.review(data, NOW).nodes["node11"]
+    node = cli.review(data, NOW).nodes["node11"]
     assert not node.restarts and not node.config_lines and node.untouched
 
 
@@ -71,10 +73,10 @@ def test_a_thousand_nodes_fit_about_one_screen():
                 if ((state or {}).get("inputs") or {}).get("rollout"):
                     state["inputs"]["rollout"]["canary"] = False  # node10 is the canary; its copies are not
             steps.append(s)
-    fleet = review.review({"steps": steps}, NOW)
+    fleet = cli.review({"steps": steps}, NOW)
     canaries, then, outside, _ = fleet.restart_order()
     assert len(then) == 1000 and not canaries and not outside
-    summary = review.markdown(fleet)
+    summary = cli.markdown(fleet)
     print(summary)
     visible = summary.split("<details>")[0] + "".join(part.split("</details>", 1)[-1] for part in summary.split("<details>")[1:])
     assert len(visible.splitlines()) <= 40 and len(visible) < 2500, visible  # about one screen, unfolded
@@ -89,28 +91,28 @@ def test_what_came_from_a_node_is_printed_escaped():
     agent = step(data, "AgentInstall", "node11")
     agent["newState"]["inputs"]["agent_yaml"] += "hostname: evil\x1b]0;pwned\x07\n"
     out = io.StringIO()
-    assert review.main([], stdin=io.StringIO(json.dumps(data)), stdout=out) == 0
+    assert cli.main([], stdin=io.StringIO(json.dumps(data)), stdout=out) == 0
     text = out.getvalue()
     assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text
     assert "\\x1b[2J" in text and "\\u202e" in text and "x\\ny" in text and "hostname: evil\\x1b]0;pwned\\x07" in text
 
 
 def test_input_that_is_not_a_preview_gets_a_clear_error(capsys):
-    assert review.main([], stdin=io.StringIO("Previewing update (prod):"), stdout=io.StringIO()) == 2
-    assert "run `pulumi preview --json | python -m llmgw_pulumi.review`" in capsys.readouterr().err
+    assert cli.main([], stdin=io.StringIO("Previewing update (prod):"), stdout=io.StringIO()) == 2
+    assert "run `pulumi preview --json | python -m llmgw_pulumi.preview.cli`" in capsys.readouterr().err
 
 
 def test_id_ranges_fold_only_runs_of_one_prefix_and_width():
-    assert review._ranges(["a1", "a2", "a3", "a5", "b6", "b7", "gpu-9", "gpu-10", "gpu-11", "gpu-12"]) == [
+    assert cli._ranges(["a1", "a2", "a3", "a5", "b6", "b7", "gpu-9", "gpu-10", "gpu-11", "gpu-12"]) == [
         "a1..3", "a5", "b6", "b7", "gpu-9", "gpu-10..12"]
-    assert review._ranges(["x", "node10", "node11", "node12"]) == ["x", "node10..12"]
+    assert cli._ranges(["x", "node10", "node11", "node12"]) == ["x", "node10..12"]
 
 
 # --------------------------------------------------------------------------- the rules
 
 
 def agent(name: str, **props: Any) -> fleet_rules.Resource:
-    return fleet_rules.Resource(review.AGENT, name, {"node_id": name, "version": "v1", **props}, f"urn::AgentInstall::{name}")
+    return fleet_rules.Resource(cli.AGENT, name, {"node_id": name, "version": "v1", **props}, f"urn::AgentInstall::{name}")
 
 
 def test_rollout_required_counts_running_agents_that_restart():
@@ -124,14 +126,14 @@ def test_rollout_required_counts_running_agents_that_restart():
     assert fleet_rules.rollout_required(deployed, governed, {}) == []
     # A new node is onboarded, not restarted; an output the node reported (an unchanged resource's props are its
     # outputs) is not a change.
-    recorded = fleet_rules.Resource(review.AGENT, "a", deployed[0].props, deployed[0].urn, frozenset({"node_state"}))
+    recorded = fleet_rules.Resource(cli.AGENT, "a", deployed[0].props, deployed[0].urn, frozenset({"node_state"}))
     assert fleet_rules.restarting_agents([recorded], [agent("a", node_state={"x": 1}), agent("n", version="v2")]) == []
     assert fleet_rules.restarting_agents([recorded], [agent("a", version="v2", node_state={"x": 1})])
 
 
 def test_removal_allowed_names_each_removed_node_not_listed():
     def node(name: str) -> fleet_rules.Resource:
-        return fleet_rules.Resource(review.NODE_TYPE, name, {}, f"urn::llmgw:index:Node::{name}")
+        return fleet_rules.Resource(cli.NODE_TYPE, name, {}, f"urn::llmgw:index:Node::{name}")
 
     deployed, planned = [node("a"), node("b"), node("c")], [node("a")]
     assert [m.split(":")[0] for _, m in fleet_rules.removal_allowed(deployed, planned, {})] == ["b", "c"]
@@ -142,12 +144,12 @@ def test_release_verified_judges_the_record_not_the_stack_config():
     # The stack config pins the release; the record says nothing verified it: the record is what counts
     # (the rule cannot see a node list file's or a component's pins, only what the program recorded).
     props = {"node_id": "a", "version": "v1.5.0", "verification": "opt-out", "allow_unverified_release": True}
-    assert fleet_rules.release_verified(review.AGENT, props, {})
+    assert fleet_rules.release_verified(cli.AGENT, props, {})
     signed = {**props, "verification": "signature", "signing_key": "ssh-ed25519 AAAA"}
-    assert fleet_rules.release_verified(review.AGENT, signed, {}) is None
+    assert fleet_rules.release_verified(cli.AGENT, signed, {}) is None
     dev = {"node_id": "a", "version": "dev", "binary_path": "/tmp/llmgw", "verification": "local build"}
-    assert "local build" in (fleet_rules.release_verified(review.AGENT, dev, {}) or "")
-    assert fleet_rules.release_verified(review.AGENT, dev, {"allowDevBuild": True}) is None
+    assert "local build" in (fleet_rules.release_verified(cli.AGENT, dev, {}) or "")
+    assert fleet_rules.release_verified(cli.AGENT, dev, {"allowDevBuild": True}) is None
     pinned = {"llmgw:agent": {"sha256": {"amd64": "00" * 32}}}
     assert fleet_rules.stack_config_from_env(json.dumps({"llmgw:agent": json.dumps(pinned["llmgw:agent"])})) == pinned
 
@@ -158,7 +160,7 @@ def test_a_node_that_could_not_be_read_is_said_once_and_not_as_an_engine_problem
     said = f"warning: {decisions.unreadable_warning('node14: cannot reach deploy@10.0.0.9 over ssh after 10s')}\n"
     data["diagnostics"] += [{"urn": urn.replace("EngineCheck", kind), "message": said, "severity": "warning"}
                             for kind in ("EngineCheck", "AgentInstall", "NodeIdentity")]
-    node = review.review(data, NOW).nodes["node14"]
+    node = cli.review(data, NOW).nodes["node14"]
     assert node.unreadable == ["node14: cannot reach deploy@10.0.0.9 over ssh after 10s; its state is kept as it was"]
     assert len(node.problems) == 1 and "vllm" in node.problems[0]
 
@@ -176,25 +178,25 @@ Diagnostics:
 
 
 def test_the_policy_verdict_is_the_cli_s_policies_block_escaped():
-    verdict = review.policy_verdict(POLICY_RUN)
+    verdict = cli.policy_verdict(POLICY_RUN)
     assert verdict.startswith("**Policies: a mandatory rule is violated** (1 violations)")
     assert "Mandatory rules violated:\n- `release-verified` (1): `release v1.5.0 is installed from a checksums.txt " \
            "nobody signed\\x1b[2J` — on `gpu-01`" in verdict
     assert "\x1b" not in verdict
     assert "Diagnostics" not in verdict and "Previewing" not in verdict and "llmgw-prod" not in verdict
     passed = POLICY_RUN.replace("\u274c", "\u2705").replace("[mandatory]", "[advisory]")
-    assert review.policy_verdict(passed).startswith("**Policies: no mandatory rule is violated** (1 violations)")
-    assert "Advisory rules violated:\n- `release-verified` (1)" in review.policy_verdict(passed)
-    assert "printed no verdict" in review.policy_verdict("error: could not load the policy pack")
+    assert cli.policy_verdict(passed).startswith("**Policies: no mandatory rule is violated** (1 violations)")
+    assert "Advisory rules violated:\n- `release-verified` (1)" in cli.policy_verdict(passed)
+    assert "printed no verdict" in cli.policy_verdict("error: could not load the policy pack")
 
 
 def test_an_unchanged_agent_whose_outputs_keep_agent_yaml_as_a_digest_does_not_restart():
     """An unchanged AgentInstall's props are its outputs, which keep agent.yaml and the unit as digests; its
     recorded inputs keep the texts. Read through the provider's own ``observed.digested``, they are the same."""
-    from llmgw_pulumi import observed
+    from llmgw_pulumi.nodestate import observed
 
     text = "server: 10.0.0.1:7443\nnode_id: a\n"
-    recorded = fleet_rules.Resource(review.AGENT, "a", {"node_id": "a", "version": "v1", "agent_yaml": text},
+    recorded = fleet_rules.Resource(cli.AGENT, "a", {"node_id": "a", "version": "v1", "agent_yaml": text},
                                     "urn::AgentInstall::a", frozenset({"arch"}))
     kept = observed.digested(recorded.props)["agent_yaml"]
     assert kept.startswith("sha256:") and kept != text
@@ -212,7 +214,7 @@ def test_the_policy_sdk_s_props_become_plain_values_that_compare_with_the_record
     props = unknown_checking_proxy({"servers": ["cp1:7443"], "nested": {"hcas": ["mlx5_0", unknown]}, "hostname": unknown})
     assert props["servers"] != ["cp1:7443"]  # the SDK's list is a proxy: the reason for plain()
     assert fleet_rules.plain(props, UnknownValueError) == {
-        "servers": ["cp1:7443"], "nested": {"hcas": ["mlx5_0", review.UNKNOWN]}, "hostname": review.UNKNOWN}
+        "servers": ["cp1:7443"], "nested": {"hcas": ["mlx5_0", cli.UNKNOWN]}, "hostname": cli.UNKNOWN}
 
 
 POLICY_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "review" / "policy.txt"
@@ -221,7 +223,7 @@ POLICY_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "review" / "
 def test_policy_results_are_one_line_per_rule_with_the_nodes_folded():
     # The CLI's block for 40 nodes of one rule, two of another, one stack-level violation and one advisory, each
     # violation's message the rule's description and then what the rule reported (pulumi-policy's format).
-    verdict = review.policy_verdict(POLICY_FIXTURE.read_text())
+    verdict = cli.policy_verdict(POLICY_FIXTURE.read_text())
     print(verdict)
     lines = verdict.splitlines()
     assert lines[0] == "**Policies: a mandatory rule is violated** (44 violations)"
@@ -241,21 +243,21 @@ def test_policy_results_are_one_line_per_rule_with_the_nodes_folded():
 def test_the_verdict_follows_the_violation_lines_not_what_a_message_says():
     text = POLICY_FIXTURE.read_text()
     advisory_only = text.replace("\u274c", "\u2705").replace("[mandatory]", "[advisory]")
-    assert review.policy_verdict(advisory_only).startswith("**Policies: no mandatory rule is violated** (44 violations)")
+    assert cli.policy_verdict(advisory_only).startswith("**Policies: no mandatory rule is violated** (44 violations)")
     # A message line (indented by ten) that looks like a violation or a pack's failure is a message.
     forged = advisory_only.replace(
         "          gpu-041: its SSH", "          - [mandatory]  removal-allowed  (x: gpu-041)\n          \u274c llmgw-fleet@v0.1.0\n"
                                     "          gpu-041: its SSH")
-    verdict = review.policy_verdict(forged)
+    verdict = cli.policy_verdict(forged)
     assert verdict.startswith("**Policies: no mandatory rule is violated** (44 violations)"), verdict
     stray = "Policies:\n    \u2705 llmgw-fleet@v0.1.0 (local: /p)\n          - [mandatory]  forged  (x: y)\n" \
             "          \u274c llmgw-fleet@v0.1.0 (local: /p)\n"
-    assert review.policy_verdict(stray).startswith("**Policies: no mandatory rule is violated** (0 violations)")
+    assert cli.policy_verdict(stray).startswith("**Policies: no mandatory rule is violated** (0 violations)")
     # A pack that says it failed fails the verdict even when no violation line could be read.
     unread = "Policies:\n    \u274c llmgw-fleet@v0.1.0 (local: /p)\n        - [mandatory] garbled\n"
-    verdict = review.policy_verdict(unread)
+    verdict = cli.policy_verdict(unread)
     assert verdict.startswith("**Policies: a mandatory rule is violated** (0 violations)") and "job's log" in verdict
-    assert review.policy_verdict("Policies:\n    \u2705 llmgw-fleet@v0.1.0 (local: /p)\n").startswith(
+    assert cli.policy_verdict("Policies:\n    \u2705 llmgw-fleet@v0.1.0 (local: /p)\n").startswith(
         "**Policies: no mandatory rule is violated** (0 violations)")
 
 
@@ -266,12 +268,12 @@ def test_a_node_that_restarts_both_under_and_outside_the_rollout_is_listed_outsi
     # A new certificate (NodeIdentity's update) restarts the agent whatever the rollout says: a node whose
     # AgentInstall also restarts under the rollout is not held back by it, so it is listed without a rollout.
     rollout = {"max_parallel": 1, "canary": False}
-    both = review.NodeReview("gpu-02", restart_gated=True, restart_ungated=True, rollout={**rollout, "canary": True})
-    gated = review.NodeReview("gpu-01", restart_gated=True, rollout=rollout)
-    ungated = review.NodeReview("gpu-03", restart_ungated=True)
-    fleet = review.FleetReview({r.node: r for r in (both, gated, ungated)})
+    both = cli.NodeReview("gpu-02", restart_gated=True, restart_ungated=True, rollout={**rollout, "canary": True})
+    gated = cli.NodeReview("gpu-01", restart_gated=True, rollout=rollout)
+    ungated = cli.NodeReview("gpu-03", restart_ungated=True)
+    fleet = cli.FleetReview({r.node: r for r in (both, gated, ungated)})
     assert fleet.restart_order() == ([], ["gpu-01"], ["gpu-02", "gpu-03"], 1)
-    summary = review.markdown(fleet)
+    summary = cli.markdown(fleet)
     assert "**Agents that will restart: 3**" in summary  # the two outside the rollout count too
     assert "1. then, in any order: `gpu-01`" in summary and "**without a rollout** (2): `gpu-02`, `gpu-03`" in summary
     assert "canaries" not in summary
@@ -282,7 +284,7 @@ def test_a_warning_about_a_node_is_kept_printable():
     urn = next(s["urn"] for s in data["steps"] if s["urn"].endswith("EngineCheck::node14"))
     data["diagnostics"].append({"urn": urn, "severity": "warning",
                                 "message": "warning: sglang \x1b]0;owned\x07 failed\u202e to start\n"})
-    problems = review.review(data, NOW).nodes["node14"].problems
+    problems = cli.review(data, NOW).nodes["node14"].problems
     assert problems[-1] == "sglang \\x1b]0;owned\\x07 failed\\u202e to start", problems
     assert all(p.isprintable() for p in problems)
 
@@ -302,13 +304,13 @@ def test_onboarding_rows_say_the_version_the_fabric_and_how_host_keys_are_truste
                              agent={"version": "v1.6.0-dev", "binary_path": "/build/llmgw",
                                     "fabrics": [{"name": "ib-east", "hcas": ["mlx5_0"]}, {"name": "ib-west", "hcas": ["mlx5_1"]}]},
                              connection={"host_key": key, "jump": [{"address": "deploy@bastion"}]})
-    fleet = review.review(data, NOW)
+    fleet = cli.review(data, NOW)
     assert fleet.nodes["gpu-20"].version == "v1.4.2" and fleet.nodes["gpu-20"].fabrics == ("ib-east",)
     assert fleet.nodes["gpu-20"].host_keys == ("pinned",) and not fleet.nodes["gpu-20"].local_build
     assert fleet.nodes["gpu-30"].host_keys == ("trusted on first use", "pinned")
     assert fleet.nodes["gpu-31"].replaced and fleet.nodes["gpu-31"].local_build
     assert not fleet.nodes["node10"].version and not fleet.nodes["node10"].host_keys  # read for onboarded nodes only
-    rows = [line for line in review.markdown(fleet).splitlines() if line.startswith("| onboarded")]
+    rows = [line for line in cli.markdown(fleet).splitlines() if line.startswith("| onboarded")]
     assert rows == [
         "| onboarded: agent `v1.4.2`, fabric `ib-east`, host key pinned | 3 | `gpu-20..22` |",
         "| onboarded: agent `v1.5.0`, no fabric, host key trusted on first use, jump host keys pinned | 1 | `gpu-30` |",
@@ -329,7 +331,7 @@ def run_review(tmp_path: Path, preview_json: str | None, *args: str, log: str | 
         argv += ["--preview-log", str(tmp_path / "preview.log")]
     (tmp_path / "policy.txt").write_text(POLICY_RUN)
     out = io.StringIO()
-    status = review.main([*argv, "--policy", str(tmp_path / "policy.txt")], stdout=out)
+    status = cli.main([*argv, "--policy", str(tmp_path / "policy.txt")], stdout=out)
     return status, out.getvalue()
 
 
@@ -372,4 +374,4 @@ def test_a_preview_whose_json_cannot_be_read_failed(tmp_path, capsys, written):
     first = summary.splitlines()[0]
     assert first.startswith("### Fleet change: the preview FAILED (the preview") and "0 nodes" not in summary, first
     assert summary.count("- `no stack named 'x' found`") == 1, summary
-    assert "run `pulumi preview --json | python -m llmgw_pulumi.review`" in capsys.readouterr().err
+    assert "run `pulumi preview --json | python -m llmgw_pulumi.preview.cli`" in capsys.readouterr().err

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from llmgw_pulumi import decisions, review
+from llmgw_pulumi import decisions
+from llmgw_pulumi.preview import cli
 from tests.unit.inert_markdown import MARKER, PARSER, assert_marker_only_in_code, kinds, leaves
 from tests.unit.review_previews import NOW, created, preview
 
@@ -106,7 +107,7 @@ def summary_of(data: dict[str, Any], policy: str, tmp_path: Path) -> str:
     (tmp_path / "preview.json").write_text(json.dumps(data))
     (tmp_path / "policy.txt").write_text(policy)
     out = io.StringIO()
-    assert review.main([str(tmp_path / "preview.json"), "--policy", str(tmp_path / "policy.txt")], stdout=out) == 0
+    assert cli.main([str(tmp_path / "preview.json"), "--policy", str(tmp_path / "policy.txt")], stdout=out) == 0
     return out.getvalue()
 
 
@@ -122,7 +123,7 @@ def assert_inert(summary: str, twin: str) -> None:
 def test_what_a_node_or_the_config_wrote_is_inert_in_every_place_of_the_summary(entry, tmp_path):
     text = entry["payload"]
     data = hostile_preview(text)
-    fleet = review.review(copy.deepcopy(data), NOW)
+    fleet = cli.review(copy.deepcopy(data), NOW)
     assert {text, text + "-2"} <= set(fleet.nodes) and fleet.nodes[text].problems and fleet.nodes[text].unreadable
     summary = summary_of(data, hostile_policy_run(text), tmp_path)
     print(summary)
@@ -150,7 +151,7 @@ def failed_summary_of(text: str, tmp_path: Path) -> str:
     (tmp_path / "preview.json").write_text(json.dumps(data))
     (tmp_path / "preview.log").write_text("".join(f"error: {line} (log {i})\n" for i, line in enumerate(text.split("\n"))))
     out = io.StringIO()
-    status = review.main([str(tmp_path / "preview.json"), "--preview-status", "1",
+    status = cli.main([str(tmp_path / "preview.json"), "--preview-status", "1",
                           "--preview-log", str(tmp_path / "preview.log")], stdout=out)
     assert status == 1
     return out.getvalue()

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from llmgw_pulumi import rollout
+from llmgw_pulumi.config.specs import Rollout
 from llmgw_pulumi.errors import ConfigError, RolloutStoppedError
-from llmgw_pulumi.specs import Rollout
 
 WAIT = 30.0
 """The longest the tests wait for something that must happen: a regression fails after this, it does not hang."""

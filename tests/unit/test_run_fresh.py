@@ -1,4 +1,4 @@
-"""A change planned from a read the node finds stale is planned again from one new read, once (_glue.run_fresh);
+"""A change planned from a read the node finds stale is planned again from one new read, once (base.run_fresh);
 the agent's case on a fake node is in test_plan_on_node.py."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from llmgw_pulumi import errors
-from llmgw_pulumi.observed import Observed, Seen
-from llmgw_pulumi.providers import _glue
+from llmgw_pulumi.nodestate.commands import Exit, Result
+from llmgw_pulumi.nodestate.observed import Observed, Seen
+from llmgw_pulumi.providers import base
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
-from llmgw_pulumi.remote import Exit, Result
 from tests.fakenode import FakeNode
 from tests.unit.fake_node_resources import CA, CERT, certificate, identity_inputs, onboard_identity, sha
 
@@ -38,36 +38,36 @@ class Scripted:
 
 def test_a_plan_from_the_last_record_runs_without_reading_the_node() -> None:
     fake = Scripted(DONE)
-    assert _glue.run_fresh("gpu-01", "recorded", fake.read, fake.run) is DONE
+    assert base.run_fresh("gpu-01", "recorded", fake.read, fake.run) is DONE
     assert (fake.reads, fake.runs) == (0, ["recorded"])
 
 
 def test_with_no_record_the_node_is_read_first() -> None:
     fake = Scripted(DONE)
-    assert _glue.run_fresh("gpu-01", None, fake.read, fake.run) is DONE
+    assert base.run_fresh("gpu-01", None, fake.read, fake.run) is DONE
     assert (fake.reads, fake.runs) == (1, ["read 1"])
 
 
 def test_a_stale_plan_is_made_again_from_one_new_read() -> None:
     fake = Scripted(STALE, DONE)
-    assert _glue.run_fresh("gpu-01", "recorded", fake.read, fake.run) is DONE
+    assert base.run_fresh("gpu-01", "recorded", fake.read, fake.run) is DONE
     assert (fake.reads, fake.runs) == (1, ["recorded", "read 1"])
 
 
 def test_a_plan_stale_twice_is_not_tried_a_third_time_and_is_a_node_changed_error() -> None:
     fake = Scripted(STALE, STALE, DONE)
-    res = _glue.run_fresh("gpu-01", None, fake.read, fake.run)
+    res = base.run_fresh("gpu-01", None, fake.read, fake.run)
     assert res is STALE
     assert (fake.reads, fake.runs) == (2, ["read 1", "read 2"])
     with pytest.raises(errors.NodeChangedError) as raised:
-        _glue.raise_for(res, "gpu-01", "installing the agent")
+        base.raise_for(res, "gpu-01", "installing the agent")
     assert str(raised.value).startswith("gpu-01: /etc/llmgw/agent.yaml changed since the node was read\n  fix: ")
 
 
 def test_another_failure_is_returned_at_once_not_retried() -> None:
     busy = Result(Exit.BUSY, "", "locked")
     fake = Scripted(busy, DONE)
-    assert _glue.run_fresh("gpu-01", "recorded", fake.read, fake.run) is busy
+    assert base.run_fresh("gpu-01", "recorded", fake.read, fake.run) is busy
     assert (fake.reads, fake.runs) == (0, ["recorded"])
 
 

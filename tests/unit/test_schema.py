@@ -19,11 +19,13 @@ from pulumi.output import Unknown
 
 import llmgw_pulumi
 from lab.doubles import llmgw as double
-from llmgw_pulumi import desired, node, schema, specs, stack_config
-from llmgw_pulumi.agent_settings import AgentSettings, BinarySource, Discovery
+from llmgw_pulumi.config import schema, specs, stack_config
+from llmgw_pulumi.config.agent_settings import AgentSettings, BinarySource, Discovery
+from llmgw_pulumi.config.schema import Problems, Spelling
 from llmgw_pulumi.errors import ConfigError
+from llmgw_pulumi.nodestate import desired
 from llmgw_pulumi.providers import agent, certificate, engines, identity
-from llmgw_pulumi.schema import Problems, Spelling
+from llmgw_pulumi.stack import node
 from tests.unit import RELEASE_KEY
 
 PACKAGE = Path(llmgw_pulumi.__file__).parent
@@ -36,7 +38,7 @@ ANCHOR = "    @staticmethod\n    def collect(props: Mapping[str, Any], problems:
 PROBE = textwrap.dedent("""
     import json, sys
     from llmgw_pulumi import desired, node, stack_config
-    from llmgw_pulumi.agent_settings import AgentSettings
+    from llmgw_pulumi.config.agent_settings import AgentSettings
     from llmgw_pulumi.errors import StackConfigError
     from llmgw_pulumi.providers.agent import AgentInstallProvider
 

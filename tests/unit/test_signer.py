@@ -17,7 +17,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from lab import pki as labpki
 from lab.hsm import SIGNER, Token
-from llmgw_pulumi import pki, signer, signing
+from llmgw_pulumi.certificates import pki, signer, signing
 from llmgw_pulumi.errors import SignedCertificateError, SignerError
 from llmgw_pulumi.providers.certificate import CA_KEY_INPUT, ClientCertificateProvider, _ca_keys
 from tests.unit import RELEASE_KEY
@@ -216,7 +216,7 @@ BASE = {"servers": ["cp1.example.net:7443"], "agent": {"version": "v1.4.2", "sig
 
 
 def test_the_stack_config_takes_a_signer_instead_of_a_pki_dir() -> None:
-    from llmgw_pulumi import stack_config
+    from llmgw_pulumi.config import stack_config
 
     spec = stack_config.parse({**BASE, "signer": {"kind": "command", "ca": "/srv/ca.pem", "command": ["/usr/bin/sign"],
                                                   "maxParallel": 2}})
@@ -235,7 +235,7 @@ def test_the_stack_config_takes_a_signer_instead_of_a_pki_dir() -> None:
     ({"kind": "command", "ca": "/srv/ca.pem", "command": ["/s"], "timeout": 5}, False, "signer.timeout"),
 ])
 def test_a_bad_signer_config_is_named(signer_config: dict[str, object], has_key: bool, field: str) -> None:
-    from llmgw_pulumi import stack_config
+    from llmgw_pulumi.config import stack_config
 
     with pytest.raises(stack_config.StackConfigError) as err:
         stack_config.parse({**BASE, "signer": signer_config}, has_ca_key=has_key)
@@ -243,15 +243,16 @@ def test_a_bad_signer_config_is_named(signer_config: dict[str, object], has_key:
 
 
 def test_a_ca_key_signer_with_its_secret_is_accepted() -> None:
-    from llmgw_pulumi import stack_config
+    from llmgw_pulumi.config import stack_config
 
     spec = stack_config.parse({**BASE, "signer": {"kind": "caKey", "ca": "/srv/ca.pem"}}, has_ca_key=True)
     assert spec.signer is not None and spec.signer.kind == "caKey"
 
 
 def test_the_program_reads_the_ca_from_a_path_or_takes_its_text(ca: pki.Authority, tmp_path: Path) -> None:
-    from llmgw_pulumi import program, stack_config
+    from llmgw_pulumi.config import stack_config
     from llmgw_pulumi.errors import ConfigError
+    from llmgw_pulumi.stack import program
 
     (tmp_path / "ca.pem").write_text(ca.cert_pem)
     by_path = program.signer_inputs(stack_config.SignerConfig("command", str(tmp_path / "ca.pem"), ("/usr/bin/sign",)))

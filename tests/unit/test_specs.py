@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from pulumi.output import Unknown
 
-from llmgw_pulumi import specs, stack_config
+from llmgw_pulumi.config import specs, stack_config
+from llmgw_pulumi.config.schema import Problems, Spelling
+from llmgw_pulumi.config.stack_config import StackConfigError
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
-from llmgw_pulumi.schema import Problems, Spelling
-from llmgw_pulumi.stack_config import StackConfigError
 from tests.unit.good_configs import mutate
 from tests.unit.provider_inputs import AGENT, CONN, PEMS
 

@@ -1,4 +1,4 @@
-"""A node that prints without end: past ssh_session.OUTPUT_LIMIT the command is stopped and a clean error names
+"""A node that prints without end: past connection.OUTPUT_LIMIT the command is stopped and a clean error names
 the node; what is held in memory never passes the bound.
 
 The channel is a stand-in for paramiko's (the session only opens channels, reads, feeds and closes them): it
@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from llmgw_pulumi import ssh_session
+from llmgw_pulumi.config.specs import Connection
 from llmgw_pulumi.errors import RemoteCommandError
-from llmgw_pulumi.remote import Script
-from llmgw_pulumi.specs import Connection
+from llmgw_pulumi.nodestate.commands import Script
+from llmgw_pulumi.ssh import connection
 
 CHUNK = 1 << 16
-PACKAGE_LIMIT = ssh_session.OUTPUT_LIMIT
+PACKAGE_LIMIT = connection.OUTPUT_LIMIT
 """As the package has it, before the tests below make it smaller."""
 
 
@@ -86,14 +86,14 @@ class Transport:
 
 def run(channel: FloodingChannel) -> Any:
     conn = Connection(host="10.0.0.11", user="root")
-    session = ssh_session.Session(Transport(channel), conn, "gpu-01", "ssh-ed25519 AAAA", {})  # type: ignore[arg-type]
+    session = connection.Session(Transport(channel), conn, "gpu-01", "ssh-ed25519 AAAA", {})  # type: ignore[arg-type]
     return session.run(Script("cat /dev/zero"))
 
 
 @pytest.fixture(autouse=True)
 def small_limit(monkeypatch: pytest.MonkeyPatch) -> int:
     limit = 1 << 20  # 16 MiB as the package has it, 1 MiB here: the same code, a quicker test
-    monkeypatch.setattr(ssh_session, "OUTPUT_LIMIT", limit)
+    monkeypatch.setattr(connection, "OUTPUT_LIMIT", limit)
     return limit
 
 

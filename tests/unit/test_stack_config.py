@@ -4,10 +4,11 @@
 import pulumi
 import pytest
 
-from llmgw_pulumi import boundary, errors, stack_config
+from llmgw_pulumi import boundary, errors
+from llmgw_pulumi.config import stack_config
+from llmgw_pulumi.config.specs import Fabric
+from llmgw_pulumi.config.stack_config import StackConfigError
 from llmgw_pulumi.errors import ConfigError
-from llmgw_pulumi.specs import Fabric
-from llmgw_pulumi.stack_config import StackConfigError
 from tests.unit.good_configs import DELETE, GOOD, mutate
 
 # (case, path into the config, new value, node named, field named, words the problem must contain)

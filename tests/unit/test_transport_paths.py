@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterator
 import paramiko
 import pytest
 
-from llmgw_pulumi import errors, transport
-from llmgw_pulumi.specs import Connection
+from llmgw_pulumi import errors
+from llmgw_pulumi.config.specs import Connection
+from llmgw_pulumi.ssh import transport
 from tests.unit.error_checks import assert_refused
 from tests.unit.ssh_server import Server, closed_port, connection, ed25519_pair, public_text
 
@@ -81,7 +82,7 @@ def test_a_node_that_refuses_is_waited_for_once_with_the_reason_then_given_up_on
     port = closed_port()
     conn = Connection.from_props({"host": "127.0.0.1", "port": port, "user": "deploy", "wait": 2.0,
                                   "private_key": ed25519_pair()[1]}, "gpu-01")
-    with caplog.at_level(logging.INFO, logger="llmgw_pulumi.transport"), \
+    with caplog.at_level(logging.INFO, logger="llmgw_pulumi.ssh.transport"), \
             pytest.raises(transport.WaitExpired) as expired:
         transport.establish(conn, conn, "gpu-01", None, time.monotonic() + 2.0)  # three tries or more
     assert str(expired.value).startswith(
@@ -94,7 +95,7 @@ def test_a_login_refused_at_first_is_tried_again_and_the_wait_is_reported(server
                                                                          caplog: pytest.LogCaptureFixture) -> None:
     server.refuse_logins = 1  # the login user is not made yet on the first try
     conn = connection(server)
-    with caplog.at_level(logging.INFO, logger="llmgw_pulumi.transport"):
+    with caplog.at_level(logging.INFO, logger="llmgw_pulumi.ssh.transport"):
         t, presented = transport.establish(conn, conn, "gpu-01", None, time.monotonic() + 5)
     t.close()
     assert presented == public_text(server.host_key) and server.logins == ["deploy", "deploy"]
@@ -187,7 +188,7 @@ def test_a_command_reads_its_input_to_the_end_before_it_exits_keeping_its_exit_s
     on OpenSSH); its output and exit status are the command's."""
     import subprocess
 
-    from llmgw_pulumi.ssh_session import reads_its_input_to_the_end
+    from llmgw_pulumi.ssh.connection import reads_its_input_to_the_end
 
     proc = subprocess.Popen(["/bin/sh", "-c", reads_its_input_to_the_end(command)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -254,10 +255,10 @@ def test_after_waiting_for_cloud_init_the_node_is_reconnected_and_the_key_it_kee
     server.printed = cloud_init_replaces_the_host_key(kept)
     pool = transport.Pool()
     try:
-        with caplog.at_level(logging.INFO, logger="llmgw_pulumi.transport"), \
+        with caplog.at_level(logging.INFO, logger="llmgw_pulumi.ssh.transport"), \
                 pool.session(connection(server), "gpu-01") as s:
             assert s.host_key == public_text(kept) != public_text(first_key)
-        said = [r.getMessage() for r in caplog.records if r.name == "llmgw_pulumi.transport"]
+        said = [r.getMessage() for r in caplog.records if r.name == "llmgw_pulumi.ssh.transport"]
         assert said[0].startswith(f"gpu-01: waiting up to 5s for ssh to deploy@127.0.0.1:{server.port} "
                                   "(deploy@127.0.0.1 refused every key tried")  # the reconnection, retried once
         assert said[1].startswith(f"gpu-01: ssh to deploy@127.0.0.1:{server.port} answered after") and len(said) == 2

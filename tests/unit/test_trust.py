@@ -16,11 +16,12 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from pulumi.output import Unknown
 
 from lab import pki as labpki
-from llmgw_pulumi import errors, sessions
+from llmgw_pulumi import errors
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
+from llmgw_pulumi.ssh import sessions
 from tests.fakenode import FakeNode, FakeNodes
 from tests.unit.fake_node_resources import (
     ADDR,

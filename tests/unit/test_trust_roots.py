@@ -21,10 +21,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from llmgw_pulumi import fleet_rules, review, trust_roots
-from llmgw_pulumi.agent_settings import BinarySource
-from llmgw_pulumi.fleet_review import AGENT, CERTIFICATE, ENGINES, IDENTITY, UNKNOWN
-from llmgw_pulumi.trust_roots import NOT_KNOWN, NOT_SET, Change
+from llmgw_pulumi.config.agent_settings import BinarySource
+from llmgw_pulumi.preview import cli, rules, trust_roots
+from llmgw_pulumi.preview.changes import AGENT, CERTIFICATE, ENGINES, IDENTITY, UNKNOWN
+from llmgw_pulumi.preview.trust_roots import NOT_KNOWN, NOT_SET, Change
 from tests.unit.inert_markdown import PARSER, assert_marker_only_in_code, leaves
 from tests.unit.review_previews import NOW, created, preview, step
 
@@ -173,28 +173,28 @@ def test_signer_arguments_are_fingerprinted_not_shown():
 
 def test_the_rule_fails_each_change_unless_the_policy_config_approves_its_new_value():
     kind, old, new, change = CASES["signing key swapped"]
-    (message,) = fleet_rules.trust_roots_unchanged(kind, old, new, {})
+    (message,) = rules.trust_roots_unchanged(kind, old, new, {})
     assert message.startswith("gpu-01: agent.signingKey") and FP_A in message and FP_C in message
     assert json.dumps({"setting": "agent.signingKey", "to": FP_C}) in message  # the fix: the entry to add
     allow = {"allowed": [{"setting": "agent.signingKey", "to": FP_C}]}
-    assert fleet_rules.trust_roots_unchanged(kind, old, new, allow) == []
+    assert rules.trust_roots_unchanged(kind, old, new, allow) == []
     for wrong in ({"setting": "agent.signingKey", "to": FP_A}, {"setting": "hostKey", "to": FP_C},
                   {"to": FP_C}, "agent.signingKey"):
-        assert fleet_rules.trust_roots_unchanged(kind, old, new, {"allowed": [wrong]}) != [], wrong
+        assert rules.trust_roots_unchanged(kind, old, new, {"allowed": [wrong]}) != [], wrong
 
 
 def test_the_rule_judges_every_trust_root_and_names_none_of_a_created_resource():
     for kind, old, new, change in CASES.values():
-        messages = fleet_rules.trust_roots_unchanged(kind, old, new, {})
+        messages = rules.trust_roots_unchanged(kind, old, new, {})
         assert len(messages) == 1 and change.setting in messages[0], messages
-        assert fleet_rules.trust_roots_unchanged(kind, old, new, {"allowed": [
+        assert rules.trust_roots_unchanged(kind, old, new, {"allowed": [
             {"setting": change.setting, "to": change.new}]}) == []
-    assert fleet_rules.trust_roots_unchanged(AGENT, None, AGENT_INPUTS, {}) == []
+    assert rules.trust_roots_unchanged(AGENT, None, AGENT_INPUTS, {}) == []
 
 
 def test_the_rule_is_mandatory_and_in_the_pack():
-    assert fleet_rules.TRUST_ROOTS_UNCHANGED in fleet_rules.RULES
-    assert fleet_rules.TRUST_ROOTS_UNCHANGED.enforcement == "mandatory"
+    assert rules.TRUST_ROOTS_UNCHANGED in rules.RULES
+    assert rules.TRUST_ROOTS_UNCHANGED.enforcement == "mandatory"
 
 
 # --------------------------------------------------------------------------- a CA the preview could not read
@@ -214,7 +214,7 @@ def judged_here(old: dict[str, Any], new: dict[str, Any], allowed: list[Any] | N
     machine (as llmgw_pulumi.policy does), against the recorded ones."""
     ca_pem = Path(new["pki_dir"], "ca.pem")
     read = trust_roots.pem_sha256(ca_pem.read_text()) if ca_pem.exists() else None
-    return fleet_rules.trust_roots_unchanged(CERTIFICATE, old, trust_roots.ca_as_read(new, read),
+    return rules.trust_roots_unchanged(CERTIFICATE, old, trust_roots.ca_as_read(new, read),
                                              {"allowed": allowed or []})
 
 
@@ -240,9 +240,9 @@ def test_a_pki_dir_ca_read_here_is_judged_by_its_fingerprint(tmp_path: Path) -> 
 
 
 def summary_judged_here(data: dict[str, Any], *flags: str) -> dict[str, tuple[str, str]]:
-    """The summary's table, by `python -m llmgw_pulumi.review` on this machine."""
+    """The summary's table, by `python -m llmgw_pulumi.preview.cli` on this machine."""
     out = io.StringIO()
-    assert review.main([*flags], stdin=io.StringIO(json.dumps(data)), stdout=out) == 0
+    assert cli.main([*flags], stdin=io.StringIO(json.dumps(data)), stdout=out) == 0
     return table_rows(out.getvalue())
 
 
@@ -264,7 +264,7 @@ def test_the_summary_shows_a_pki_dir_ca_the_preview_cannot_read_as_not_known(tmp
 
 def test_the_ci_preview_script_asks_the_summary_to_read_the_ca_here() -> None:
     script = (Path(__file__).resolve().parents[2] / "examples" / "ci" / "preview.sh").read_text()
-    (command,) = [line for line in script.splitlines() if line.startswith("python3 -m llmgw_pulumi.review")]
+    (command,) = [line for line in script.splitlines() if line.startswith("python3 -m llmgw_pulumi.preview.cli")]
     assert "--ca-read-here" in command
 
 
@@ -280,7 +280,7 @@ def test_a_ca_given_as_signer_ca_is_taken_from_the_inputs_not_from_pki_dir() -> 
 def test_no_allowed_entry_approves_a_change_to_a_value_not_known() -> None:
     old = {**CERT_INPUTS, "signer": {"kind": "command", "command": ["/opt/sign"], "ca_pem": CA_1[0]}}
     new = {**old, "signer": UNKNOWN}
-    messages = fleet_rules.trust_roots_unchanged(CERTIFICATE, old, new, {"allowed": [
+    messages = rules.trust_roots_unchanged(CERTIFICATE, old, new, {"allowed": [
         {"setting": s, "to": NOT_KNOWN} for s in trust_roots.SETTINGS]})
     assert {m.split(" changes from ")[0] for m in messages} == {"gpu-01: signer.kind", "gpu-01: signer.command"}
     assert all("make it known" in m and '"to": ' not in m for m in messages)  # no entry offered to add
@@ -321,11 +321,11 @@ def table_rows(summary: str) -> dict[str, tuple[str, str]]:
 
 
 def test_each_change_is_a_row_of_its_own_with_old_new_and_the_nodes_folded():
-    fleet = review.review(changed_preview(signing_key=KEY_C), NOW)
+    fleet = cli.review(changed_preview(signing_key=KEY_C), NOW)
     assert fleet.nodes["node10"].trust_roots == (Change("agent.signingKey", FP_A, FP_C),)
     assert fleet.nodes["node12"].trust_roots == (Change("signer.command", "/opt/sign", "/tmp/x/sign"),)
     assert fleet.nodes["node14"].trust_roots == ()
-    rows = table_rows(review.markdown(fleet))
+    rows = table_rows(cli.markdown(fleet))
     assert rows[f"trust root agent.signingKey changed: {FP_A} → {FP_C}"] == ("2", "node10, node11")
     assert rows["trust root signer.command changed: /opt/sign → /tmp/x/sign"] == ("1", "node12")
     assert rows["untouched"] == ("1", "node14")  # nothing on a node changes: the row says what does
@@ -341,7 +341,7 @@ def test_a_trust_root_change_alone_is_shown_though_every_node_is_untouched():
         if s["urn"].endswith("NodeIdentity::node14"):
             same["newState"]["inputs"]["connection"]["host_key"] = KEY_C
         data["steps"].append(same)
-    summary = review.markdown(review.review(data, NOW))
+    summary = cli.markdown(cli.review(data, NOW))
     assert table_rows(summary)[f"trust root hostKey changed: {NOT_SET} → {FP_C}"] == ("1", "node14")
 
 
@@ -351,10 +351,10 @@ def test_a_node_onboarded_or_removed_has_no_trust_root_row():
     for s in data["steps"]:
         if s["op"] == "delete" and s["urn"].endswith("::node13"):
             s["oldState"].setdefault("inputs", {})["signing_key"] = KEY_A
-    fleet = review.review(data, NOW)
+    fleet = cli.review(data, NOW)
     assert fleet.nodes["node15"].onboarded and fleet.nodes["node13"].removed  # the positive control
     assert fleet.nodes["node15"].trust_roots == () and fleet.nodes["node13"].trust_roots == ()
-    assert "trust root" not in review.markdown(fleet)
+    assert "trust root" not in cli.markdown(fleet)
 
 
 def test_many_nodes_are_folded_in_one_row():
@@ -365,7 +365,7 @@ def test_many_nodes_are_folded_in_one_row():
         s["urn"] = s["urn"].replace("::node10", f"::gpu-{i:03d}")
         s["oldState"]["inputs"]["release_ca"] = "/etc/ssl/release-ca.pem"
         data["steps"].append(s)
-    rows = table_rows(review.markdown(review.review(data, NOW)))
+    rows = table_rows(cli.markdown(cli.review(data, NOW)))
     assert rows[f"trust root agent.releaseCa changed: /etc/ssl/release-ca.pem → {NOT_SET}"] == ("40", "gpu-001..040")
 
 
@@ -378,7 +378,7 @@ def test_a_shown_value_is_inert_in_the_summary(path):
     # The positive control: the path as live Markdown makes a link, a table break, a mention or HTML.
     data = changed_preview()
     step(data, "ClientCertificate", "node12")["newState"]["inputs"]["signer"]["command"] = [path]
-    summary = review.markdown(review.review(data, NOW))
+    summary = cli.markdown(cli.review(data, NOW))
     assert_marker_only_in_code(summary)
     shown = [t.content for t in leaves(PARSER.parse(summary)) if t.type == "code_inline" and "pwn" in t.content]
     assert shown == [path.replace("\n", "\\n")], shown

@@ -5,12 +5,12 @@ preview and up, and is all a program that builds its nodes itself goes through).
 
 import pytest
 
-from llmgw_pulumi import stack_config
+from llmgw_pulumi.config import stack_config
+from llmgw_pulumi.config.stack_config import StackConfigError
 from llmgw_pulumi.providers.agent import AgentInstallProvider
 from llmgw_pulumi.providers.certificate import ClientCertificateProvider
 from llmgw_pulumi.providers.engines import EngineCheckProvider
 from llmgw_pulumi.providers.identity import NodeIdentityProvider
-from llmgw_pulumi.stack_config import StackConfigError
 from llmgw_pulumi.text import printable
 from tests.unit import fake_pem, with_value
 

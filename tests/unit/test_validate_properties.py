@@ -18,9 +18,11 @@ import yaml
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from llmgw_pulumi import desired, facts, remote, validate
-from llmgw_pulumi.remote import Script
-from llmgw_pulumi.specs import AgentSettings, Problems, build
+from llmgw_pulumi import validate
+from llmgw_pulumi.config.specs import AgentSettings, Problems, build
+from llmgw_pulumi.nodestate import commands as remote
+from llmgw_pulumi.nodestate import desired, facts
+from llmgw_pulumi.nodestate.commands import Script
 from llmgw_pulumi.text import printable
 from tests.unit.install_scripts import agent_install
 

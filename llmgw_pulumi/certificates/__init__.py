@@ -1,0 +1,1 @@
+"""A node's certificate: the policy it must meet, its issuing, and the signers."""

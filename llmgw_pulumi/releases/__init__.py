@@ -1,0 +1,1 @@
+"""The agent's releases: their files and checksums (pure), and their approval."""

@@ -1,0 +1,1 @@
+"""How a node is reached: the SSH transport, its sessions and keys."""

@@ -1,0 +1,99 @@
+"""Spreading nodes over dynamic-provider processes.
+
+One `pulumi-resource-pulumi-python` process answers at most 4 calls at once
+(its gRPC server has 4 workers), so a stack whose nodes all used the default
+provider would onboard at most 4 nodes at a time. Each explicit provider
+resource of the `pulumi-python` package is a process of its own, so `Node`
+puts every node in one of ``PROVIDER_SHARDS`` of them by default, and a
+user's own program gets this without doing anything:
+
+- a node's shard comes from a hash of its node id, so it never moves when
+  nodes are added or removed (a resource whose provider changes would be
+  replaced);
+- all four of a node's resources share its process, hence one pooled SSH
+  connection;
+- the provider resources are named ``llmgw-shard-<k>`` and have no parent,
+  so their URNs are the same in every program (and in stacks made before
+  `Node` did this itself); only the shards in use are created, each once
+  per program run.
+
+To choose yourself, pass ``providers={"pulumi-python": ...}`` in the Node's
+options: it is used as given. ``provider_for(node_id)`` is the provider a
+node gets by default, e.g. for your own dynamic resources next to a node.
+
+The environment variable ``LLMGW_PROVIDER_SHARDS`` (``SHARDS_ENV``) overrides
+the number of shards for a program run; the benchmark uses it to compare
+4, 8 and 16 processes. Changing it, or ``PROVIDER_SHARDS``, moves many nodes
+to another shard, and that changes nothing on them: the engine replaces a
+resource whose provider changed only when the new provider's DiffConfig asks
+for it, and a ``pulumi-python`` provider resource has no config, so the
+moved resources are diffed as before and stay the same; only the provider
+resources come and go (state only). No alias is needed: the
+`pulumi up` after the change shows a shard created or deleted and nothing
+else, opens no SSH connection, and the preview after it is empty
+(tests/e2e/test_provider_processes.py, on real hosts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from typing import Any
+
+import pulumi
+
+from ..errors import ConfigError
+
+__all__ = ["PACKAGE", "PROVIDER_SHARDS", "SHARDS_ENV", "provider_for", "shard_count", "shard_name", "shard_of"]
+
+PACKAGE = "pulumi-python"
+"""The package of Python dynamic resources: what ``providers`` maps to a shard."""
+
+PROVIDER_SHARDS = 8
+"""How many provider processes a program spreads its nodes over (at most)."""
+
+SHARDS_ENV = "LLMGW_PROVIDER_SHARDS"
+"""Overrides PROVIDER_SHARDS for a program run when set (a positive whole number)."""
+
+_lock = threading.Lock()
+_run: dict[str, Any] = {"monitor": None, "providers": {}}
+
+
+def shard_of(node_id: str, shards: int = PROVIDER_SHARDS) -> int:
+    """The shard of a node id: stable across runs, machines and Python versions."""
+    return int(hashlib.sha256(node_id.encode()).hexdigest(), 16) % shards
+
+
+def shard_count() -> int:
+    """PROVIDER_SHARDS, or the positive whole number SHARDS_ENV gives instead."""
+    raw = os.environ.get(SHARDS_ENV, "").strip()
+    if not raw:
+        return PROVIDER_SHARDS
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError("", SHARDS_ENV, f"{raw!r} is not a positive whole number",
+                          f"set the environment variable to a count of provider processes, e.g. {PROVIDER_SHARDS}, "
+                          "or unset it")
+    return int(raw)
+
+
+def shard_name(k: int) -> str:
+    return f"llmgw-shard-{k}"
+
+
+def provider_for(node_id: str, run: object = None) -> pulumi.ProviderResource:
+    """The provider resource (process) of this node id's shard, created on first use in this program run.
+
+    ``run``: what identifies the run, when it is not the engine connection (a component
+    provider, llmgw_pulumi.stack.component, has one per construct call, for one deployment)."""
+    k = shard_of(node_id, shard_count())
+    # A program run is one engine connection (monitor); a process may run several
+    # programs one after another (tests, the Automation API), each with its own resources.
+    monitor = pulumi.runtime.settings.get_monitor() if run is None else run
+    with _lock:
+        if _run["monitor"] != monitor:
+            _run["monitor"], _run["providers"] = monitor, {}
+        providers: dict[int, pulumi.ProviderResource] = _run["providers"]
+        if k not in providers:
+            providers[k] = pulumi.ProviderResource(PACKAGE, shard_name(k))
+        return providers[k]
