@@ -172,7 +172,8 @@ def _input_name(field: str) -> str:
 def package_virtualenv() -> str:
     """The virtualenv scripts/install.sh made beside this package (README, "From TypeScript or Go"), when this
     package is a checkout that has one; else the one this process runs in (the plugin's, .venv-plugin)."""
-    made = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv")
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # llmgw_pulumi/stack/
+    made = os.path.join(checkout, ".venv")
     return made if os.path.exists(os.path.join(made, "bin", "python")) else sys.prefix
 
 
