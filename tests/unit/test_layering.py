@@ -115,6 +115,12 @@ def test_importing_the_package_loads_neither_the_sdk_nor_the_providers() -> None
 # --------------------------------------------------------------------------- imports inside functions
 
 
+def is_module(name: str) -> bool:
+    """Whether a dotted name of the package is a module (a file) rather than a name a module defines."""
+    path = REPO / name.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def imports_in(module: str) -> list[tuple[int, str]]:
     """(line, module) of every import in ``module``'s source, at any depth, relative ones made absolute; but for
     those of a module-level ``__getattr__``, which runs only for a name that moved out of the module (PEP 562)."""
@@ -130,9 +136,9 @@ def imports_in(module: str) -> list[tuple[int, str]]:
             base = node.module or ""
             if node.level:
                 base = ".".join([*package.split(".")[:len(package.split(".")) - node.level + 1], *filter(None, [base])])
-            # ``from . import x`` imports the module x; ``from .m import x`` the module m.
-            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names] if not node.module else \
-                [(node.lineno, base)]
+            # ``from . import x`` imports the module x; ``from .m import x`` the module m, or m.x when x is a module.
+            found += [(node.lineno, f"{base}.{alias.name}" if not node.module or is_module(f"{base}.{alias.name}")
+                       else base) for alias in node.names]
     return found
 
 
@@ -161,3 +167,4 @@ def test_the_static_pass_sees_an_import_inside_a_function() -> None:
     pki = [bad for bad in impure_imports("llmgw_pulumi.providers.certificate") if bad.endswith("imports llmgw_pulumi.certificates.pki")]
     assert pki and not any(f"line {line}:" in bad for line in on_top for bad in pki), pki
     assert any(bad.endswith(": imports subprocess") for bad in impure_imports("llmgw_pulumi.stack.program"))
+
