@@ -23,6 +23,7 @@ LAYERING = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["llmgw-p
 PURE: list[str] = LAYERING["pure"]
 FORBIDDEN: list[str] = LAYERING["forbidden"]
 ALLOWED: list[str] = LAYERING["allowed"]
+PURE_FOLDERS: list[str] = LAYERING["pure-folders"]
 
 PROBE = r"""
 import importlib, json, sys
@@ -168,3 +169,42 @@ def test_the_static_pass_sees_an_import_inside_a_function() -> None:
     assert pki and not any(f"line {line}:" in bad for line in on_top for bad in pki), pki
     assert any(bad.endswith(": imports subprocess") for bad in impure_imports("llmgw_pulumi.stack.program"))
 
+
+# --------------------------------------------------------------------------------------------- folders
+
+
+def package_modules() -> list[str]:
+    """Every module of the package but its ``__init__``s (a folder's holds its docstring; the package's, the public
+    API, which imports its names from everywhere on first use)."""
+    root = REPO / "llmgw_pulumi"
+    return sorted(".".join(p.relative_to(REPO).with_suffix("").parts) for p in root.rglob("*.py")
+                  if p.name != "__init__.py" and p.parent.name != "policy")
+
+
+def unit(module: str) -> str:
+    """The top-level piece of the package a module belongs to: its folder, or itself at the top."""
+    return module.split(".")[1]
+
+
+def test_every_module_of_a_pure_folder_is_in_the_pure_core() -> None:
+    missing = [m for m in package_modules() if unit(m) in PURE_FOLDERS and m not in PURE]
+    assert not missing, f"add to [tool.llmgw-pulumi.layering] pure in pyproject.toml: {missing}"
+
+
+def folder_imports() -> dict[tuple[str, str], list[str]]:
+    """(importing folder, imported folder) -> 'module, line: imports module', for imports between two top-level
+    pieces of the package (its folders and its top-level modules), at any depth of the source."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for module in package_modules():
+        for line, name in imports_in(module):
+            if name.startswith("llmgw_pulumi.") and unit(name) != unit(module):
+                found.setdefault((unit(module), unit(name)), []).append(f"{module}, line {line}: imports {name}")
+    return found
+
+
+def test_the_folders_import_one_way() -> None:
+    # The arrows point down: when a folder imports another, that one imports nothing of it.
+    edges = folder_imports()
+    both = [f"{a} <-> {b}:\n  " + "\n  ".join(edges[a, b] + edges[b, a]) for a, b in edges if a < b and (b, a) in edges]
+    assert not both, "\n".join(both)
+    assert ("providers", "nodestate") in edges and ("nodestate", "config") in edges  # the control: it sees imports
