@@ -18,6 +18,7 @@ mention or an issue reference of anything.
 from __future__ import annotations
 
 import re
+import shlex
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -76,3 +77,23 @@ def inert(text: object, limit: int = INERT_LIMIT) -> str:
         shown = f" {shown} "
     fence = "`" * (1 + max((len(run) for run in re.findall("`+", shown)), default=0))
     return f"{fence}{shown}{fence}" + (f"… ({more} more characters)" if more > 0 else "")
+
+
+def ssh_command(target: str, *argv: str) -> str:
+    """``ssh TARGET ARGV...`` as an operator can paste it (in a fix or a hint).
+
+    ssh joins the words it is given with spaces, and the node's shell reads the
+    result: each of ``argv`` is quoted for the node's shell, and that quoted word
+    again for the operator's. A plain path stays as it is; one with a space
+    reads ``"'/opt/my dir/x'"``; a hostile one stays one argument on the node.
+    """
+    return " ".join(["ssh", shlex.quote(target), *(_for_both_shells(word) for word in argv)])
+
+
+def _for_both_shells(word: str) -> str:
+    on_node = shlex.quote(word)
+    if on_node == word:
+        return word
+    if not set(on_node) & set('$`\\"!'):  # nothing the operator's shell expands inside double quotes
+        return f'"{on_node}"'
+    return shlex.quote(on_node)

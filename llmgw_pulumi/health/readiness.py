@@ -9,7 +9,7 @@ Each problem names the node and what it is about (a GPU by index, UUID and
 PCI bus id; an HCA port), what was found against what was expected, a
 severity, and the fix: reset the GPU, reboot, reseat or service it, or fix
 the fabric, with the commands quoted for the shell (``shlex``) as
-``facts.ssh_command`` quotes them. ``Problem.as_dict`` has the ``problem``
+``text.ssh_command`` quotes them. ``Problem.as_dict`` has the ``problem``
 and ``hint`` keys of the engine and inventory problems.
 
 What is declared, and how it is compared:
@@ -53,8 +53,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard
 
-from ..nodestate.facts import ssh_command
-from ..text import printable
+from ..text import printable, ssh_command
 from .parsers import GpuHealth, IbPort, SmiReport, XidEvent, parse_ib_ports, parse_smi_xml, parse_xid_events, pci_address
 
 Severity = Literal["critical", "warning"]

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..text import printable
+from ..text import printable, ssh_command
 from .desired import NodeFile
 
 ABSENT = "absent"
@@ -39,26 +39,6 @@ def from_node(text: str) -> str:
     """What a script printed, with every character that is not printable escaped but the tabs and
     newlines that structure it: split into fields, it holds no control character."""
     return printable(text, keep="\t\n")
-
-
-def ssh_command(target: str, *argv: str) -> str:
-    """``ssh TARGET ARGV...`` as an operator can paste it.
-
-    ssh joins the words it is given with spaces, and the node's shell reads the
-    result: each of ``argv`` is quoted for the node's shell, and that quoted word
-    again for the operator's. A plain path stays as it is; one with a space
-    reads ``"'/opt/my dir/x'"``; a hostile one stays one argument on the node.
-    """
-    return " ".join(["ssh", shlex.quote(target), *(_for_both_shells(word) for word in argv)])
-
-
-def _for_both_shells(word: str) -> str:
-    on_node = shlex.quote(word)
-    if on_node == word:
-        return word
-    if not set(on_node) & set('$`\\"!'):  # nothing the operator's shell expands inside double quotes
-        return f'"{on_node}"'
-    return shlex.quote(on_node)
 
 
 def key_values(text: str) -> dict[str, str]:
