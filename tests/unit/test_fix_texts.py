@@ -18,9 +18,10 @@ import llmgw_pulumi
 from llmgw_pulumi.config import specs, stack_config
 
 PACKAGE = Path(llmgw_pulumi.__file__).parent
-SOURCES = sorted([*(PACKAGE / name for name in ("errors.py", "validate.py", "stack_config.py", "specs.py", "agent_settings.py",
-                                                "schema.py", "program.py", "pki.py", "cert_policy.py", "transport.py",
-                                                "ssh_keys.py", "ssh_session.py", "node_list.py")),
+SOURCES = sorted([*(PACKAGE / name for name in ("errors.py", "validate.py", "config/stack_config.py", "config/specs.py",
+                                                "config/agent_settings.py", "config/schema.py", "stack/program.py",
+                                                "certificates/pki.py", "certificates/policy.py", "ssh/transport.py",
+                                                "ssh/keys.py", "ssh/connection.py", "config/node_list.py")),
                   *(PACKAGE / "providers").glob("*.py")])
 
 PATHS = stack_config.key_paths()
@@ -91,8 +92,8 @@ FIXES = [fix for source in SOURCES for fix in fix_texts(source)]
 
 def test_the_fix_texts_are_found() -> None:
     by_file = {where.split(":")[0] for where, _ in FIXES}
-    assert {"errors.py", "validate.py", "stack_config.py", "specs.py", "agent_settings.py", "program.py", "ssh_keys.py",
-            "ssh_session.py"} <= by_file
+    assert {"errors.py", "validate.py", "stack_config.py", "specs.py", "agent_settings.py", "program.py", "keys.py",
+            "connection.py"} <= by_file
     assert len(FIXES) > 60
     assert ("raise llmgw:ssh.wait (ConnectionArgs.wait) for slow boots" in
             next(text for where, text in FIXES if text.startswith("check the address, that sshd runs")))

@@ -70,9 +70,9 @@ def test_adding_an_agent_yaml_option_is_one_declaration(tmp_path: Path) -> None:
 
     copy = tmp_path / "llmgw_pulumi"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    source = (copy / "agent_settings.py").read_text()
+    source = (copy / "config" / "agent_settings.py").read_text()
     assert source.count(ANCHOR) == 1, "the recipe's anchor: the end of AgentSettings' declarations"
-    (copy / "agent_settings.py").write_text(source.replace(ANCHOR, LOG_LEVEL + "\n" + ANCHOR))
+    (copy / "config" / "agent_settings.py").write_text(source.replace(ANCHOR, LOG_LEVEL + "\n" + ANCHOR))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     inputs = {k: v for k, v in AGENT.items() if k not in ("agent_yaml", "unit")}
     done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(inputs)], capture_output=True, text=True, env=env,
