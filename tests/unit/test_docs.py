@@ -287,3 +287,31 @@ def test_llmgw_inventory_means_the_node_list_file_only() -> None:
     assert "addresses" in read["own-program"]  # the scan sees what an example reads
     assert [name for name, keys in read.items() if "inventory" in keys] == []
     assert "inventory" in declared_settings()
+
+
+# --------------------------------------------------------------------------- the architecture page
+
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+FILES_TO_READ = re.compile(r"^Files to read for (.+) \((\d+)\), in order:$", re.M)
+
+
+def reading_list(heading: str) -> tuple[int, list[str], list[str]]:
+    """For a section of docs/architecture.md: the count its "Files to read" line gives, the files its list names
+    in order, and the files its steps name in bold, in the order they first do."""
+    section = ARCHITECTURE.read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    found = FILES_TO_READ.search(section)
+    assert found, f"{heading}: no 'Files to read for ... (N), in order:' line"
+    steps, listed = section[:found.start()], section[found.end():].split("\n\n", 2)[1]
+    files = re.findall(r"^\d+\. `([^`]+)`$", listed, re.M)
+    bold = list(dict.fromkeys(re.findall(r"\*\*`([^`]+)`\*\*", steps)))
+    return int(found.group(2)), files, bold
+
+
+@pytest.mark.parametrize(("heading", "at_most"), [("What `up` does for a new node", 10),
+                                                   ("How drift is found and repaired", 5)])
+def test_the_architecture_page_answers_from_a_few_files_read_in_order(heading: str, at_most: int) -> None:
+    count, files, bold = reading_list(heading)
+    assert 0 < len(files) <= at_most, files
+    assert count == len(files), f"the page says {count} files and lists {len(files)}"
+    assert files == bold, "the list is not the files the steps name in bold, in the order they name them"
+    assert [f for f in files if not (REPO / f).is_file()] == []
