@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -197,7 +198,7 @@ def folder_imports() -> dict[tuple[str, str], list[str]]:
     found: dict[tuple[str, str], list[str]] = {}
     for module in package_modules():
         for line, name in imports_in(module):
-            if name.startswith("llmgw_pulumi.") and unit(name) != unit(module):
+            if name.startswith("llmgw_pulumi.") and unit(name) != unit(module) and is_module(name):
                 found.setdefault((unit(module), unit(name)), []).append(f"{module}, line {line}: imports {name}")
     return found
 
@@ -208,3 +209,29 @@ def test_the_folders_import_one_way() -> None:
     both = [f"{a} <-> {b}:\n  " + "\n  ".join(edges[a, b] + edges[b, a]) for a, b in edges if a < b and (b, a) in edges]
     assert not both, "\n".join(both)
     assert ("providers", "nodestate") in edges and ("nodestate", "config") in edges  # the control: it sees imports
+
+
+def architecture_rows() -> list[set[str]]:
+    """The top-level pieces of the package, row by row, as docs/architecture.md's table lists them from the bottom
+    up: a folder (`llmgw_pulumi/config/`), or the top-level modules a row names (`errors.py`)."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text.split("## The package, by folder", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = line.split(" | ")
+        if not line.startswith("| ") or len(cells) < 3 or line.startswith("| folder"):
+            continue
+        folder = re.search(r"`llmgw_pulumi/(\w+)/`", cells[0])
+        rows.append({folder.group(1)} if folder else set(re.findall(r"`(\w+)\.py`", cells[1])))
+    return rows
+
+
+def test_the_architecture_page_lists_the_folders_in_the_order_they_import() -> None:
+    rows = architecture_rows()
+    row_of = {name: i for i, names in enumerate(rows) for name in names}
+    units = {unit(m) for m in package_modules()} - {"moved"}
+    assert units - set(row_of) == set(), "docs/architecture.md's table does not name these"
+    upward = [f"{a} (row {row_of[a] + 1}) imports {b} (row {row_of[b] + 1}): " + why[0]
+              for (a, b), why in folder_imports().items() if a in row_of and b in row_of and row_of[b] > row_of[a]]
+    assert not upward, "\n".join(upward)
+    assert row_of["errors"] == 0 and row_of["stack"] > row_of["providers"] > row_of["nodestate"]
