@@ -6,7 +6,7 @@ the cursor, recolour or rewrite what the operator's terminal already shows,
 bidirectional overrides that reorder it, or a newline that forges a line of
 our own (``  fix: ...``). ``printable`` is applied where node text enters the
 operator's side: the parsers of what scripts print (``facts``), the stderr
-of a failed script (``providers._glue.raise_for``), and, as a last net, every
+of a failed script (``providers.base.raise_for``), and, as a last net, every
 error message (``errors.LlmgwError``) and log record (``providers._diagnostics``).
 
 In Markdown (the pull-request summary, llmgw_pulumi.preview.markdown) such text
@@ -65,7 +65,7 @@ def inert(text: object, limit: int = INERT_LIMIT) -> str:
     padded with a space on each side, which CommonMark strips. In a code span
     GitHub links no ``@mention``, ``#123`` or commit hash either. A ``|`` still
     ends a table cell (GFM splits a table's rows before it reads code spans):
-    a table row escapes it (``review_markdown``).
+    a table row escapes it (``preview.markdown``).
     """
     shown = printable(str(text))
     more = len(shown) - limit

@@ -300,7 +300,7 @@ class BinarySource(FromProps):
     """How a release is verified and carried (see above)."""
 
     def verified_by(self) -> str | None:
-        """How this source's binary is verified as configured (release_policy.verification); None: a release
+        """How this source's binary is verified as configured (releases.policy.verification); None: a release
         nothing verifies. A local build whose --version is a release tag is not known here to be one."""
         return verification(not self.binary_path, self.signing_key, self.release_sha256,
                             self.allow_unverified_release)

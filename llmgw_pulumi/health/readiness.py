@@ -1,4 +1,4 @@
-"""Is a GPU node ready? The verdict on what ``node_health`` parsed, against what was declared (pure).
+"""Is a GPU node ready? The verdict on what ``parsers`` parsed, against what was declared (pure).
 
 ``verdict`` compares a node's GPUs (``nvidia-smi -q -x``), the Xid events in
 its kernel log and its InfiniBand ports with the declared ``Expectations``
@@ -464,7 +464,7 @@ class _Verdict:
 
 SMI_XML, XID_LINE = "smi-xml", "xid"
 """The probe's line kinds: ``smi-xml<TAB>LINE`` per line of ``nvidia-smi -q -x``, ``xid<TAB>LINE`` per kernel log
-line with an Xid; its ``ib-port`` lines are ``node_health.parse_ib_ports``'."""
+line with an Xid; its ``ib-port`` lines are ``parsers.parse_ib_ports``'."""
 
 
 IB_PORT = "ib-port"

@@ -35,7 +35,7 @@ LEVELS = {"advisory": EnforcementLevel.ADVISORY, "mandatory": EnforcementLevel.M
 
 
 def known(value: Any) -> Any:
-    """A plain copy of a resource's props (``fleet_rules.plain``)."""
+    """A plain copy of a resource's props (``rules.plain``)."""
     return rules.plain(value, UnknownValueError)
 
 

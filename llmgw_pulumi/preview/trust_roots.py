@@ -13,7 +13,7 @@ A value is shown as a fingerprint (the SHA256 of a public key or of a
 certificate) or as plain text that holds no secret (a URL's host, a path),
 never as the key, the certificate or a whole URL. ``changes`` compares one
 resource's recorded inputs with its new ones; the pull-request summary
-(llmgw_pulumi.preview.changes, review_markdown) shows each change as a row, and
+(llmgw_pulumi.preview.changes, markdown) shows each change as a row, and
 the policy rule ``trust-roots-unchanged`` (llmgw_pulumi.preview.rules) fails it
 unless the base branch's policy config approves it (``approved``).
 """
@@ -50,7 +50,7 @@ class TrustRoot:
     what: str
     """What it is and how its value is shown, for the reviewer."""
     kinds: frozenset[str]
-    """The resources whose inputs carry it (``fleet_review`` kinds)."""
+    """The resources whose inputs carry it (``changes`` kinds)."""
     show: Callable[[Mapping[str, Any]], str]
     """Its value, shown, from one resource's inputs: NOT_SET when absent, NOT_KNOWN when unknown."""
     compared: Callable[[Mapping[str, Any], Mapping[str, Any]], bool] = lambda old, new: True

@@ -255,7 +255,7 @@ def onboard(parent: pulumi.ComponentResource, name: str, args: NodeArgs,
 
 
 def recorded_binary(node_id: pulumi.Input[str], binary: BinarySource) -> BinarySource:
-    """``binary`` with how it is verified recorded (its ``verification``: release_policy.VERIFICATIONS), as
+    """``binary`` with how it is verified recorded (its ``verification``: releases.policy.VERIFICATIONS), as
     AgentInstall's input the release-verified policy rule reads. The program records it before the pins it
     approved replace what was configured; from a program's own NodeArgs it is worked out here. A release that
     nothing verifies (no signing key, no sha256 pin, no opt-out) is refused here, before any of the node's
