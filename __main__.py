@@ -15,7 +15,7 @@ if pulumi.runtime.settings.get_monitor() is None and len(sys.argv) > 1:
 
     serve()
 else:
-    from llmgw_pulumi.stack import program
+    from llmgw_pulumi import program  # its path before the folders: every version has it (llmgw_pulumi/moved.py)
 
     if hasattr(program, "exit_quietly_on_interrupt"):  # the upgrade tests run versions without it
         program.exit_quietly_on_interrupt()
