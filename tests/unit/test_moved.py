@@ -5,6 +5,7 @@ upgrade loads the providers from the paths their state records."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pickle
 import subprocess
 import sys
@@ -30,6 +31,12 @@ def test_an_old_module_is_importable_from_its_package() -> None:
     assert remote.__name__ == "llmgw_pulumi.nodestate.commands"
     assert _glue.ModuleProvider is importlib.import_module("llmgw_pulumi.providers.base").ModuleProvider
     assert importlib.import_module("llmgw_pulumi.node").Node is importlib.import_module("llmgw_pulumi").Node
+
+
+def test_an_old_module_path_names_the_file_it_loads() -> None:
+    # Who asks where a module comes from (the upgrade test's probe, a debugger) is told the file, not nothing.
+    found = importlib.util.find_spec("llmgw_pulumi.program")
+    assert found is not None and found.origin == str(REPO / "llmgw_pulumi" / "stack" / "program.py")
 
 
 def test_python_m_runs_an_old_module_path() -> None:
