@@ -294,6 +294,41 @@ def up_while(stack: Any, after: float, action: Callable[..., Any], *args: Any) -
         timer.join()
 
 
+def up_when(stack: Any, ready: Callable[[list[dict[str, Any]], float], bool], action: Callable[..., Any],
+            *args: Any) -> Any:
+    """`pulumi up`, with ``action(*args)`` run (in a thread) as soon as ``ready(events so far, seconds since the up
+    began)`` holds: at the moment the test means (a wait under way), not after a guess of seconds that a loaded
+    machine can overrun (the up would then reach the node after the action, and wait for nothing). The up's Run; the
+    test fails if that moment never came."""
+    events: list[dict[str, Any]] = []
+    over = threading.Event()
+    acted = threading.Event()
+    start = time.monotonic()
+
+    def watch() -> None:
+        while not over.is_set():
+            if ready(list(events), time.monotonic() - start):
+                acted.set()
+                action(*args)
+                return
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        run = stack.up(on_event=events.append)
+    finally:
+        over.set()
+        watcher.join()
+    assert acted.is_set(), f"the moment to act never came during the up:\n{run.output}"
+    return run
+
+
+def said(events: list[dict[str, Any]], text: str) -> bool:
+    """Whether one of the engine's diagnostic events so far says ``text`` (for ``up_when``)."""
+    return any(text in e["diagnosticEvent"].get("message", "") for e in events if "diagnosticEvent" in e)
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from llmgw_pulumi.stack.shards import SHARDS_ENV
-from tests.conftest import ssh, stack_config, up_while
+from tests.conftest import said, ssh, stack_config, up_when
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
@@ -34,7 +34,7 @@ def test_waits_and_warnings_are_shown_under_the_nodes_resources(cluster, hosts, 
     node = h.hostname
     config = stack_config(cluster, [h], ssh={"user": "deploy", "privateKeyPath": str(cluster.ssh_key_path), "wait": 90},
                           nodes=[{"id": node, "address": h.addr, "engines": {"vllm": {"bin": "/opt/vllm/bin/vllm"}}}])
-    up = up_while(new_stack(config), 6, h.start)
+    up = up_when(new_stack(config), lambda events, _: said(events, "waiting up to 90s for ssh"), h.start)
     assert up.ok, up.output
 
     # The engine received each message with the URN of the resource it is about.

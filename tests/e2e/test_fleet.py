@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import shard, ssh, stack_config, up_while, wait_until
+from tests.conftest import said, shard, ssh, stack_config, up_when, wait_until
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
@@ -139,7 +139,9 @@ def test_rsa_and_ecdsa_operator_keys_log_in(cluster, hosts, new_stack, tmp_path,
 def test_a_login_user_made_10s_after_sshd_starts_is_waited_for(cluster, hosts, new_stack):
     (h,) = hosts(1)
     config = stack_config(cluster, [h], ssh={"user": "late", "privateKeyPath": str(cluster.ssh_key_path), "wait": 60})
-    up = up_while(new_stack(config), 10, add_sudo_user, h, cluster, "late")
+    # The user is made once the up waits for it (its first login refused), and no sooner than 10 s into the up.
+    up = up_when(new_stack(config), lambda events, seconds: seconds >= 10 and said(events, "waiting up to 60s for ssh to late@"),
+                 add_sudo_user, h, cluster, "late")
     assert up.ok, up.output
     assert up.seconds >= 10
     assert "waiting up to 60s for ssh to late@" in up.output and "refused every key tried" in up.output, up.output
@@ -163,6 +165,7 @@ if [ "$2" != --wait ]; then
   if [ -e /run/cloud-init-test-done ]; then echo "status: done"; else echo "status: running"; fi
   exit 0
 fi
+touch /var/tmp/cloud-init-test-waited  # the test ends first boot once it is waited for
 while [ ! -e /run/cloud-init-test-done ]; do sleep 0.2; done
 echo "status: done"
 """
@@ -182,7 +185,9 @@ def test_cloud_init_is_waited_for_and_the_key_recorded_is_the_one_it_leaves(clus
 
     config = stack_config(cluster, [h], ssh={"user": "deploy", "privateKeyPath": str(cluster.ssh_key_path), "wait": 60})
     stack = new_stack(config)
-    up = up_while(stack, 8, first_boot_ends)
+    # First boot ends once the up waits for it, and no sooner than 8 s into the up.
+    up = up_when(stack, lambda _, seconds: seconds >= 8 and h.read_file("/var/tmp/cloud-init-test-waited") is not None,
+                 first_boot_ends)
     assert up.ok, up.output
     assert up.seconds >= 8
     assert "waited for cloud-init" in up.output, up.output
