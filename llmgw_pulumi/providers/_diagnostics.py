@@ -124,7 +124,7 @@ def quiet_tracebacks() -> None:
     """The SDK's dynamic-provider server answers a failed call with ``traceback.format_exc()``, which the CLI
     prints under the resource: its own frames, then the package's. With ``sys.tracebacklimit`` 0 that is the
     error's class and message alone; the package's errors say what happened and the fix, and an unexpected
-    error keeps the package's frames as a note (``_glue.operator_errors``). Only in a provider process."""
+    error keeps the package's frames as a note (``providers.base.operator_errors``). Only in a provider process."""
     sys.tracebacklimit = 0
 
 
