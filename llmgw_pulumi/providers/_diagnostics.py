@@ -15,10 +15,14 @@ call takes the URN of the resource a message is about. So:
   Delete, Diff and Check with the request, which names the resource, as a
   local of its handler, the frame the provider is called from. (A hidden
   ``__urn`` input used to carry it, in every resource's state.)
-- a handler on the ``llmgw_pulumi`` logger sends INFO and WARNING records to
-  the engine under that URN. Outside a provider process (unit tests), or
-  where no request is found, a record is printed to stderr instead, which
-  the engine still shows, unattributed.
+- a handler on the ``llmgw_pulumi`` logger sends DEBUG, INFO and WARNING
+  records to the engine under that URN, each with its severity. The CLI
+  shows a debug diagnostic only with `--debug`; the event log
+  (`--event-log`, the Automation API) keeps it: what a node's install does
+  is said there, not on every node's row (one screen for a fleet). Outside
+  a provider process (unit tests), or where no request is found, an INFO
+  or WARNING record is printed to stderr instead, which the engine still
+  shows, unattributed; a DEBUG record is dropped there.
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ class _EngineHandler(logging.Handler):
     """Sends records to the engine's Log call under the current resource's URN."""
 
     def __init__(self, engine_address: str | None) -> None:
-        super().__init__(level=logging.INFO)
+        super().__init__(level=logging.DEBUG)
         self._address = engine_address
         self._stub: Any = None
         self._lock = threading.Lock()
@@ -90,12 +94,15 @@ class _EngineHandler(logging.Handler):
         if urn and engine is not None:
             from pulumi.runtime.proto import engine_pb2
 
-            severity = engine_pb2.WARNING if record.levelno >= logging.WARNING else engine_pb2.INFO
+            severity = engine_pb2.WARNING if record.levelno >= logging.WARNING else \
+                engine_pb2.INFO if record.levelno >= logging.INFO else engine_pb2.DEBUG
             try:
                 engine.Log(engine_pb2.LogRequest(severity=severity, message=message, urn=urn), timeout=10)
                 return
             except Exception:  # the engine went away: say it where the operator can still see it
                 pass
+        if record.levelno < logging.INFO:
+            return  # a detail for `--debug` and the event log: never printed unattributed
         prefix = "warning" if record.levelno >= logging.WARNING else "info"
         print(f"{prefix}: {message}", file=sys.stderr, flush=True)
 
@@ -108,7 +115,7 @@ def _engine_address() -> str | None:
 
 
 def install() -> None:
-    """Route the package's INFO and WARNING records to the engine (once per process); in a dynamic-provider
+    """Route the package's DEBUG, INFO and WARNING records to the engine (once per process); in a dynamic-provider
     process, errors shown without Python frames (``quiet_tracebacks``)."""
     logger = logging.getLogger("llmgw_pulumi")
     if any(isinstance(h, _EngineHandler) for h in logger.handlers):
@@ -116,7 +123,7 @@ def install() -> None:
     if _engine_address() is not None:
         quiet_tracebacks()
     logger.addHandler(_EngineHandler(_engine_address()))
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)
     logger.propagate = False
 
 

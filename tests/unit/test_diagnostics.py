@@ -46,6 +46,16 @@ class LoggingProvider(ResourceProvider):
         return CreateResult("gpu-07", {"urn_seen": _diagnostics._urn.get() or ""})
 
 
+class DetailProvider(ResourceProvider):
+    """Logs a detail at DEBUG, as AgentInstall says where a node fetches its release, then a line at INFO."""
+
+    @base.operator_errors
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        log.debug("gpu-07: the node fetches llmgw v1.4.2")
+        log.info("gpu-07: waiting up to 5s for ssh")
+        return CreateResult("gpu-07", {})
+
+
 class FailingProvider(ResourceProvider):
     """Fails as a provider does: with the package's error for an unreachable node, or with a bug (``props['bug']``)."""
 
@@ -125,6 +135,21 @@ def test_each_request_is_logged_under_its_own_urn(engine, dynamic_provider):
     for urn in (URN, other):
         dynamic_provider.Create(create_request(urn), timeout=60)
     assert [r.urn for r in double.logs] == [URN, other]
+
+
+def test_a_debug_record_is_a_debug_diagnostic_under_the_urn_and_never_printed_unattributed(engine, dynamic_provider,
+                                                                                          capsys):
+    """The CLI shows a debug diagnostic only with `--debug`, and the event log keeps it; outside a provider
+    process (or of a request) a debug record is dropped, not printed as an info line of no resource."""
+    double, _ = engine
+    dynamic_provider.Create(create_request(URN, DetailProvider()), timeout=60)
+    sent = [(r.urn, r.message, r.severity) for r in double.logs]
+    assert sent == [(URN, "gpu-07: the node fetches llmgw v1.4.2", engine_pb2.DEBUG),
+                    (URN, "gpu-07: waiting up to 5s for ssh", engine_pb2.INFO)], sent
+    _diagnostics.install()  # as in a provider process
+    DetailProvider().create({})  # no request up the stack
+    err = capsys.readouterr().err
+    assert "info: gpu-07: waiting up to 5s for ssh" in err and "fetches" not in err, err
 
 
 def test_outside_a_request_no_urn_is_found_and_a_record_goes_to_stderr(capsys):
