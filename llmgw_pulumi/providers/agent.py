@@ -152,10 +152,16 @@ def binary_wanted(spec: AgentSpec, olds: Mapping[str, Any], changed: frozenset[s
     if source is plan.Do.COPY:
         return plan.BinaryWanted(source, {"": spec.binary.binary_sha256 or _sha256(_local_build(spec))})
     digests = dict(spec.binary.release_sha256 or approval.approve(release_of(spec.binary)))
-    log.info("%s: %s llmgw %s from %s and verifies it against the sha256 approved on this machine", spec.node_id,
-             "this machine downloads (and pushes)" if spec.binary.fetched_here else "the node fetches",
-             spec.binary.version, spec.binary.release_url)
     return plan.BinaryWanted(source, digests, spec.binary.version)
+
+
+def fetch_line(spec: AgentSpec) -> str:
+    """Where a release's binary comes from, said as the node's install begins: a debug diagnostic under its
+    AgentInstall (`pulumi up --debug`, the event log), not an info line printed on each of a fleet's rows; the
+    release and how its sha256 was approved are said once per run, under the stack (program.agent_inputs)."""
+    return (f"{spec.node_id}: {'this machine downloads (and pushes)' if spec.binary.fetched_here else 'the node fetches'}"
+            f" llmgw {spec.binary.version} from {spec.binary.release_url} and verifies it against the sha256 approved"
+            " on this machine")
 
 
 def _local_build(spec: AgentSpec) -> bytes:
@@ -208,6 +214,8 @@ def _install(spec: AgentSpec, props: Mapping[str, Any], known: tuple[str | None,
     with gate(change), base.session(spec.connection, spec.node_id, *known) as s:
         def run(seen: tuple[Observed, str]) -> commands.Result:
             change = plan.agent_plan(spec.node_id, want, *seen, binary, changed)
+            if change.step(BINARY_FILE.path).do in (plan.Do.FETCH, plan.Do.PUSH):
+                log.debug("%s", fetch_line(spec))  # the node's turn has come: after any rollout wait
             log.debug("%s", plan.render(change))
             return s.run(_script(spec, props, change))
 

@@ -62,8 +62,9 @@ def agent_steps(run_events: list[tuple[float, dict[str, Any]]], op: str) -> dict
 
 
 def install_begins(run_events: list[tuple[float, dict[str, Any]]]) -> dict[str, float]:
-    """node -> when its agent's install began on the node: AgentInstall logs that the node fetches the release
-    once the node's turn has come (after any rollout wait), as a diagnostic under the resource."""
+    """node -> when its agent's install began on the node: AgentInstall says where the node fetches the release
+    once the node's turn has come (inside its rollout gate, after any wait), as a debug diagnostic under the
+    resource (in the event log; the CLI prints it only with `--debug`)."""
     begins: dict[str, float] = {}
     for t, event in run_events:
         diag = event.get("diagnosticEvent") or {}

@@ -205,6 +205,41 @@ def test_a_binary_that_reports_another_version_is_not_installed(agent_node: Fake
     assert fake.leftovers() == [] and changes_to_systemd(fake) == []
 
 
+def test_where_the_node_fetches_the_release_is_a_debug_record_once_its_turn_has_come(
+        agent_node: FakeNode, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Said once per node, as its install begins (inside the rollout's gate, after any wait): a debug diagnostic
+    (`pulumi up --debug`, the event log), not an info line the CLI would print three times per node."""
+    import contextlib
+    import logging
+
+    from llmgw_pulumi.providers import agent
+
+    binary = agent_binary(TAG)
+    publish(agent_node, TAG, binary)
+    seen: list[tuple[int, str]] = []
+
+    class Recorder(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append((record.levelno, record.getMessage()))
+
+    @contextlib.contextmanager
+    def gate(_policy: Any, node: str) -> Any:
+        seen.append((0, f"{node}: gate entered"))
+        yield
+
+    monkeypatch.setattr(agent.rollout, "onboarding", gate)
+    recorder = Recorder(logging.DEBUG)
+    agent.log.addHandler(recorder)
+    try:
+        AgentInstallProvider().create(release_inputs(binary))
+    finally:
+        agent.log.removeHandler(recorder)
+    fetch = f"gpu-01: the node fetches llmgw {TAG} from {RELEASE_URL} and verifies it against the sha256 approved on this machine"
+    assert [m for _, m in seen if "gate" in m or "fetches" in m] == ["gpu-01: gate entered", fetch], seen
+    assert (logging.DEBUG, fetch) in seen
+    assert not [m for level, m in seen if level >= logging.INFO], seen
+
+
 def test_the_right_bytes_with_the_wrong_mode_are_repaired_in_place(agent_node: FakeNode) -> None:  # noqa: F811
     """M1: refresh reports the mode, and `up` makes it right without rewriting the binary or restarting."""
     fake = agent_node
