@@ -200,10 +200,30 @@ def agent_inputs(source: BinarySource, dry_run: bool | None = None) -> BinarySou
     if pins or not dry_run:
         digests = approval.approve(approved)
         if not dry_run:
-            pulumi.log.info(f"llmgw {version}: the sha256 of {', '.join(sorted(digests))} approved {approved.how}")
+            say_once(f"llmgw {version} from {approved.url}: the sha256 of {', '.join(sorted(digests))} approved "
+                     f"{approved.how}")
     return dataclasses.replace(copied, release_sha256=digests, signing_key=signing_key, release_ca=ca_file,
                                fetch=source.fetch, allow_unverified_release=source.allow_unverified_release,
                                verification=how)
+
+
+_SAID: set[str] = set()
+"""The lines ``say_once`` has said in this run of the program (one process per `pulumi up`)."""
+
+
+def say_once(line: str) -> None:
+    """Say ``line`` under the stack once per run, and print it once: as an ephemeral info diagnostic of the stack
+    resource, sent once the engine has registered it.
+
+    The CLI's non-interactive display prints a row again, with its last message, whenever the row's status
+    changes, and lists every message but ephemeral ones under ``Diagnostics:``. Sent before the stack's row
+    exists, an info line was printed 3 times (on arrival, when the stack began, and under Diagnostics). Sent once
+    the stack's URN is known (its row already shown) and ephemeral, it is printed once, in the stack's row; the
+    event log keeps it. A release that several nodes name is approved, and said, once."""
+    if line in _SAID:
+        return
+    _SAID.add(line)
+    pulumi.log.info(line, resource=pulumi.runtime.get_root_resource(), ephemeral=True)
 
 
 def stack_rollout(spec: stack_config.StackSpec) -> Rollout | None:

@@ -63,6 +63,28 @@ def test_waits_and_warnings_are_shown_under_the_nodes_resources(cluster, hosts, 
                for line in section[f"pulumi-python:dynamic/llmgw:EngineCheck ({node})"])
 
 
+def test_the_release_is_said_once_per_run_and_no_node_row_repeats_where_it_fetches_it(cluster, hosts, new_stack):
+    fleet = hosts(3)
+    stack = new_stack(stack_config(cluster, fleet))
+    approval = f"llmgw v1.4.2 from {cluster.release_url}: the sha256 of amd64, arm64 approved from checksums.txt signed by SHA256:"
+    up = stack.up()
+    assert up.ok, up.output
+    # The release and how its sha256 was approved: one line, in the stack's row (the CLI repeats a row's last
+    # message whenever its status changes, and lists all but ephemeral messages again under Diagnostics).
+    assert up.output.count(approval) == 1, up.output
+    # Where each node gets it: no line per node (300 nodes would print 900); said once per node, in the event
+    # log and with `--debug`, under its AgentInstall when its install begins.
+    assert "fetches llmgw" not in up.output, up.output
+    fetches = [d["urn"].split("::")[-1] for d in up.diagnostics("debug")
+               if "AgentInstall::" in d.get("urn", "") and "the node fetches llmgw v1.4.2" in d["message"]]
+    assert sorted(fetches) == sorted(h.hostname for h in fleet), fetches
+    # A run that changes nothing says the approval once too, and fetches nothing.
+    again = stack.up()
+    assert again.ok, again.output
+    assert again.output.count(approval) == 1 and "fetches llmgw" not in again.output, again.output
+    assert not [d for d in again.diagnostics() if "fetches llmgw" in d["message"]]
+
+
 def test_config_set_with_path_and_secret_as_an_operator_types_it(cluster, hosts, new_stack):
     (h,) = hosts(1)
     config = stack_config(cluster, [h])

@@ -152,6 +152,28 @@ def test_an_approval_is_fetched_once_per_release(monkeypatch: pytest.MonkeyPatch
     assert fetched == ["https://once.example/v7.7.7/checksums.txt"]
 
 
+def test_a_release_is_said_once_per_run_as_an_ephemeral_line_of_the_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes that name the same release (the stack's, or each its own override of it) have it approved and said
+    once; ephemeral, on the stack resource: the CLI prints it once, in the stack's row (docs/operations.md,
+    "What the CLI shows")."""
+    said: list[tuple[str, Any, Any]] = []
+    monkeypatch.setattr(program.pulumi.log, "info", lambda msg, resource=None, stream_id=None, ephemeral=None:
+                        said.append((msg, resource, ephemeral)))
+    root = object()
+    monkeypatch.setattr(program.pulumi.runtime, "get_root_resource", lambda: root)
+    monkeypatch.setattr(program, "_SAID", set())
+    pins = {"amd64": "a" * 64}
+    source = specs.BinarySource(version=TAG, release_url="https://r.example/", release_sha256=pins)
+    for _ in range(3):  # e.g. three nodes with `agent: {version: v1.2.3, ...}` of their own
+        assert program.agent_inputs(source, dry_run=False).release_sha256 == pins
+    assert said == [(f"llmgw {TAG} from https://r.example: the sha256 of amd64 approved pinned in agent.sha256", root, True)]
+    program.agent_inputs(specs.BinarySource(version="v1.2.4", release_url="https://r.example", release_sha256=pins),
+                         dry_run=False)
+    assert [m for m, _, _ in said][1:] == ["llmgw v1.2.4 from https://r.example: the sha256 of amd64 approved pinned in agent.sha256"]
+    program.agent_inputs(source, dry_run=True)  # a preview approves and says nothing
+    assert len(said) == 2
+
+
 def test_the_diff_never_compares_how_a_release_is_verified() -> None:
     """State written before these inputs existed, and a preview (which knows no digests): no change."""
     p = AgentInstallProvider()
