@@ -1,7 +1,8 @@
 """Lines `pulumi up` prints at fleet scale (issue 39, item 3): a first `up`, a no-op `up`, and a failed `up` (the
 same stack with 2 more nodes that nothing answers at), per size, for one copy of the package.
 
-    sudo .venv/bin/python -m bench.output_lines --sizes 30,100 [--package DIR] [--label after]
+    sudo .venv/bin/python -m bench.output_lines --sizes 30,100 [--package DIR] [--label after] [--out FILE]
+    .venv/bin/python -m bench.output_lines --render FILE [--recount KEPT]   # the table; KEPT: count again
 
 ``--package`` is a checkout of another version (e.g. ``git archive <commit> | tar -x -C DIR``): its project files
 (``__main__.py``) and its ``llmgw_pulumi`` (first on PYTHONPATH, for the program and the provider processes) are
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -31,12 +33,34 @@ FIRST_HOST = 10
 """The lab index of the first host (each size boots hosts of its own, after the last size's)."""
 
 
+APPROVAL = re.compile(r"llmgw v\S+( from \S+)?: the sha256 of .* approved ")
+"""The release's approval line, said by the program (before and after it named the release URL)."""
+FETCH = "verifies it against the sha256 approved on this machine"
+"""The end of each node's "<node>: the node fetches llmgw <v> from <url> and ..." line."""
+RUNS = ("up", "no-op up", "failed up")
+
+
 def counts(output: str) -> dict[str, int]:
-    """Lines of one run's output: all of them, those of Python tracebacks, and those after ``Diagnostics:``."""
+    """Lines of one run's output: all of them, those of Python tracebacks, those after ``Diagnostics:``, and
+    those that say the release's approval and a node's fetch."""
     lines = output.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith("Diagnostics:")), len(lines))
     frames = sum(1 for line in lines if "Traceback (most recent call last)" in line or line.strip().startswith("File \""))
-    return {"lines": len(lines), "traceback_lines": frames, "diagnostics_lines": len(lines) - start}
+    return {"lines": len(lines), "traceback_lines": frames, "diagnostics_lines": len(lines) - start,
+            "approval_lines": sum(1 for line in lines if APPROVAL.search(line)),
+            "fetch_lines": sum(1 for line in lines if FETCH in line)}
+
+
+def output_file(work: Path, label: str, size: int, run: str) -> Path:
+    """Where ``measure`` keeps one run's output."""
+    return work / f"{label}-{size}-{run.replace(' ', '-')}.txt"
+
+
+def recounted(rows: list[dict[str, Any]], kept: Path) -> list[dict[str, Any]]:
+    """``rows`` with each run counted again from the output ``measure`` kept in ``kept`` (its seconds kept): for
+    rows measured before ``counts`` counted something new."""
+    return [{**row, **{run: {**row[run], **counts(output_file(kept, row["label"], row["nodes"], run).read_text())}
+                       for run in RUNS}} for row in rows]
 
 
 def measure(sizes: list[int], package: Path, label: str, out: Path | None) -> list[dict[str, Any]]:
@@ -99,7 +123,7 @@ def measure(sizes: list[int], package: Path, label: str, out: Path | None) -> li
                 if done.ok != expect_ok:
                     raise RuntimeError(f"{run} at {size} nodes: ok={done.ok}\n{done.output[-3000:]}")
                 row[run] = {**counts(done.output), "seconds": round(time.monotonic() - started, 1)}
-                (work / f"{label}-{size}-{run.replace(' ', '-')}.txt").write_text(done.output)
+                output_file(work, label, size, run).write_text(done.output)
             rows.append(row)
             print(json.dumps(row), flush=True)
             with ThreadPoolExecutor(max_workers=16) as pool:
@@ -116,9 +140,11 @@ def measure(sizes: list[int], package: Path, label: str, out: Path | None) -> li
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The Markdown table of docs/benchmark.md, "Lines printed by `up`"."""
-    head = ["| package | nodes | run | lines | traceback lines | lines from `Diagnostics:` on |", "|---|---:|---|---:|---:|---:|"]
+    head = ["| package | nodes | run | lines | traceback lines | lines from `Diagnostics:` on | release approval lines "
+            "| node fetch lines |", "|---|---:|---|---:|---:|---:|---:|---:|"]
     body = [f"| {r['label']} | {r['nodes']} | {run} | {r[run]['lines']} | {r[run]['traceback_lines']} | "
-            f"{r[run]['diagnostics_lines']} |" for r in rows for run in ("up", "no-op up", "failed up")]
+            f"{r[run]['diagnostics_lines']} | {r[run].get('approval_lines', '')} | {r[run].get('fetch_lines', '')} |"
+            for r in rows for run in RUNS]
     return "\n".join([*head, *body])
 
 
@@ -129,7 +155,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--label", default="this checkout")
     parser.add_argument("--out", type=Path, help="write the rows as JSON here")
     parser.add_argument("--render", type=Path, nargs="*", help="print the table of earlier --out files, measure nothing")
+    parser.add_argument("--recount", type=Path, metavar="KEPT",
+                        help="with one --render file: count its runs again from the outputs kept in KEPT (the "
+                             "directory a measurement printed), and write them back to the file")
     args = parser.parse_args(argv)
+    if args.recount:
+        if not args.render or len(args.render) != 1:
+            parser.error("--recount takes one --render file")
+        rows = recounted(json.loads(args.render[0].read_text()), args.recount)
+        args.render[0].write_text(json.dumps(rows, indent=1) + "\n")
     if args.render:
         print(table([row for path in args.render for row in json.loads(path.read_text())]))
         return

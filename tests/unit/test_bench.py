@@ -562,9 +562,42 @@ Resources:
 
 
 def test_output_lines_counts_every_line_the_tracebacks_and_the_diagnostics():
-    assert output_lines.counts(FAILED_UP) == {"lines": 10, "traceback_lines": 2, "diagnostics_lines": 8}
+    assert output_lines.counts(FAILED_UP) == {"lines": 10, "traceback_lines": 2, "diagnostics_lines": 8,
+                                              "approval_lines": 0, "fetch_lines": 0}
     assert output_lines.counts("Updating (x):\nResources:\n") == {"lines": 2, "traceback_lines": 0,
-                                                                  "diagnostics_lines": 0}
+                                                                  "diagnostics_lines": 0, "approval_lines": 0,
+                                                                  "fetch_lines": 0}
     row = {"label": "after", "nodes": 30, **{run: output_lines.counts(FAILED_UP) for run in ("up", "no-op up", "failed up")}}
-    assert output_lines.table([row]).splitlines()[2:] == [f"| after | 30 | {run} | 10 | 2 | 8 |"
+    assert output_lines.table([row]).splitlines()[2:] == [f"| after | 30 | {run} | 10 | 2 | 8 | 0 | 0 |"
                                                           for run in ("up", "no-op up", "failed up")]
+
+
+FETCHES = "node10: the node fetches llmgw v1.4.2 from https://r:8443 and verifies it against the sha256 approved on this machine"
+APPROVED = "llmgw v1.4.2: the sha256 of amd64 approved from checksums.txt signed by SHA256:x"
+UP = f"""Updating (lines30):
+    pulumi:pulumi:Stack llmgw-lines30  {APPROVED}
+ +  pulumi:pulumi:Stack llmgw-lines30 creating (0s) {APPROVED}
+ +  pulumi-python:dynamic/llmgw:AgentInstall node10 creating (0s) {FETCHES}
+ +  pulumi-python:dynamic/llmgw:AgentInstall node10 created (4s) {FETCHES}
+Diagnostics:
+  pulumi-python:dynamic/llmgw:AgentInstall (node10):
+    {FETCHES}
+
+  pulumi:pulumi:Stack (llmgw-lines30):
+    {APPROVED}
+"""
+
+
+def test_output_lines_counts_the_release_approval_and_each_nodes_fetch_line(tmp_path):
+    assert output_lines.counts(UP) | {"lines": 0} == {"lines": 0, "traceback_lines": 0, "diagnostics_lines": 6,
+                                                      "approval_lines": 3, "fetch_lines": 3}
+    said_once = " +  pulumi:pulumi:Stack llmgw-lines30 creating (0s) llmgw v1.4.2 from https://r:8443: the sha256 of " \
+                "amd64 approved pinned in agent.sha256\n"
+    assert output_lines.counts(said_once)["approval_lines"] == 1
+    # Rows measured before these were counted, counted again from the outputs the measurement kept.
+    for run in output_lines.RUNS:
+        output_lines.output_file(tmp_path, "before (abc)", 30, run).write_text(UP)
+    old = {"lines": 1, "traceback_lines": 0, "diagnostics_lines": 0, "seconds": 9.5}
+    (row,) = output_lines.recounted([{"label": "before (abc)", "nodes": 30, **dict.fromkeys(output_lines.RUNS, old)}],
+                                    tmp_path)
+    assert row["failed up"] == {**output_lines.counts(UP), "seconds": 9.5}
