@@ -161,7 +161,8 @@ def test_a_release_is_said_once_per_run_as_an_ephemeral_line_of_the_stack(monkey
                         said.append((msg, resource, ephemeral)))
     root = object()
     monkeypatch.setattr(program.pulumi.runtime, "get_root_resource", lambda: root)
-    monkeypatch.setattr(program, "_SAID", set())
+    run = {"monitor": object()}  # one engine connection per program run
+    monkeypatch.setattr(program.pulumi.runtime.settings, "get_monitor", lambda: run["monitor"])
     pins = {"amd64": "a" * 64}
     source = specs.BinarySource(version=TAG, release_url="https://r.example/", release_sha256=pins)
     for _ in range(3):  # e.g. three nodes with `agent: {version: v1.2.3, ...}` of their own
@@ -172,6 +173,9 @@ def test_a_release_is_said_once_per_run_as_an_ephemeral_line_of_the_stack(monkey
     assert [m for m, _, _ in said][1:] == ["llmgw v1.2.4 from https://r.example: the sha256 of amd64 approved pinned in agent.sha256"]
     program.agent_inputs(source, dry_run=True)  # a preview approves and says nothing
     assert len(said) == 2
+    run["monitor"] = object()  # the next program run in the same process (the Automation API) says it again
+    program.agent_inputs(source, dry_run=False)
+    assert [m for m, _, _ in said][2:] == [said[0][0]]
 
 
 def test_the_diff_never_compares_how_a_release_is_verified() -> None:
