@@ -48,7 +48,8 @@ def confirm(node_id: str, check: registration.RegistrationCheck | None, *,
         runs += 1
         status, out, err = _run(argv, deadline - clock())
         if status == 0 and registration.listed(out, node_id):
-            log.info("%s: the control plane lists it (`%s`)", node_id, shown_command)
+            # Debug: the expected outcome, for `--debug` and the event log, not a line on each of a fleet's rows.
+            log.debug("%s: the control plane lists it (`%s`)", node_id, shown_command)
             return
         if deadline - clock() < 2 * POLL_SECONDS:  # no time left for a pause and a run of at least as long
             break

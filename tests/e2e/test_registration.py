@@ -61,9 +61,10 @@ def test_registration_is_checked_at_the_control_plane_and_a_refused_certificate_
     assert first.ok, first.output
     asked = listings(cluster, operator_cn)
     assert asked >= 2, cluster.control_plane.events  # once per node at least (again while not listed yet)
-    confirmed = sorted(d.get("urn", "") for d in first.diagnostics("info")
+    confirmed = sorted(d.get("urn", "") for d in first.diagnostics("debug")
                        if "the control plane lists it" in d.get("message", ""))
     assert [urn.rsplit("::", 1)[-1] for urn in confirmed] == sorted(h.hostname for h in (good, refused)), confirmed
+    assert "the control plane lists it" not in first.output  # said once per node, in the event log, not printed
     assert all("/llmgw:AgentInstall::" in urn for urn in confirmed), confirmed
     assert {good.hostname, refused.hostname} <= cluster.control_plane.connected()
 
