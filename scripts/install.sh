@@ -45,6 +45,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# The checkout's own modules, compiled to bytecode: every engine run starts several pythons that import the
+# package (the program, a provider process per shard), and under PYTHONDONTWRITEBYTECODE none of them keeps
+# what it compiled, so each would compile the package again. Only what changed is compiled again here.
+.venv/bin/python -m compileall -q llmgw_pulumi lab tests bench >/dev/null
 scripts/engine.sh >/dev/null
 scripts/actionlint.sh >/dev/null
 scripts/language-hosts.sh >/dev/null
