@@ -18,10 +18,12 @@ and built on first use, so `pytest tests/unit` stays instant.
 from __future__ import annotations
 
 import hashlib
+import io
 import itertools
 import os
 import shutil
 import sys
+import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -327,6 +329,16 @@ def up_when(stack: Any, ready: Callable[[list[dict[str, Any]], float], bool], ac
 def said(events: list[dict[str, Any]], text: str) -> bool:
     """Whether one of the engine's diagnostic events so far says ``text`` (for ``up_when``)."""
     return any(text in e["diagnosticEvent"].get("message", "") for e in events if "diagnosticEvent" in e)
+
+
+def extract_tar(data: bytes, into: Path) -> None:
+    """Extract a tar archive of this repository (``git archive``) into ``into``: with tarfile's "data" filter where
+    Python has it (3.11.4 and later; the package allows 3.11.0, and the venv may be Debian's 3.11.2)."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(into, filter="data")
+        else:
+            tar.extractall(into)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:

@@ -12,11 +12,9 @@ own (HTTPS, certificate from the cluster CA) that logs each request, so requests
 from __future__ import annotations
 
 import hashlib
-import io
 import shutil
 import socket
 import subprocess
-import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +25,7 @@ import pytest
 from lab.doubles.llmgw import build_llmgw
 from lab.release_server import corrupt_signature, make_signing_key, publish_release, serving
 from llmgw_pulumi.releases.policy import UNVERIFIED_WARNING
-from tests.conftest import RELEASE, REPO, shard, stack_config
+from tests.conftest import RELEASE, REPO, extract_tar, shard, stack_config
 
 BINARY, CONFIG, UNIT = "/usr/local/bin/llmgw", "/etc/llmgw/agent.yaml", "/etc/systemd/system/llmgw-agent.service"
 UPGRADE_FROM = "ca1dd75"
@@ -273,8 +271,7 @@ def _old_package(tmp_path: Path) -> Path | None:
     if done.returncode != 0:
         return None
     target = tmp_path / "old-package"
-    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as archive:
-        archive.extractall(target, filter="data")
+    extract_tar(done.stdout, target)
     return target
 
 

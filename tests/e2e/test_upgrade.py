@@ -27,18 +27,16 @@ Add a commit to ``BASES`` when a release's state shape is one to upgrade from.
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import subprocess
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, ssh, stack_config, wait_until
+from tests.conftest import REPO, extract_tar, ssh, stack_config, wait_until
 from tests.e2e.node_checks import agent_process, install_test_engine, node_files, serials, steps_taken
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
@@ -97,8 +95,7 @@ def base_package(commit: str, into: Path) -> Path:
                     "the upgrade test needs the package as it was there")
     archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", commit, "llmgw_pulumi"],
                              capture_output=True, check=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
+    extract_tar(archive, into)
     assert (into / "llmgw_pulumi" / "__init__.py").is_file()
     return into
 
