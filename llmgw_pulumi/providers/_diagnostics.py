@@ -16,7 +16,9 @@ call takes the URN of the resource a message is about. So:
   local of its handler, the frame the provider is called from. (A hidden
   ``__urn`` input used to carry it, in every resource's state.)
 - a handler on the ``llmgw_pulumi`` logger sends DEBUG, INFO and WARNING
-  records to the engine under that URN, each with its severity. The CLI
+  records to the engine under that URN, each with its severity, and
+  ephemeral when the record says so (``extra={"ephemeral": True}``: the CLI
+  shows it in the resource's row, not again under Diagnostics). The CLI
   shows a debug diagnostic only with `--debug`; the event log
   (`--event-log`, the Automation API) keeps it: what a node's install does
   is said there, not on every node's row (one screen for a fleet). Outside
@@ -97,7 +99,8 @@ class _EngineHandler(logging.Handler):
             severity = engine_pb2.WARNING if record.levelno >= logging.WARNING else \
                 engine_pb2.INFO if record.levelno >= logging.INFO else engine_pb2.DEBUG
             try:
-                engine.Log(engine_pb2.LogRequest(severity=severity, message=message, urn=urn), timeout=10)
+                engine.Log(engine_pb2.LogRequest(severity=severity, message=message, urn=urn,
+                                                 ephemeral=bool(getattr(record, "ephemeral", False))), timeout=10)
                 return
             except Exception:  # the engine went away: say it where the operator can still see it
                 pass

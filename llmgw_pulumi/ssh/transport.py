@@ -154,7 +154,7 @@ def establish(end: Endpoint, conn: Connection, node: str, recorded: str | None, 
                 transport.close()
                 raise
             if attempt:
-                log.info("%s: ssh to %s@%s answered after %.0fs", node, end.user, _where(end), time.monotonic() - started)
+                log.debug("%s: ssh to %s@%s answered after %.0fs", node, end.user, _where(end), time.monotonic() - started)
             return transport, presented
         except (OSError, paramiko.SSHException, EOFError, AuthenticationError) as exc:
             reason = exc.message if isinstance(exc, AuthenticationError) else (str(exc) or type(exc).__name__)
@@ -164,7 +164,8 @@ def establish(end: Endpoint, conn: Connection, node: str, recorded: str | None, 
                 raise WaitExpired(node, f"cannot reach {end.user}@{end.host} over ssh after {conn.wait:.0f}s "
                                         f"(last error: {reason})") from None
             if attempt == 1:  # once per wait: the operator sees that, and why, this node is waited for
-                log.info("%s: waiting up to %.0fs for ssh to %s@%s (%s)", node, conn.wait, end.user, _where(end), reason)
+                log.info("%s: waiting up to %.0fs for ssh to %s@%s (%s)", node, conn.wait, end.user, _where(end), reason,
+                         extra={"ephemeral": True})  # in the node's row, not again under Diagnostics
             time.sleep(delay)
 
 

@@ -95,11 +95,14 @@ def test_a_login_refused_at_first_is_tried_again_and_the_wait_is_reported(server
                                                                          caplog: pytest.LogCaptureFixture) -> None:
     server.refuse_logins = 1  # the login user is not made yet on the first try
     conn = connection(server)
-    with caplog.at_level(logging.INFO, logger="llmgw_pulumi.ssh.transport"):
+    with caplog.at_level(logging.DEBUG, logger="llmgw_pulumi.ssh.transport"):
         t, presented = transport.establish(conn, conn, "gpu-01", None, time.monotonic() + 5)
     t.close()
     assert presented == public_text(server.host_key) and server.logins == ["deploy", "deploy"]
     said = [r.getMessage() for r in caplog.records]
+    # The wait: info, ephemeral (in the node's row, not again under Diagnostics); when it answered: debug.
+    assert [(r.levelno, getattr(r, "ephemeral", False)) for r in caplog.records] == [(logging.INFO, True),
+                                                                                   (logging.DEBUG, False)]
     assert said[0].startswith(f"gpu-01: waiting up to 5s for ssh to deploy@127.0.0.1:{server.port} "
                               "(deploy@127.0.0.1 refused every key tried: key llmgw:sshPrivateKey SHA256:")
     assert [m.rsplit(" ", 1)[0] for m in said[1:]] == [f"gpu-01: ssh to deploy@127.0.0.1:{server.port} answered after"]
@@ -255,7 +258,7 @@ def test_after_waiting_for_cloud_init_the_node_is_reconnected_and_the_key_it_kee
     server.printed = cloud_init_replaces_the_host_key(kept)
     pool = transport.Pool()
     try:
-        with caplog.at_level(logging.INFO, logger="llmgw_pulumi.ssh.transport"), \
+        with caplog.at_level(logging.DEBUG, logger="llmgw_pulumi.ssh.transport"), \
                 pool.session(connection(server), "gpu-01") as s:
             assert s.host_key == public_text(kept) != public_text(first_key)
         said = [r.getMessage() for r in caplog.records if r.name == "llmgw_pulumi.ssh.transport"]
