@@ -286,16 +286,6 @@ def ssh(host: Any, cluster: Cluster, command: str, user: str = "deploy") -> tupl
         client.close()
 
 
-def up_while(stack: Any, after: float, action: Callable[..., Any], *args: Any) -> Any:
-    """`pulumi up`, with ``action(*args)`` run ``after`` seconds into it (in a thread); the up's Run."""
-    timer = threading.Timer(after, action, args)
-    timer.start()
-    try:
-        return stack.up()
-    finally:
-        timer.join()
-
-
 def up_when(stack: Any, ready: Callable[[list[dict[str, Any]], float], bool], action: Callable[..., Any],
             *args: Any) -> Any:
     """`pulumi up`, with ``action(*args)`` run (in a thread) as soon as ``ready(events so far, seconds since the up

@@ -21,7 +21,7 @@ from cryptography.x509.oid import NameOID
 
 from lab.doubles.llmgw import build_llmgw
 from llmgw_pulumi.certificates import pki
-from tests.conftest import RELEASE, TAMPERED_RELEASE, resource_count, ssh, stack_config, up_while
+from tests.conftest import RELEASE, TAMPERED_RELEASE, resource_count, said, ssh, stack_config, up_when
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
@@ -216,7 +216,8 @@ def test_engine_problems_are_reported_and_the_node_stays_onboarded(cluster, host
 def test_a_host_that_accepts_ssh_only_after_20s_is_onboarded(cluster, hosts, new_stack):
     (h,) = hosts(1, start=False)
     config = stack_config(cluster, [h], ssh={"user": "deploy", "privateKeyPath": str(cluster.ssh_key_path), "wait": 90})
-    up = up_while(new_stack(config), 20, h.start)
+    up = up_when(new_stack(config), lambda events, seconds: seconds >= 20 and said(events, "waiting up to 90s for ssh"),
+                 h.start)
     assert up.ok, up.output
     assert up.seconds >= 20
     assert cluster.control_plane.wait_for({h.hostname}, timeout=15)
