@@ -35,10 +35,9 @@ fi
 # installs nothing that is not in it with a matching hash. The package itself is then built from this
 # checkout by that pinned backend, with build isolation off and nothing else fetched.
 # The venv's interpreter is the distribution's /usr/bin/python3 (its python3-venv is installed above) when it
-# is Python 3.11 or newer, else the first python3 on PATH. Debian's interpreter is one static binary; pyenv's, here,
-# calls into a shared libpython and was built without --enable-optimizations. Every engine run starts about ten
-# pythons, and here the same loop took 1.8 s on Debian's 3.11 and 2.0 s on pyenv's, and importing asyncio, ssl and
-# logging 0.08 CPU-s against 0.12.
+# is Python 3.11 or newer, else the first python3 on PATH. Debian's interpreter is one static binary; a pyenv
+# build calls into a shared libpython and, by default, is built without --enable-optimizations. Every engine run
+# starts about ten pythons, so a faster interpreter shortens every run.
 python=python3
 if /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then python=/usr/bin/python3; fi
 stamp=.venv/.llmgw-installed
