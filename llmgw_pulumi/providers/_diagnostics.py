@@ -18,7 +18,10 @@ call takes the URN of the resource a message is about. So:
 - a handler on the ``llmgw_pulumi`` logger sends DEBUG, INFO and WARNING
   records to the engine under that URN, each with its severity, and
   ephemeral when the record says so (``extra={"ephemeral": True}``: the CLI
-  shows it in the resource's row, not again under Diagnostics). The CLI
+  shows it in the resource's row, not again under Diagnostics). A record
+  with ``extra={"stack_row": True}`` goes to the stack's row instead: the CLI
+  prints a resource's row again, with its last message, when the resource
+  is done, but not the stack's, so a message there is printed once. The CLI
   shows a debug diagnostic only with `--debug`; the event log
   (`--event-log`, the Automation API) keeps it: what a node's install does
   is said there, not on every node's row (one screen for a fleet). Outside
@@ -92,6 +95,8 @@ class _EngineHandler(logging.Handler):
         # A record may quote a node's text (a hostname, a reason): nothing unprintable reaches the terminal.
         message = printable(self.format(record), keep="\n")
         urn = _urn.get()
+        if urn and getattr(record, "stack_row", False):
+            urn = stack_urn(urn) or urn
         engine = self._engine() if urn else None
         if urn and engine is not None:
             from pulumi.runtime.proto import engine_pb2

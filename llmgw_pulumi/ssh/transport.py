@@ -164,8 +164,9 @@ def establish(end: Endpoint, conn: Connection, node: str, recorded: str | None, 
                 raise WaitExpired(node, f"cannot reach {end.user}@{end.host} over ssh after {conn.wait:.0f}s "
                                         f"(last error: {reason})") from None
             if attempt == 1:  # once per wait: the operator sees that, and why, this node is waited for
+                # Ephemeral, in the stack's row: printed once (a node's row would print it again when it is done).
                 log.info("%s: waiting up to %.0fs for ssh to %s@%s (%s)", node, conn.wait, end.user, _where(end), reason,
-                         extra={"ephemeral": True})  # in the node's row, not again under Diagnostics
+                         extra={"ephemeral": True, "stack_row": True})
             time.sleep(delay)
 
 

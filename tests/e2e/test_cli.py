@@ -43,10 +43,12 @@ def test_waits_and_warnings_are_shown_under_the_nodes_resources(cluster, hosts, 
     for d in up.diagnostics():
         (debug_by_urn if d.get("severity") == "debug" else by_urn).setdefault(d.get("urn", ""), []).append(d["message"])
     # The node is first reached by its ClientCertificate, which has it make its key pair.
-    first = next(u for u in by_urn if u.endswith(f"llmgw:ClientCertificate::{node}"))
+    first = next(u for u in debug_by_urn if u.endswith(f"llmgw:ClientCertificate::{node}"))
     agent = next(u for u in debug_by_urn if u.endswith(f"llmgw:AgentInstall::{node}"))
     check = next(u for u in by_urn if u.endswith(f"llmgw:EngineCheck::{node}"))
-    assert any(f"waiting up to 90s for ssh to deploy@{h.addr}" in m for m in by_urn[first]), by_urn[first]
+    stack_urn = next(u for u in by_urn if "::pulumi:pulumi:Stack::" in u)
+    assert any(f"{node}: waiting up to 90s for ssh to deploy@{h.addr}" in m for m in by_urn[stack_urn]), by_urn
+    assert not any("waiting up to" in m for m in by_urn.get(first, [])), by_urn.get(first)
     answered = [d["message"] for d in up.diagnostics("debug") if d.get("urn", "").endswith(f"ClientCertificate::{node}")]
     assert any("answered after" in m for m in answered), answered  # a detail for --debug and the event log
     # Where the node gets the release from is a detail of its install: a debug diagnostic under its AgentInstall
@@ -58,11 +60,10 @@ def test_waits_and_warnings_are_shown_under_the_nodes_resources(cluster, hosts, 
 
     # And the CLI prints them under the resource's heading, as the operator reads them.
     section = diagnostics_section(up.output)
-    # The wait in the node's row only: ephemeral, so not again under Diagnostics. The CLI prints a row's last
-    # message with each of its statuses, here as the wait begins and as the resource is created; no later message
-    # can take its place (the CLI drops an empty one). When the node answered is not printed at all.
+    # The wait once, in the stack's row: ephemeral, so not again under Diagnostics; not in the node's row, which
+    # the CLI prints again with its last message when the resource is created. When it answered: not printed.
     waits = [line for line in up.output.splitlines() if "waiting up to 90s for ssh" in line]
-    assert len(waits) == 2 and all(f"ClientCertificate {node} " in line for line in waits), waits
+    assert len(waits) == 1 and "pulumi:pulumi:Stack " in waits[0], waits
     assert not any("waiting up to" in line for lines in section.values() for line in lines), section
     assert "answered after" not in up.output, up.output
     assert "fetches llmgw" not in up.output, up.output

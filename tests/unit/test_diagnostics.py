@@ -56,6 +56,16 @@ class DetailProvider(ResourceProvider):
         return CreateResult("gpu-07", {})
 
 
+class WaitingProvider(ResourceProvider):
+    """Says that it waits for a node, as the SSH transport does: an ephemeral line for the stack's row."""
+
+    @base.operator_errors
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        log.info("gpu-07: waiting up to 5s for ssh", extra={"ephemeral": True, "stack_row": True})
+        log.info("gpu-07: a line of its own row", extra={"ephemeral": True})
+        return CreateResult("gpu-07", {})
+
+
 class FailingProvider(ResourceProvider):
     """Fails as a provider does: with the package's error for an unreachable node, or with a bug (``props['bug']``)."""
 
@@ -150,6 +160,15 @@ def test_a_debug_record_is_a_debug_diagnostic_under_the_urn_and_never_printed_un
     DetailProvider().create({})  # no request up the stack
     err = capsys.readouterr().err
     assert "info: gpu-07: waiting up to 5s for ssh" in err and "fetches" not in err, err
+
+
+def test_a_record_for_the_stack_row_is_sent_under_the_stack_urn(engine, dynamic_provider):
+    """The CLI prints a resource's row again, with its last message, when the resource is done; not the stack's."""
+    double, _ = engine
+    dynamic_provider.Create(create_request(URN, WaitingProvider()), timeout=60)
+    sent = [(r.urn, r.message, r.severity, r.ephemeral) for r in double.logs]
+    assert sent == [(STACK_URN, "gpu-07: waiting up to 5s for ssh", engine_pb2.INFO, True),
+                    (URN, "gpu-07: a line of its own row", engine_pb2.INFO, True)], sent
 
 
 def test_outside_a_request_no_urn_is_found_and_a_record_goes_to_stderr(capsys):
