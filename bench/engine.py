@@ -99,7 +99,7 @@ def check_imports(bench: Harness) -> str:
         raise RuntimeError(f"the import check's `pulumi preview` failed:\n{run.output[-2000:]}")
     problems = []
     found: dict[str, list[str]] = {}
-    for kind, must in (("program", "llmgw_pulumi/program"), ("provider", "llmgw_pulumi/providers/")):
+    for kind, must in (("program", "llmgw_pulumi/stack/program"), ("provider", "llmgw_pulumi/providers/")):
         imported = [p.relative_to(record / kind) for p in (record / kind).rglob("*.pyc") if "llmgw_pulumi" in p.parts]
         snapshot = bench.snapshot.relative_to("/")
         elsewhere = ["/" + p.as_posix() for p in imported if not p.is_relative_to(snapshot)]

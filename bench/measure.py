@@ -387,7 +387,10 @@ def host_memory(cgroup: Path) -> tuple[float, int]:
     between the processes sharing them, pages KSM merged too), with the kernel memory KSM spends tracking their
     pages (light hosts only; lab/light.py), and their threads."""
     pss_kib = tasks = ksm_bytes = 0
-    for d in [cgroup, *(p for p in cgroup.rglob("*") if p.is_dir())]:
+    dirs = [cgroup]
+    for top, subdirs, _ in os.walk(cgroup):  # a unit's cgroup may go while it is walked: os.walk skips it
+        dirs += [Path(top) / d for d in subdirs]
+    for d in dirs:
         try:
             tasks += len((d / "cgroup.threads").read_text().split())
             pids = (d / "cgroup.procs").read_text().split()
