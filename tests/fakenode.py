@@ -92,8 +92,15 @@ done
     "systemctl": r"""
 log systemctl "$@"
 cmd=$1; shift
-now=no
-[ "${1:-}" = --now ] && { now=yes; shift; }
+now=no props=''
+while :; do
+  case ${1:-} in
+  --now) now=yes; shift ;;
+  --no-reload) shift ;;
+  -p) props="$props $2"; shift 2 ;;
+  *) break ;;
+  esac
+done
 u=${1:-}
 dir=$FAKE_STATE/units; mkdir -p "$dir"
 file=$FAKE_ROOT/etc/systemd/system/$u
@@ -120,6 +127,15 @@ stop) set_ active inactive ;;
 reset-failed) [ "$(get active inactive)" = active ] || set_ active inactive ;;
 is-active) s=$(get active inactive); echo "$s"; [ "$s" = active ] ;;
 is-enabled) [ -f "$file" ] || exit 1; s=$(get enabled disabled); echo "$s"; [ "$s" = enabled ] ;;
+show) # the main process: one per start here (no restarts by systemd itself)
+  for prop in $props; do
+    case $prop in
+    ActiveState) echo "ActiveState=$(get active inactive)" ;;
+    ExecMainPID) echo "ExecMainPID=$(( $(wc -l < "$dir/$u.starts" 2>/dev/null || echo 0) + 0 ))" ;;
+    NRestarts) echo "NRestarts=0" ;;
+    *) echo "fake systemctl: show -p $prop is not faked" >&2; exit 1 ;;
+    esac
+  done ;;
 *) echo "fake systemctl: $cmd is not faked" >&2; exit 1 ;;
 esac
 """,

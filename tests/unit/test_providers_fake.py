@@ -261,7 +261,9 @@ def test_agent_create_copies_a_dev_build_and_starts_it(agent_node: FakeNode, dev
     assert_agent_installed(node, inputs, dev_build.read_bytes(), outs)
     assert node.read(CONFIG).startswith(b"# gpu-01, written by llmgw-pulumi") and not inputs["agent_yaml"].startswith("#")
     assert node.calls("curl") == []
-    assert f"systemctl enable {UNIT_NAME}" in node.calls("systemctl")
+    calls = node.calls("systemctl")
+    enable = f"systemctl enable --no-reload {UNIT_NAME}"  # systemd reads the new unit once: its reload, not again
+    assert calls.count("systemctl daemon-reload") == 1 and calls.index("systemctl daemon-reload") < calls.index(enable)
     assert AgentInstallProvider().diff("gpu-01", outs, inputs).changes is False
 
 

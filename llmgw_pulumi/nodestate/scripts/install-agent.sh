@@ -46,16 +46,16 @@ C_DO=$1 C=$2 C_MODE=$3 C_OWNER=$4 C_BEFORE=$5 C_SIZE=$6
 shift 7
 U_DO=$1 U=$2 U_MODE=$3 U_OWNER=$4 U_BEFORE=$5 U_SIZE=$6
 
-# The agent must stay up: a crash shows as a state other than active
-# (Restart=on-failure makes it 'activating (auto-restart)').
+# The agent must stay up for SETTLE_TICKS tenths of a second. A crash in that
+# time shows at its end as a state other than active (Restart=on-failure
+# makes it 'activating (auto-restart)' for RestartSec) or, once restarted, as
+# another main process and restart count: two looks at the unit, not one a tick.
 settle() {
-  i=0
-  while [ "$i" -lt "$SETTLE_TICKS" ]; do
-    [ "$(unit_is is-active "$UNIT")" = active ] || return 1
-    sleep 0.1
-    i=$((i + 1))
-  done
+  was=$(main_process)
+  sleep "$((SETTLE_TICKS / 10)).$((SETTLE_TICKS % 10))"
+  [ "$(unit_is is-active "$UNIT")" = active ] && [ "$(main_process)" = "$was" ]
 }
+main_process() { systemctl show -p ExecMainPID -p NRestarts "$UNIT" 2>/dev/null | sort; }
 
 # restore restart|keep: put back what the change replaced (kept as *.llmgw-prev,
 # or marked *.llmgw-absent when there was nothing), then restart the agent, or
@@ -185,7 +185,7 @@ kv staged "$arch"
 phase=commit
 place
 systemctl daemon-reload
-systemctl enable "$UNIT" >/dev/null 2>&1
+systemctl enable --no-reload "$UNIT" >/dev/null 2>&1  # systemd has just read the unit: one reload, not two
 restarted=yes
 systemctl restart "$UNIT"
 if ! settle; then
