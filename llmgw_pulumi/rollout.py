@@ -1,6 +1,6 @@
 """Safe fleet-wide upgrades: canaries first, at most N agents restarting at once, stop after a failure.
 
-A stack's nodes are spread over several provider processes (``llmgw_pulumi.stack.shards``),
+A stack's nodes may be spread over several provider processes (``llmgw_pulumi.stack.shards``),
 so the coordination lives where every one of them can see it: a directory on the
 operator's machine, the one running `pulumi up`.
 

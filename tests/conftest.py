@@ -344,7 +344,8 @@ def resource_count(node_ids: list[str]) -> int:
     """Resources the program registers: the stack, one provider process per shard in use, five per node.
 
     The shard of a node is its contract, stated here independently of the
-    package: sha256 of the node id, as a big-endian number, modulo 8.
+    package: sha256 of the node id, as a big-endian number, modulo the shard
+    count (1 by default: every node in one provider process).
     """
     return 1 + len({shard(n) for n in node_ids}) + 5 * len(node_ids)
 
@@ -354,6 +355,10 @@ def state_urns(stack: Any) -> list[str]:
     return [r["urn"] for r in stack.export().get("resources") or [] if r["type"] != "pulumi:pulumi:Stack"]
 
 
-def shard(node_id: str) -> int:
-    """The provider shard a node id is spread to (see resource_count)."""
-    return int.from_bytes(hashlib.sha256(node_id.encode()).digest(), "big") % 8
+SPREAD = 8
+"""A shard count (LLMGW_PROVIDER_SHARDS) for tests of nodes in several provider processes."""
+
+
+def shard(node_id: str, shards: int = 1) -> int:
+    """The provider shard a node id is spread to with ``shards`` shards (see resource_count)."""
+    return int.from_bytes(hashlib.sha256(node_id.encode()).digest(), "big") % shards

@@ -3,8 +3,8 @@
 The fleet is a list in the program; per-node settings are computed here. Only
 the addresses (`llmgw:addresses`, node id -> address, as a CMDB or another
 stack's outputs would give them) and the cluster settings come from the stack config. Each `Node` runs
-its resources in one of several provider processes by itself (see
-`llmgw_pulumi.stack.shards`), so the nodes are onboarded in parallel.
+its resources in the package's provider process by itself (see
+`llmgw_pulumi.stack.shards`), which onboards the nodes in parallel.
 """
 
 import pulumi

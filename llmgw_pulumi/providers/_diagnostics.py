@@ -42,6 +42,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..text import printable
+from . import _server
 
 _urn: contextvars.ContextVar[str | None] = contextvars.ContextVar("llmgw_resource_urn", default=None)
 
@@ -124,12 +125,14 @@ def _engine_address() -> str | None:
 
 def install() -> None:
     """Route the package's DEBUG, INFO and WARNING records to the engine (once per process); in a dynamic-provider
-    process, errors shown without Python frames (``quiet_tracebacks``)."""
+    process, errors shown without Python frames (``quiet_tracebacks``), and every call the engine sends served at
+    once (``_server.serve_every_call``: install runs in the first call a provider serves)."""
     logger = logging.getLogger("llmgw_pulumi")
     if any(isinstance(h, _EngineHandler) for h in logger.handlers):
         return
     if _engine_address() is not None:
         quiet_tracebacks()
+        _server.serve_every_call()
     logger.addHandler(_EngineHandler(_engine_address()))
     logger.setLevel(logging.DEBUG)
     logger.propagate = False

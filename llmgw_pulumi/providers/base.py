@@ -101,6 +101,7 @@ def check(news: Mapping[str, Any], collect: Callable[[Mapping[str, Any], Problem
     carried forward, so renewing a certificate does not show the agent as
     changing too.
     """
+    _diagnostics.install()  # check is a provider process's first call: from here on it serves every call at once
     node = news.get("node_id")
     problems = Problems(node if isinstance(node, str) else "?")
     inputs = {**(defaults or {}), **{k: v for k, v in news.items() if v is not None}}

@@ -23,8 +23,8 @@ must be gone before its replacement exists (a fixed address), give the VM
 ``delete_before_replace=True``: the engine then removes the node from the old
 machine before it deletes the VM.
 
-By default each node's resources run in one of several provider processes,
-chosen by a hash of the node id (see ``llmgw_pulumi.stack.shards``); give
+By default every node's resources run in one provider process, which serves
+every call at once (see ``llmgw_pulumi.stack.shards``); give
 ``providers={"pulumi-python": ...}`` in ``opts`` to choose yourself.
 """
 

@@ -1,11 +1,13 @@
-"""Spreading nodes over dynamic-provider processes.
+"""Which dynamic-provider process runs a node's resources.
 
-One `pulumi-resource-pulumi-python` process answers at most 4 calls at once
-(its gRPC server has 4 workers), so a stack whose nodes all used the default
-provider would onboard at most 4 nodes at a time. Each explicit provider
-resource of the `pulumi-python` package is a process of its own, so `Node`
-puts every node in one of ``PROVIDER_SHARDS`` of them by default, and a
-user's own program gets this without doing anything:
+Each explicit provider resource of the `pulumi-python` package is a
+`pulumi-resource-pulumi-python` process of its own, and each costs ~0.45
+CPU-s to start, in every preview and `up`. One process answers every call
+the engine sends at once (llmgw_pulumi/providers/_server.py: the SDK's server
+would answer 4), so by default every node's resources run in one of them:
+``PROVIDER_SHARDS`` is 1. (It was 8, each process answering 4 calls: a
+stack onboarded then has its nodes moved to shard 0 and the other shards'
+provider resources dropped by its next `up`, state only, see below.)
 
 - a node's shard comes from a hash of its node id, so it never moves when
   nodes are added or removed (a resource whose provider changes would be
@@ -22,16 +24,17 @@ options: it is used as given. ``provider_for(node_id)`` is the provider a
 node gets by default, e.g. for your own dynamic resources next to a node.
 
 The environment variable ``LLMGW_PROVIDER_SHARDS`` (``SHARDS_ENV``) overrides
-the number of shards for a program run; the benchmark uses it to compare
-4, 8 and 16 processes. Changing it, or ``PROVIDER_SHARDS``, moves many nodes
-to another shard, and that changes nothing on them: the engine replaces a
-resource whose provider changed only when the new provider's DiffConfig asks
-for it, and a ``pulumi-python`` provider resource has no config, so the
-moved resources are diffed as before and stay the same; only the provider
-resources come and go (state only). No alias is needed: the
-`pulumi up` after the change shows a shard created or deleted and nothing
-else, opens no SSH connection, and the preview after it is empty
-(tests/e2e/test_provider_processes.py, on real hosts).
+the number of shards for a program run (several processes, e.g. to spread
+the providers' Python over several CPUs; the benchmark compares counts).
+Changing it, or ``PROVIDER_SHARDS``, moves nodes to another shard, and that
+changes nothing on them: the engine replaces a resource whose provider
+changed only when the new provider's DiffConfig asks for it, and a
+``pulumi-python`` provider resource has no config, so the moved resources
+are diffed as before and stay the same; only the provider resources come
+and go (state only). No alias is needed: the `pulumi up` after the change
+shows a shard created or deleted and nothing else, opens no SSH connection,
+and the preview after it is empty (tests/e2e/test_provider_processes.py, on
+real hosts; tests/e2e/test_upgrade.py from stacks of 8 shards).
 """
 
 from __future__ import annotations
@@ -50,8 +53,8 @@ __all__ = ["PACKAGE", "PROVIDER_SHARDS", "SHARDS_ENV", "provider_for", "shard_co
 PACKAGE = "pulumi-python"
 """The package of Python dynamic resources: what ``providers`` maps to a shard."""
 
-PROVIDER_SHARDS = 8
-"""How many provider processes a program spreads its nodes over (at most)."""
+PROVIDER_SHARDS = 1
+"""How many provider processes a program spreads its nodes over (at most): one serves every call at once."""
 
 SHARDS_ENV = "LLMGW_PROVIDER_SHARDS"
 """Overrides PROVIDER_SHARDS for a program run when set (a positive whole number)."""

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import said, shard, ssh, stack_config, up_when, wait_until
+from llmgw_pulumi.stack.shards import SHARDS_ENV
+from tests.conftest import SPREAD, said, shard, ssh, stack_config, up_when, wait_until
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
@@ -361,7 +362,7 @@ def two_by_two() -> list[str]:
     depend on the worker and the tests before."""
     by_shard: dict[int, list[str]] = {}
     for name in (f"behind-{i}" for i in range(100)):
-        by_shard.setdefault(shard(name), []).append(name)
+        by_shard.setdefault(shard(name, SPREAD), []).append(name)
     first, second = list(by_shard.values())[:2]
     return first[:2] + second[:2]
 
@@ -370,13 +371,14 @@ def test_nodes_behind_one_bastion_are_onboarded_through_it(cluster, hosts, new_s
     (bastion,) = hosts(1, segment="both")
     # More nodes than provider processes: the bastion carries each process's nodes on that process's one connection.
     nodes = hosts(4, hostnames=two_by_two(), segment="private")
-    assert len({shard(h.hostname) for h in nodes}) == 2 and len(nodes) == 4
+    assert len({shard(h.hostname, SPREAD) for h in nodes}) == 2 and len(nodes) == 4
     assert all(unreachable_directly(h) for h in nodes) and nodes
     config = stack_config(cluster, nodes, servers=[private_control_plane.address],
                           agent={"binary": str(cluster.dev_binary)},
                           ssh={"user": "deploy", "privateKeyPath": str(cluster.ssh_key_path), "wait": 60,
                                "jump": f"deploy@{bastion.addr}"})
     stack = new_stack(config)
+    stack.env[SHARDS_ENV] = str(SPREAD)  # two provider processes, two nodes each
     opens = {h.hostname: h.passive_tcp_opens() for h in (bastion, *nodes)}
     up = stack.up()
     accepted = {h.hostname: h.passive_tcp_opens() - opens[h.hostname] for h in (bastion, *nodes)}
@@ -384,7 +386,7 @@ def test_nodes_behind_one_bastion_are_onboarded_through_it(cluster, hosts, new_s
     assert private_control_plane.wait_for({h.hostname for h in nodes}, timeout=30), private_control_plane.events[-5:]
     # One connection per node (its four resources share it), and the bastion carries them all on one connection
     # per provider process that has nodes behind it.
-    processes = len({shard(h.hostname) for h in nodes})
+    processes = len({shard(h.hostname, SPREAD) for h in nodes})
     assert [accepted[h.hostname] for h in nodes] == [1] * len(nodes), accepted
     assert 1 <= accepted[bastion.hostname] <= processes, (accepted, processes)
     facts = {"bastion_accepted": accepted[bastion.hostname], "provider_processes": processes,

@@ -22,8 +22,8 @@ from tests.e2e.node_checks import agent_process, node_files, serials, steps_take
 
 pytestmark = [pytest.mark.hosts, pytest.mark.engine]
 
-FEWER = 4
-"""The count the stack moves to: half the default, which the benchmark compared it with."""
+OTHER = 4
+"""The count the stack moves to from the default (one process): one the benchmark compares (LLMGW_PROVIDER_SHARDS)."""
 NODE_TYPES = ("ClientCertificate", "NodeIdentity", "AgentInstall", "EngineCheck")
 
 
@@ -38,18 +38,18 @@ def shards_in_state(stack: Any) -> dict[str, set[str]]:
 
 
 def moving_and_staying(count: int = 2) -> list[str]:
-    """``count`` host names whose shard changes from PROVIDER_SHARDS to FEWER processes, then ``count`` whose shard
+    """``count`` host names whose shard changes from PROVIDER_SHARDS to OTHER shards, then ``count`` whose shard
     stays. Named here, not taken from the lab's host indices: which indices a test gets depends on the worker and
     on the tests before it, and four of them may all stay (one run in sixteen)."""
     names = [f"shard-move-{i}" for i in range(200)]
-    moving = [n for n in names if shard_of(n, PROVIDER_SHARDS) != shard_of(n, FEWER)]
-    staying = [n for n in names if shard_of(n, PROVIDER_SHARDS) == shard_of(n, FEWER)]
+    moving = [n for n in names if shard_of(n, PROVIDER_SHARDS) != shard_of(n, OTHER)]
+    staying = [n for n in names if shard_of(n, PROVIDER_SHARDS) == shard_of(n, OTHER)]
     return moving[:count] + staying[:count]
 
 
-def test_fewer_provider_processes_move_the_nodes_without_touching_one(cluster, hosts, new_stack):
+def test_another_provider_process_count_moves_the_nodes_without_touching_one(cluster, hosts, new_stack):
     fleet = hosts(4, hostnames=moving_and_staying())
-    moved = [h.hostname for h in fleet if shard_of(h.hostname, PROVIDER_SHARDS) != shard_of(h.hostname, FEWER)]
+    moved = [h.hostname for h in fleet if shard_of(h.hostname, PROVIDER_SHARDS) != shard_of(h.hostname, OTHER)]
     assert len(moved) == 2, f"the fleet should hold two nodes that move and two that stay: {moved} move"
     stack = new_stack(stack_config(cluster, fleet))
     stack.env.pop(SHARDS_ENV, None)
@@ -66,20 +66,20 @@ def test_fewer_provider_processes_move_the_nodes_without_touching_one(cluster, h
     connections = {h.hostname: h.passive_tcp_opens() for h in fleet}
     mark = len(cluster.control_plane.events)
 
-    stack.env[SHARDS_ENV] = str(FEWER)
+    stack.env[SHARDS_ENV] = str(OTHER)
     move = stack.up()
     assert move.ok, move.output
     steps = steps_taken(move)
-    print(f"\n{PROVIDER_SHARDS} -> {FEWER} provider processes: {move.changes}; steps other than same: {steps}; "
+    print(f"\n{PROVIDER_SHARDS} -> {OTHER} provider processes: {move.changes}; steps other than same: {steps}; "
           f"moved nodes: {moved}")
 
     after = shards_in_state(stack)
-    assert after == {h.hostname: {shard_name(shard_of(h.hostname, FEWER))} for h in fleet}
+    assert after == {h.hostname: {shard_name(shard_of(h.hostname, OTHER))} for h in fleet}
     assert any(after[n] != before[n] for n in moved)
     # Only provider resources come and go: a shard no node used before is created, one no node uses now is
     # deleted (state only). No node's resource has a step.
     old_shards = {shard_name(shard_of(h.hostname, PROVIDER_SHARDS)) for h in fleet}
-    new_shards = {shard_name(shard_of(h.hostname, FEWER)) for h in fleet}
+    new_shards = {shard_name(shard_of(h.hostname, OTHER)) for h in fleet}
     expected = {**{f"pulumi-python::{k}": ["create"] for k in new_shards - old_shards},
                 **{f"pulumi-python::{k}": ["delete"] for k in old_shards - new_shards}}
     assert expected, "the move changes no provider resource: nothing here would show a replacement"

@@ -25,7 +25,9 @@ import pytest
 from lab.doubles.llmgw import build_llmgw
 from lab.release_server import corrupt_signature, make_signing_key, publish_release, serving
 from llmgw_pulumi.releases.policy import UNVERIFIED_WARNING
-from tests.conftest import RELEASE, REPO, extract_tar, shard, stack_config
+from llmgw_pulumi.stack.shards import SHARDS_ENV
+from tests.conftest import RELEASE, REPO, SPREAD, extract_tar, shard, stack_config
+from tests.e2e.node_checks import steps_taken
 
 BINARY, CONFIG, UNIT = "/usr/local/bin/llmgw", "/etc/llmgw/agent.yaml", "/etc/systemd/system/llmgw-agent.service"
 UPGRADE_FROM = "ca1dd75"
@@ -64,7 +66,7 @@ def untouched(h: Any) -> bool:
 def ids_in_two_shards() -> list[str]:
     """Two node ids whose resources run in different provider processes (what once per process would not catch)."""
     first = "trust-a"
-    second = next(f"trust-{i}" for i in range(100) if shard(f"trust-{i}") != shard(first))
+    second = next(f"trust-{i}" for i in range(100) if shard(f"trust-{i}", SPREAD) != shard(first, SPREAD))
     return [first, second]
 
 
@@ -76,6 +78,7 @@ def test_a_signed_release_is_fetched_once_per_up_and_previews_offline(lab, clust
         config = stack_config(cluster, [a, b], ids=ids_in_two_shards(),
                               agent={"version": RELEASE, "releaseUrl": url, "signingKey": cluster.release_signing_key})
         stack = new_stack(config)
+        stack.env[SHARDS_ENV] = str(SPREAD)  # the two nodes in two provider processes
         up = stack.up()
         assert up.ok, up.output
         assert "approved from checksums.txt signed by SHA256:" in up.output, up.output
@@ -296,6 +299,9 @@ def test_state_written_by_the_previous_package_is_left_alone(lab, cluster, hosts
     up = stack.up()
     assert up.ok, up.output
     assert "approved from checksums.txt" in up.output  # the new package ran
-    assert set(up.changes) == {"same"}, up.changes
+    # No step on the node's resources; its provider resource (process) may change, state only (stack/shards.py).
+    steps = steps_taken(up)
+    assert {k: v for k, v in steps.items() if not k.startswith("pulumi-python::llmgw-shard-")} == {}, steps
+    assert all(ops in (["create"], ["delete"]) for ops in steps.values()), steps
     assert h.stat(BINARY).st_ino == inode, "the binary was rewritten"
     assert [e for e in cluster.control_plane.events[streams:] if e.node_id == h.hostname] == [], "the agent restarted"

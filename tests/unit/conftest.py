@@ -11,7 +11,7 @@ import pytest
 from lab import pki as labpki
 from llmgw_pulumi.ssh import sessions
 from tests.fakenode import FakeNode, FakeNodes
-from tests.unit import Mocks
+from tests.unit import Mocks, dynamic_server
 from tests.unit.fake_node_resources import ADDR, HOST_KEY, agent_binary
 from tests.unit.mock_monitor import RecordingMonitor
 from tests.unit.ssh_server import Server, ed25519_pair
@@ -61,3 +61,17 @@ def server() -> Iterator[Server]:
     host_key, _ = ed25519_pair()
     client_key, client_text = ed25519_pair()
     yield from Server(host_key, client_key, client_text).serve()
+
+
+@pytest.fixture
+def engine() -> Iterator[tuple[dynamic_server.Engine, str]]:
+    """An engine double on loopback that records its Log calls (tests/unit/dynamic_server.py), and its address."""
+    with dynamic_server.engine_double() as served:
+        yield served
+
+
+@pytest.fixture
+def dynamic_provider(engine: tuple[dynamic_server.Engine, str]) -> Iterator[object]:
+    """A stub of the SDK's dynamic-provider server, started as the engine starts it, reporting to ``engine``."""
+    with dynamic_server.provider_server(engine[1]) as stub:
+        yield stub

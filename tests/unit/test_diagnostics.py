@@ -8,16 +8,10 @@ providers do, and the URN it is logged under must be the one in the engine's req
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
-import subprocess
 import sys
-import threading
 import traceback
 import types
-from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +19,11 @@ import grpc
 import pulumi
 import pytest
 from pulumi.dynamic import CreateResult, ResourceProvider
-from pulumi.dynamic.dynamic import serialize_provider
-from pulumi.runtime import rpc
-from pulumi.runtime.proto import engine_pb2, engine_pb2_grpc, provider_pb2, provider_pb2_grpc
+from pulumi.runtime.proto import engine_pb2, provider_pb2
 
 from llmgw_pulumi import errors
 from llmgw_pulumi.providers import _diagnostics, base
+from tests.unit import dynamic_server
 
 REPO = Path(__file__).resolve().parents[2]
 log = logging.getLogger("llmgw_pulumi.tests.diagnostics")
@@ -76,58 +69,8 @@ class FailingProvider(ResourceProvider):
         raise errors.UnreachableError("gpu-07", "cannot reach deploy@10.0.0.7 over ssh after 5s\n(last error: refused)")
 
 
-class Engine(engine_pb2_grpc.EngineServicer):
-    def __init__(self) -> None:
-        self.logs: list[Any] = []
-        self.lock = threading.Lock()
-
-    def Log(self, request: Any, context: Any) -> Any:
-        with self.lock:
-            self.logs.append(request)
-        from google.protobuf import empty_pb2
-        return empty_pb2.Empty()
-
-
-@pytest.fixture
-def engine() -> Iterator[tuple[Engine, str]]:
-    double = Engine()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    engine_pb2_grpc.add_EngineServicer_to_server(double, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield double, f"127.0.0.1:{port}"
-    finally:
-        server.stop(0)
-
-
-@pytest.fixture
-def dynamic_provider(engine: tuple[Engine, str]) -> Iterator[Any]:
-    """The SDK's dynamic-provider server, started as the engine starts it: its address argument, its port on stdout."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "pulumi.dynamic", engine[1]], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, cwd=REPO)
-    try:
-        assert proc.stdout is not None
-        port = int(proc.stdout.readline())
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        yield provider_pb2_grpc.ResourceProviderStub(channel)
-        channel.close()
-    finally:
-        proc.kill()
-        proc.wait()
-
-
 def create_request(urn: str, provider: ResourceProvider | None = None, **inputs: Any) -> Any:
-    # A loop of its own, not asyncio.run: that leaves the thread without an event loop, and a later test in this
-    # process that makes an Output outside one (pulumi.Config.get_secret in test_program) would fail.
-    loop = asyncio.new_event_loop()
-    try:
-        props = loop.run_until_complete(
-            rpc.serialize_properties({"__provider": serialize_provider(provider or LoggingProvider()), **inputs}, {}))
-    finally:
-        loop.close()
-    return provider_pb2.CreateRequest(urn=urn, properties=props)
+    return dynamic_server.create_request(urn, provider or LoggingProvider(), **inputs)
 
 
 def test_what_a_provider_logs_is_sent_under_the_urn_of_the_engines_request(engine, dynamic_provider):

@@ -20,12 +20,15 @@ from llmgw_pulumi.stack.shards import PROVIDER_SHARDS, SHARDS_ENV, provider_for,
 from tests.unit import Mocks
 from tests.unit.mock_monitor import NODE_TYPES, PROVIDER_TYPE, RecordingMonitor, node_args, settle
 
+SPREAD = 8
+"""A shard count the placement tests spread nodes over (LLMGW_PROVIDER_SHARDS), as a stack that sets it does."""
+
 
 def ids_in_distinct_shards(n: int) -> list[str]:
     seen: dict[int, str] = {}
     i = 0
     while len(seen) < n:
-        seen.setdefault(shard_of(f"gpu-{i:02d}"), f"gpu-{i:02d}")
+        seen.setdefault(shard_of(f"gpu-{i:02d}", SPREAD), f"gpu-{i:02d}")
         i += 1
     return list(seen.values())
 
@@ -34,21 +37,41 @@ def same_shard_pair() -> tuple[str, str]:
     first: dict[int, str] = {}
     for i in range(100):
         node = f"vm-{i:02d}"
-        if (k := shard_of(node)) in first:
+        if (k := shard_of(node, SPREAD)) in first:
             return first[k], node
         first[k] = node
     raise AssertionError("no two ids share a shard")
 
 
 def test_shard_of_is_stable_and_spreads():
-    # Pinned: a node whose shard moved would get a new provider, and the engine would replace its resources.
-    assert {n: shard_of(n) for n in ("gpu-01", "gpu-02", "node-a", "vm-one")} == {"gpu-01": 3, "gpu-02": 3, "node-a": 1, "vm-one": 2}
-    assert {shard_of(f"gpu-{i:03d}") for i in range(200)} == set(range(PROVIDER_SHARDS))
+    # Pinned: a node whose shard moved gets another provider resource (state only: test_provider_processes.py).
+    assert {n: shard_of(n, 8) for n in ("gpu-01", "gpu-02", "node-a", "vm-one")} == {"gpu-01": 3, "gpu-02": 3, "node-a": 1, "vm-one": 2}
+    assert {shard_of(f"gpu-{i:03d}", 8) for i in range(200)} == set(range(8))
     assert shard_name(3) == "llmgw-shard-3"
 
 
+def test_by_default_every_node_is_in_one_provider_process():
+    """One process serves every call the engine sends at once (providers/_server.py): each more would only cost
+    its start, in every preview and `up`."""
+    assert PROVIDER_SHARDS == 1
+    assert {shard_of(f"gpu-{i:03d}") for i in range(200)} == {0}
+
+
 @pulumi.runtime.test
-def test_a_nodes_four_resources_run_in_its_shards_provider_process(monitor):
+def test_by_default_the_nodes_share_one_provider_resource(monitor, monkeypatch):
+    monkeypatch.delenv(SHARDS_ENV, raising=False)
+    nodes = [Node(n, node_args(n)) for n in ("gpu-01", "node-a", "vm-one")]
+
+    def check(_: Any) -> None:
+        assert [p.name for p in monitor.of_type(PROVIDER_TYPE)] == ["llmgw-shard-0"]
+        assert {r.provider.split("::")[3] for r in monitor.of_type(NODE_TYPES)} == {"llmgw-shard-0"}
+
+    return settle(*[x.engine_check.urn for x in nodes]).apply(check)
+
+
+@pulumi.runtime.test
+def test_a_nodes_four_resources_run_in_its_shards_provider_process(monitor, monkeypatch):
+    monkeypatch.setenv(SHARDS_ENV, str(SPREAD))
     a, b = ids_in_distinct_shards(2)
     c, d = same_shard_pair()
     nodes = [Node(n, node_args(n)) for n in (a, b, c, d)]
@@ -56,12 +79,12 @@ def test_a_nodes_four_resources_run_in_its_shards_provider_process(monitor):
     def check(_: Any) -> None:
         providers = monitor.of_type(PROVIDER_TYPE)
         # One provider resource per shard in use, top-level, named as before.
-        assert sorted(p.name for p in providers) == sorted({shard_name(shard_of(n)) for n in (a, b, c, d)})
+        assert sorted(p.name for p in providers) == sorted({shard_name(shard_of(n, SPREAD)) for n in (a, b, c, d)})
         assert [p.parent.split("::")[-2:] for p in providers] == [["pulumi:pulumi:Stack", "project-stack"]] * len(providers)
         for n in (a, b, c, d):
             children = [r for r in monitor.of_type(NODE_TYPES) if r.name == n]
             assert len(children) == 4
-            assert {r.provider.split("::")[3] for r in children} == {shard_name(shard_of(n))}, n
+            assert {r.provider.split("::")[3] for r in children} == {shard_name(shard_of(n, SPREAD))}, n
 
     return settle(*[x.engine_check.urn for x in nodes]).apply(check)
 
@@ -79,11 +102,12 @@ def test_given_providers_are_used_and_no_shard_is_made(monitor):
 
 
 @pulumi.runtime.test
-def test_a_node_id_known_only_later_shards_by_the_component_name(monitor):
+def test_a_node_id_known_only_later_shards_by_the_component_name(monitor, monkeypatch):
+    monkeypatch.setenv(SHARDS_ENV, str(SPREAD))
     node = Node("gpu-07", node_args(pulumi.Output.from_input("gpu-07")))
 
     def check(_: Any) -> None:
-        assert {r.provider.split("::")[3] for r in monitor.of_type(NODE_TYPES)} == {shard_name(shard_of("gpu-07"))}
+        assert {r.provider.split("::")[3] for r in monitor.of_type(NODE_TYPES)} == {shard_name(shard_of("gpu-07", SPREAD))}
 
     return node.engine_check.urn.apply(check)
 
