@@ -404,6 +404,8 @@ class Harness:
             "remote_ops": steps.remote_ops(),
             "timeline": steps.timeline(),
             "chains": steps.chains(transport_idle_seconds()),
+            "critical_path": steps.critical_path(),
+            "scripts": steps.script_seconds(),
         }
         detail["engine_run"] = True  # measure() records what it wrote to the backend
         if not run.ok:

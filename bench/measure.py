@@ -22,6 +22,9 @@ from typing import Any, TypeVar
 from bench.config import CLK_TCK, ENGINE_CGROUP, HOSTS_CGROUP, OWN_CGROUP, PEM_RE, PROGRAM_CGROUP, PROVIDER_CGROUP, REMOTE_TYPES
 from lab import light
 
+SCRIPT_TIME = re.compile(r": (?P<script>[\w.-]+\.sh) took (?P<seconds>[\d.]+)s on ")
+"""A provider's debug line for each script it ran on a node (llmgw_pulumi/ssh/connection.py, ``run``)."""
+
 T = TypeVar("T")
 
 
@@ -202,6 +205,8 @@ class EngineSteps:
         self.changes: dict[str, int] = {}
         self.prelude: float | None = None
         self.summary: float | None = None
+        self.scripts: dict[str, list[float]] = {}
+        """Script name -> the seconds each run of it took (SCRIPT_TIME lines, one per run)."""
         self._lock = threading.Lock()
 
     def __call__(self, event: dict[str, Any]) -> None:
@@ -217,6 +222,9 @@ class EngineSteps:
                 open_steps = [s for s in self.steps.get(m["urn"], []) if s.end is None]
                 if open_steps:
                     open_steps[0].end = now
+            elif "diagnosticEvent" in event:
+                if took := SCRIPT_TIME.search(event["diagnosticEvent"].get("message", "")):
+                    self.scripts.setdefault(took["script"], []).append(float(took["seconds"]))
             elif "summaryEvent" in event:
                 self.summary = now
                 self.changes = {op: int(n) for op, n in (event["summaryEvent"].get("resourceChanges") or {}).items()}
@@ -284,6 +292,35 @@ class EngineSteps:
         return {"chain_mean_s": statistics.fmean(spans) if spans else 0.0, "chain_max_s": max(spans, default=0.0),
                 "identity_to_agent_gap_max_s": max(gaps, default=0.0),
                 "gaps_over_idle": float(sum(1 for g in gaps if g > idle_seconds)), "idle_seconds": idle_seconds}
+
+    def critical_path(self) -> dict[str, float]:
+        """The node whose last step ended last, from the run's start: each of its steps (create or update) and
+        the waits before them, then the engine's end. A wait before the first step is the CLI's, the program's
+        and the provider process's start; one between steps, the engine scheduling the next (a free --parallel
+        slot, the program's registration of it). Empty when no node had four steps."""
+        nodes: dict[str, list[Step]] = {}
+        for urn, steps in self.steps.items():
+            for s in steps:
+                if s.op in ("create", "update") and s.end is not None and s.type in ("ClientCertificate",) + REMOTE_TYPES:
+                    nodes.setdefault(urn.rsplit("::", 1)[-1], []).append(s)
+        chains = [sorted(c, key=lambda s: s.start) for c in nodes.values() if len(c) == 4]
+        if not chains:
+            return {}
+        last = max(chains, key=lambda c: c[-1].end or 0.0)
+        path: dict[str, float] = {}
+        at = self.t0
+        for s in last:
+            path[f"wait before {s.type}"] = s.start - at
+            path[s.type] = (s.end or s.start) - s.start
+            at = s.end or s.start
+        if self.summary is not None:
+            path["last step's end to the summary"] = self.summary - at
+        return path
+
+    def script_seconds(self) -> dict[str, dict[str, float]]:
+        """Per script run on the nodes: runs, mean and max seconds (a round trip and its time on the node)."""
+        return {name: {"runs": len(t), "mean_s": statistics.fmean(t), "max_s": max(t)}
+                for name, t in sorted(self.scripts.items())}
 
     def timeline(self) -> dict[str, float]:
         """Seconds from t0 to: the engine's prelude, the first step, the last step's end, the summary."""

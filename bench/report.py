@@ -191,6 +191,12 @@ def where_time_goes(results: Sequence[Result]) -> str:
                              f"{ch['chain_max_s']:.1f}s; NodeIdentity end -> AgentInstall start: max "
                              f"{ch['identity_to_agent_gap_max_s']:.1f}s, {ch['gaps_over_idle']:.0f} node(s) over the "
                              f"transport's {ch['idle_seconds']:g}s idle limit (a pooled SSH connection closed)")
+            if path := r.detail.get("critical_path"):
+                lines.append(f"  - the last node's path ({sum(path.values()):.1f}s): "
+                             + ", ".join(f"{k} {v:.2f}s" for k, v in path.items()))
+            if scripts := r.detail.get("scripts"):
+                lines.append("  - scripts on the nodes (round trip and time on the node), mean/max: " + ", ".join(
+                    f"{k} x{v['runs']:.0f} {v['mean_s']:.2f}/{v['max_s']:.2f}s" for k, v in scripts.items()))
             for key, st in r.detail.get("steps", {}).items():
                 if key.split()[0] in ("Stack", "Node", "pulumi-python"):
                     continue

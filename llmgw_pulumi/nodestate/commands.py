@@ -104,6 +104,11 @@ def program(name: str) -> str:
     return "".join(script_text(n) for n in ("exits.sh", "prelude.sh", name))
 
 
+def script(name: str, args: Sequence[str] = (), stdin: bytes = b"", stdin_file: StdinFile | None = None) -> Script:
+    """Script ``name`` of scripts/ (its ``program``) with these arguments and input."""
+    return Script(program(name), tuple(args), stdin, stdin_file, name)
+
+
 @dataclass(frozen=True)
 class StdinFile:
     """A file on this machine sent to a script's stdin: ``size`` bytes from its start."""
@@ -120,6 +125,8 @@ class Script:
     stdin_file: StdinFile | None = None
     """A file whose first ``size`` bytes go to stdin before ``stdin``: a binary pushed or copied, streamed from
     disk (``sessions.stdin_chunks``), never held whole in memory."""
+    name: str = ""
+    """The script's file in scripts/ (``install-agent.sh``): how a session names it in its debug log."""
 
     def command(self, sudo: bool) -> str:
         """The command line sshd runs: every argument shell-quoted."""
@@ -151,13 +158,13 @@ _WRITE_DIRS = ":".join(desired.WRITE_DIRS)
 
 def read_node_key() -> Script:
     """keyOrigin node: the node's certificate and the public half of its key (see node-key.sh read)."""
-    return Script(program("node-key.sh"), ("read", CERT_PATH, KEY_PATH, PENDING_KEY_PATH))
+    return script("node-key.sh", ("read", CERT_PATH, KEY_PATH, PENDING_KEY_PATH))
 
 
 def make_node_key(node_id: str) -> Script:
     """keyOrigin node: a new key pair made on the node, pending, and its CSR (see node-key.sh make)."""
     identity_dir = desired.DIRECTORIES[0]
-    return Script(program("node-key.sh"), ("make", _WRITE_DIRS, identity_dir.path, _mode(identity_dir.mode),
+    return script("node-key.sh", ("make", _WRITE_DIRS, identity_dir.path, _mode(identity_dir.mode),
                                            identity_dir.owner, PENDING_KEY_PATH, node_id))
 
 
@@ -188,7 +195,7 @@ def install_identity(plan: Plan, files: Sequence[File], node_key_spki: str | Non
         content = by_path[step.path].content if step.do is Do.WRITE else b""
         args += ["file", step.do.value, step.path, _mode(step.want.mode), step.want.owner, _before(step), str(len(content))]
         sent += content
-    return Script(program("install-identity.sh"), tuple(args), sent)
+    return script("install-identity.sh", tuple(args), sent)
 
 
 def remove_identity(owned: Mapping[str, str]) -> Script:
@@ -202,7 +209,7 @@ def remove_identity(owned: Mapping[str, str]) -> Script:
     for d in desired.DIRECTORIES:
         if d.removed_when_empty:
             args += ["dir", d.path]
-    return Script(program("remove-identity.sh"), tuple(args))
+    return script("remove-identity.sh", tuple(args))
 
 
 # --------------------------------------------------------------------------- agent
@@ -235,14 +242,14 @@ def install_agent(plan: Plan, config: str, unit: str, *, version: str = "", rele
         content = texts[path] if step.do is Do.WRITE else b""
         args += [step.do.value, path, _mode(step.want.mode), step.want.owner, _before(step), str(len(content)), "-"]
         sent += content
-    return Script(program("install-agent.sh"), tuple(args), sent, pushed)
+    return script("install-agent.sh", tuple(args), sent, pushed)
 
 
 def remove_agent(node_id: str) -> Script:
     """Stop (only the agent's main process: KillMode=process leaves engines running), disable, remove;
     only while agent.yaml is still this node's (its first line names the node id)."""
     paths = [f.path for f in desired.files_of(desired.AGENT)]
-    return Script(program("remove-agent.sh"), (_WRITE_DIRS, UNIT_NAME, CONFIG_PATH, config_owner_prefix(node_id), *paths))
+    return script("remove-agent.sh", (_WRITE_DIRS, UNIT_NAME, CONFIG_PATH, config_owner_prefix(node_id), *paths))
 
 
 # --------------------------------------------------------------------------- reading a node
@@ -251,7 +258,7 @@ def remove_agent(node_id: str) -> Script:
 def survey(files: Sequence[NodeFile] = desired.NODE_FILES, texts: Sequence[NodeFile] = ()) -> Script:
     """Read, in one round trip, what the node looks like now: see facts.parse_survey. ``texts``: files whose
     text is read too (small text files, such as agent.yaml and the unit)."""
-    return Script(program("survey.sh"), (UNIT_NAME, *(f.path for f in files), "--text", *(f.path for f in texts)))
+    return script("survey.sh", (UNIT_NAME, *(f.path for f in files), "--text", *(f.path for f in texts)))
 
 
 ENGINE_PROBE_TIMEOUT = 30
@@ -265,4 +272,4 @@ def probe_engines(engines: Sequence[tuple[str, str]], nvidia_smi: str | None = N
     args = [str(ENGINE_PROBE_TIMEOUT), nvidia_smi or "", ib_root, ",".join(INVENTORY_QUERY_FIELDS)]
     for name, path in engines:
         args += [name, path]
-    return Script(program("probe-engines.sh"), tuple(args))
+    return script("probe-engines.sh", tuple(args))

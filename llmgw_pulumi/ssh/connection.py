@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import paramiko
@@ -153,9 +154,15 @@ class Session:
         return waited
 
     def run(self, script: Script, timeout: float = 900) -> Result:
-        """Run a script as root. Returns its result whatever its exit status."""
+        """Run a script as root. Returns its result whatever its exit status. How long it took, from the
+        command sent to its exit status back (a round trip and the script's time on the node), is a debug line:
+        the benchmark's breakdown reads it from the event log (bench/measure.py, ``SCRIPT_TIME``)."""
         self._check_sudo()
-        return self._exec(script.command(self.sudo), script, timeout)
+        started = time.monotonic()
+        result = self._exec(script.command(self.sudo), script, timeout)
+        log.debug("%s: %s took %.3fs on %s (exit %d)", self.node, script.name or "a script",
+                  time.monotonic() - started, self.conn.host, result.rc)
+        return result
 
 
 def _drain(recv: Callable[[int], bytes], buf: bytearray, quiet: bool = False) -> bool:

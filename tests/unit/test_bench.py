@@ -601,3 +601,40 @@ def test_output_lines_counts_the_release_approval_and_each_nodes_fetch_line(tmp_
     (row,) = output_lines.recounted([{"label": "before (abc)", "nodes": 30, **dict.fromkeys(output_lines.RUNS, old)}],
                                     tmp_path)
     assert row["failed up"] == {**output_lines.counts(UP), "seconds": 9.5}
+
+
+def test_the_critical_path_is_the_last_nodes_steps_and_the_waits_before_them(monkeypatch):
+    """Two nodes; b's last step ends last: its path is its four steps, the waits before each, and the summary."""
+    from bench import measure
+
+    steps = measure.EngineSteps()
+    steps.t0 = 100.0
+    urn = "urn:pulumi:s::llmgw::llmgw:index:Node$pulumi-python:dynamic/llmgw:{}::{}"
+
+    def at(t: float, kind: str, typ: str, node: str, op: str = "create") -> None:
+        monkeypatch.setattr(measure.time, "monotonic", lambda: t)
+        meta = {"urn": urn.format(typ, node), "type": f"pulumi-python:dynamic/llmgw:{typ}", "op": op}
+        steps({kind: {"metadata": meta}})
+
+    for node, offset in (("a", 0.0), ("b", 1.0)):
+        t = 102.0 + offset
+        for typ, took in (("ClientCertificate", 1.0), ("NodeIdentity", 4.0), ("AgentInstall", 3.0),
+                          ("EngineCheck", 0.5)):
+            at(t, "resourcePreEvent", typ, node)
+            at(t + took, "resOutputsEvent", typ, node)
+            t += took + 0.25
+    monkeypatch.setattr(measure.time, "monotonic", lambda: 112.5)
+    steps({"summaryEvent": {"resourceChanges": {"create": 8}}})
+    for message in ("b: install-agent.sh took 2.500s on 10.0.0.2 (exit 0)",
+                    "a: install-agent.sh took 1.500s on 10.0.0.1 (exit 0)",
+                    "a: survey.sh took 0.100s on 10.0.0.1 (exit 0)", "a: the node fetches llmgw"):
+        steps({"diagnosticEvent": {"message": message, "severity": "debug"}})
+
+    assert steps.critical_path() == {
+        "wait before ClientCertificate": 3.0, "ClientCertificate": 1.0,
+        "wait before NodeIdentity": 0.25, "NodeIdentity": 4.0,
+        "wait before AgentInstall": 0.25, "AgentInstall": 3.0,
+        "wait before EngineCheck": 0.25, "EngineCheck": 0.5,
+        "last step's end to the summary": 0.25}
+    assert steps.script_seconds() == {"install-agent.sh": {"runs": 2, "mean_s": 2.0, "max_s": 2.5},
+                                      "survey.sh": {"runs": 1, "mean_s": 0.1, "max_s": 0.1}}

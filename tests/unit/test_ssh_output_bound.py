@@ -7,6 +7,7 @@ emits chunks on stdout or stderr until it is closed, counting what it gave out.
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -116,3 +117,20 @@ def test_output_past_the_bound_is_a_clean_error_naming_the_node(small_limit: int
     assert err.value.fix
     assert channel.closed.is_set() and not channel.stuck  # the command was stopped, not waited for
     assert channel.given[stream] <= small_limit + CHUNK  # nothing more was read than one chunk past the bound
+
+
+def test_each_script_run_is_a_debug_line_with_its_name_and_seconds(small_limit: int,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """What the benchmark's breakdown reads from the event log (bench/measure.py, SCRIPT_TIME)."""
+    from bench.measure import SCRIPT_TIME
+
+    conn = Connection(host="10.0.0.11", user="root")
+    session = connection.Session(Transport(FloodingChannel(stdout=10, stderr=0)), conn, "gpu-01",  # type: ignore[arg-type]
+                                 "ssh-ed25519 AAAA", {})
+    with caplog.at_level(logging.DEBUG, logger="llmgw_pulumi.ssh.connection"):
+        session.run(Script("true", name="survey.sh"))
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert len(lines) == 1 and lines[0].startswith("gpu-01: survey.sh took ") and lines[0].endswith(
+        "s on 10.0.0.11 (exit 0)"), lines
+    took = SCRIPT_TIME.search(lines[0])
+    assert took is not None and took["script"] == "survey.sh" and 0 <= float(took["seconds"]) < 5
