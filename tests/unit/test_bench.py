@@ -638,3 +638,28 @@ def test_the_critical_path_is_the_last_nodes_steps_and_the_waits_before_them(mon
         "last step's end to the summary": 0.25}
     assert steps.script_seconds() == {"install-agent.sh": {"runs": 2, "mean_s": 2.0, "max_s": 2.5},
                                       "survey.sh": {"runs": 1, "mean_s": 0.1, "max_s": 0.1}}
+
+
+def test_small_fleet_targets_say_met_or_missed_from_the_runs_figures():
+    from bench import small_fleets
+
+    def result(scenario: str, size: int, wall: float, delay: int = 0, ssh: int = 0, **cpu: float) -> dict:
+        return {"scenario": scenario, "size": size, "wall": wall, "delay_ms": delay, "ok": True, "ssh": ssh,
+                "cpu": {"engine": 0.0, "program": 0.0, "provider": 0.0, "hosts": 0.0, **cpu}, "detail": {}}
+
+    run = {"results": [
+        result(small_fleets.UP, 10, 12.0), result(small_fleets.SCRIPT_PARALLEL, 10, 15.0),
+        result(f"{small_fleets.UP} (+50 ms RTT)", 10, 20.0, delay=50),
+        result(f"{small_fleets.SCRIPT_PARALLEL} (+50 ms RTT)", 10, 19.0, delay=50),
+        result(small_fleets.FLOOR, 10, 10.0),
+        result(small_fleets.UP, 30, 40.0, engine=2.0, program=2.5, provider=3.0),
+        result(small_fleets.SCRIPT_PARALLEL, 30, 50.0), result(small_fleets.FLOOR, 30, 31.0),
+        result(small_fleets.NOOP, 30, 2.9), result(small_fleets.PREVIEW, 30, 3.1)]}
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in small_fleets.targets("x", run) if line.startswith("| ")}
+    assert "| met |" in rows["10 nodes, plain bridge: `up` / script in parallel"]  # 12 < 15
+    assert "**missed**" in rows["10 nodes, +50 ms RTT: `up` / script in parallel"]  # 20 > 19
+    assert "| 1.20 |" in rows["10 nodes: `up` / floor"] and "| met |" in rows["10 nodes: `up` / floor"]
+    assert "| 1.29 |" in rows["30 nodes: `up` / floor"] and "| met |" in rows["30 nodes: `up` / floor"]
+    assert "| 0.250 |" in rows["30 nodes: operator CPU-s per node (`up`)"]  # 7.5 / 30: at the target, met
+    assert "| met |" in rows["30 nodes: operator CPU-s per node (`up`)"]
+    assert "| met |" in rows["30 nodes: up, no-op, s"] and "**missed**" in rows["30 nodes: preview, s"]
