@@ -663,3 +663,19 @@ def test_small_fleet_targets_say_met_or_missed_from_the_runs_figures():
     assert "| 0.250 |" in rows["30 nodes: operator CPU-s per node (`up`)"]  # 7.5 / 30: at the target, met
     assert "| met |" in rows["30 nodes: operator CPU-s per node (`up`)"]
     assert "| met |" in rows["30 nodes: up, no-op, s"] and "**missed**" in rows["30 nodes: preview, s"]
+
+
+def test_scale_rows_are_the_sizes_every_run_measured():
+    from bench import small_fleets
+
+    def result(scenario: str, size: int) -> dict:
+        return {"scenario": scenario, "size": size, "wall": 1.0, "ok": True, "stacks": 1, "delay_ms": 0,
+                "cpu": {"engine": 1.0, "program": 2.0, "provider": 3.0}}
+
+    before = {"results": [result("pulumi up, no-op", 200), result("daily: nodes added", 1000),
+                          result("pulumi up, no-op", 30)]}
+    after = {"results": [result("pulumi up, no-op", 200), result("daily: nodes added", 200)]}
+    rows = small_fleets.scale([("before", before), ("after", after)])[2:]
+    assert [r.split(" | ")[:3] for r in rows] == [["| before", "200", "pulumi up, no-op"],
+                                                  ["| after", "200", "pulumi up, no-op"],
+                                                  ["| after", "200", "daily: nodes added"]]
