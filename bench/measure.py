@@ -269,6 +269,16 @@ class EngineSteps:
             peak = max(peak, level)
         return peak
 
+    def node_steps(self) -> dict[str, list[Step]]:
+        """Node id -> its ClientCertificate, NodeIdentity, AgentInstall and EngineCheck steps that created or
+        updated it and ended (``chains`` and ``critical_path`` read them)."""
+        nodes: dict[str, list[Step]] = {}
+        for urn, steps in self.steps.items():
+            for s in steps:
+                if s.op in ("create", "update") and s.end is not None and s.type in ("ClientCertificate",) + REMOTE_TYPES:
+                    nodes.setdefault(urn.rsplit("::", 1)[-1], []).append(s)
+        return nodes
+
     def chains(self, idle_seconds: float) -> dict[str, float]:
         """Per node, ClientCertificate -> NodeIdentity -> AgentInstall -> EngineCheck: how long, and the gaps.
 
@@ -276,11 +286,7 @@ class EngineSteps:
         after its NodeIdentity ended finds its pooled SSH connection closed and
         opens another one.
         """
-        nodes: dict[str, dict[str, Step]] = {}
-        for urn, steps in self.steps.items():
-            for s in steps:
-                if s.op in ("create", "update") and s.end is not None and s.type in ("ClientCertificate",) + REMOTE_TYPES:
-                    nodes.setdefault(urn.rsplit("::", 1)[-1], {})[s.type] = s
+        nodes = {node: {s.type: s for s in steps} for node, steps in self.node_steps().items()}
         spans, gaps = [], []
         for chain in nodes.values():
             if "ClientCertificate" in chain and "EngineCheck" in chain:
@@ -298,12 +304,7 @@ class EngineSteps:
         the waits before them, then the engine's end. A wait before the first step is the CLI's, the program's
         and the provider process's start; one between steps, the engine scheduling the next (a free --parallel
         slot, the program's registration of it). Empty when no node had four steps."""
-        nodes: dict[str, list[Step]] = {}
-        for urn, steps in self.steps.items():
-            for s in steps:
-                if s.op in ("create", "update") and s.end is not None and s.type in ("ClientCertificate",) + REMOTE_TYPES:
-                    nodes.setdefault(urn.rsplit("::", 1)[-1], []).append(s)
-        chains = [sorted(c, key=lambda s: s.start) for c in nodes.values() if len(c) == 4]
+        chains = [sorted(c, key=lambda s: s.start) for c in self.node_steps().values() if len(c) == 4]
         if not chains:
             return {}
         last = max(chains, key=lambda c: c[-1].end or 0.0)
