@@ -130,7 +130,6 @@ is-enabled) [ -f "$file" ] || exit 1; s=$(get enabled disabled); echo "$s"; [ "$
 show) # the main process: one per start here (no restarts by systemd itself)
   for prop in $props; do
     case $prop in
-    ActiveState) echo "ActiveState=$(get active inactive)" ;;
     ExecMainPID) echo "ExecMainPID=$(( $(wc -l < "$dir/$u.starts" 2>/dev/null || echo 0) + 0 ))" ;;
     NRestarts) echo "NRestarts=0" ;;
     *) echo "fake systemctl: show -p $prop is not faked" >&2; exit 1 ;;

@@ -165,7 +165,7 @@ def make_node_key(node_id: str) -> Script:
     """keyOrigin node: a new key pair made on the node, pending, and its CSR (see node-key.sh make)."""
     identity_dir = desired.DIRECTORIES[0]
     return script("node-key.sh", ("make", _WRITE_DIRS, identity_dir.path, _mode(identity_dir.mode),
-                                           identity_dir.owner, PENDING_KEY_PATH, node_id))
+                                  identity_dir.owner, PENDING_KEY_PATH, node_id))
 
 
 def _before(step: Step) -> str:
