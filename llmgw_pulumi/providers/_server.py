@@ -7,9 +7,10 @@ once (``pulumi up --parallel``; 4 per CPU by default, 8 on 2 CPUs), and a
 create or update holds its worker for as long as the node takes (seconds:
 ``update-ca-certificates``, a download, the agent's settle window). So one
 process used to onboard at most 4 nodes at a time, and a stack spread its
-nodes over 8 processes (llmgw_pulumi.stack.shards), each costing ~0.45 CPU-s to
-start in every preview and `up`, and a shard holding more than its share of
-the engine's calls still queued them.
+nodes over 8 processes (llmgw_pulumi.stack.shards), each started (a Python
+with the SDK imported) in every preview and `up`, and a shard holding more
+than its share of the engine's calls still queued them (docs/benchmark.md,
+"Issue 40", measures both).
 
 The SDK has no setting for the pool, and no hook before its server starts;
 but the first call a provider serves runs in one of the pool's workers, and a

@@ -1,8 +1,8 @@
 """Which dynamic-provider process runs a node's resources.
 
 Each explicit provider resource of the `pulumi-python` package is a
-`pulumi-resource-pulumi-python` process of its own, and each costs ~0.45
-CPU-s to start, in every preview and `up`. One process answers every call
+`pulumi-resource-pulumi-python` process of its own, started (a Python with
+the SDK imported) in every preview and `up`. One process answers every call
 the engine sends at once (llmgw_pulumi/providers/_server.py: the SDK's server
 would answer 4), so by default every node's resources run in one of them:
 ``PROVIDER_SHARDS`` is 1. (It was 8, each process answering 4 calls: a
