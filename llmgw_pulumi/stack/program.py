@@ -32,6 +32,7 @@ from ..releases import approval
 from . import fleet
 from .call_stack import recorded_frames
 from .node import Node, NodeArgs, engine_problems
+from .per_run import PerRun
 
 CONFIG_NAMESPACE = stack_config.NAMESPACE
 
@@ -207,9 +208,8 @@ def agent_inputs(source: BinarySource, dry_run: bool | None = None) -> BinarySou
                                verification=how)
 
 
-_said: dict[str, Any] = {"run": None, "lines": set()}
-"""The lines ``say_once`` has said in this run of the program. A run is one engine connection (monitor): a process
-may run several programs one after another (the Automation API, tests), and each run says its lines anew."""
+_said: PerRun[None] = PerRun()
+"""The lines ``say_once`` has said in this run of the program: each run says its lines anew."""
 
 
 def say_once(line: str) -> None:
@@ -221,13 +221,9 @@ def say_once(line: str) -> None:
     exists, an info line was printed 3 times (on arrival, when the stack began, and under Diagnostics). Sent once
     the stack's URN is known (its row already shown) and ephemeral, it is printed once, in the stack's row; the
     event log keeps it. A release that several nodes name is approved, and said, once."""
-    run = pulumi.runtime.settings.get_monitor()
-    if _said["run"] is not run:
-        _said["run"], _said["lines"] = run, set()
-    if line in _said["lines"]:
-        return
-    _said["lines"].add(line)
-    pulumi.log.info(line, resource=pulumi.runtime.get_root_resource(), ephemeral=True)
+    _, first = _said.once(line, lambda: None)
+    if first:
+        pulumi.log.info(line, resource=pulumi.runtime.get_root_resource(), ephemeral=True)
 
 
 def stack_rollout(spec: stack_config.StackSpec) -> Rollout | None:

@@ -41,12 +41,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
-from typing import Any
 
 import pulumi
 
 from ..errors import ConfigError
+from .per_run import PerRun
 
 __all__ = ["PACKAGE", "PROVIDER_SHARDS", "SHARDS_ENV", "provider_for", "shard_count", "shard_name", "shard_of"]
 
@@ -59,8 +58,8 @@ PROVIDER_SHARDS = 1
 SHARDS_ENV = "LLMGW_PROVIDER_SHARDS"
 """Overrides PROVIDER_SHARDS for a program run when set (a positive whole number)."""
 
-_lock = threading.Lock()
-_run: dict[str, Any] = {"monitor": None, "providers": {}}
+_providers: PerRun[pulumi.ProviderResource] = PerRun()
+"""The provider resource of each shard in use, by shard, in this program run."""
 
 
 def shard_of(node_id: str, shards: int = PROVIDER_SHARDS) -> int:
@@ -90,13 +89,5 @@ def provider_for(node_id: str, run: object = None) -> pulumi.ProviderResource:
     ``run``: what identifies the run, when it is not the engine connection (a component
     provider, llmgw_pulumi.stack.component, has one per construct call, for one deployment)."""
     k = shard_of(node_id, shard_count())
-    # A program run is one engine connection (monitor); a process may run several
-    # programs one after another (tests, the Automation API), each with its own resources.
-    monitor = pulumi.runtime.settings.get_monitor() if run is None else run
-    with _lock:
-        if _run["monitor"] != monitor:
-            _run["monitor"], _run["providers"] = monitor, {}
-        providers: dict[int, pulumi.ProviderResource] = _run["providers"]
-        if k not in providers:
-            providers[k] = pulumi.ProviderResource(PACKAGE, shard_name(k))
-        return providers[k]
+    provider, _ = _providers.once(k, lambda: pulumi.ProviderResource(PACKAGE, shard_name(k)), run)
+    return provider
