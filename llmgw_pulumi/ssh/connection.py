@@ -129,15 +129,13 @@ class Session:
         return Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
 
     def _check_sudo(self) -> None:
-        if self._sudo_checked:
-            return
+        """Raise SudoUnavailableError, naming sudo's own complaint, unless ``sudo -n`` runs a command here."""
         res = self._exec("sudo -n true", NO_INPUT, 30)
         if res.rc != 0:
             why = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit status {res.rc}"
             if "password is required" in why:
                 raise SudoUnavailableError(self.node, f"sudo asks {self.conn.user} for a password on {self.conn.host} ({why})")
             raise SudoUnavailableError(self.node, f"{self.conn.user} cannot use sudo on {self.conn.host} ({why})")
-        self._sudo_checked = True
 
     def cloud_init_done(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for cloud-init, where the node has it; True if it had to be waited for."""
@@ -156,12 +154,21 @@ class Session:
     def run(self, script: Script, timeout: float = 900) -> Result:
         """Run a script as root. Returns its result whatever its exit status. How long it took, from the
         command sent to its exit status back (a round trip and the script's time on the node), is a debug line:
-        the benchmark's breakdown reads it from the event log (bench/measure.py, ``SCRIPT_TIME``)."""
-        self._check_sudo()
+        the benchmark's breakdown reads it from the event log (bench/measure.py, ``SCRIPT_TIME``).
+
+        A user other than root runs it under ``sudo -n``, not asked first whether sudo works: that would be
+        a command and a round trip more for every connection. A script that exits 0 answers it; when the first
+        one to fail does, ``sudo -n true`` tells a sudo that refused (SudoUnavailableError: a refused sudo ran
+        nothing of the script) from a script that failed.
+        """
         started = time.monotonic()
         result = self._exec(script.command(self.sudo), script, timeout)
         log.debug("%s: %s took %.3fs on %s (exit %d)", self.node, script.name or "a script",
                   time.monotonic() - started, self.conn.host, result.rc)
+        if not self._sudo_checked:
+            if result.rc != 0:
+                self._check_sudo()
+            self._sudo_checked = True
         return result
 
 

@@ -54,9 +54,9 @@ def late_end_of_input(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
 
 
 def commands_over_one_connection(host: Any, cluster: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], int]:
-    """Four commands that exit without reading their input (the transport's cloud-init check and sudo check, then
-    `true` and a printf), over one pooled connection: what the last two printed, and how many connections the pool
-    opened."""
+    """Three commands that exit without reading their input (the transport's cloud-init check, then `true` and a
+    printf, each under sudo), over one pooled connection: what the last two printed, and how many connections the
+    pool opened."""
     conn = Connection.from_props({"host": host.addr, "user": "deploy", "wait": 30.0,
                                   "private_key_path": str(cluster.ssh_key_path)}, host.hostname)
     opened: list[str] = []
@@ -84,7 +84,7 @@ def test_a_pooled_connection_outlives_commands_that_exit_before_our_end_of_input
     assert printed == ["", "still connected"]
     assert opened == 1
     # Each end of input reached sshd while the command still read it: none waited for a closed channel.
-    assert late_end_of_input == [False] * 4
+    assert late_end_of_input == [False] * 3
     rc, journal = ssh(host, cluster, "sudo journalctl -t sshd --no-pager -o cat")
     assert rc == 0 and "Accepted publickey for deploy" in journal  # the journal is read (positive control)
     assert "nonexistent channel" not in journal
