@@ -4,7 +4,6 @@ its CPU-counting wrappers, fresh hosts, and one measured run (docs/benchmark-met
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -47,9 +46,14 @@ from bench.measure import (
 from bench.report import one_line
 from bench.toxiproxy import LOOPBACK
 from lab import seed
+from lab.host import trust_first_system_cas
 
 if TYPE_CHECKING:
     from lab.stack import LabStack
+
+
+REDUCED_CAS = 3
+"""The system CAs each host trusts with --reduced-ca (lab.host.trust_first_system_cas)."""
 
 
 @dataclass
@@ -231,9 +235,9 @@ class Harness:
         self.weigh_hosts(hosts, "booted")
         if reduced_ca:
             for h in hosts:
-                reduce_ca_bundle(h.root)
+                trust_first_system_cas(h.root, REDUCED_CAS)
         self.say(f"booted {n} fresh host(s) in {time.monotonic() - t:.1f}s"
-                 + (", each trusting 3 system CAs" if reduced_ca else ""))
+                 + (f", each trusting {REDUCED_CAS} system CAs" if reduced_ca else ""))
         return hosts
 
     def weigh_hosts(self, hosts: Sequence[Any], state: str) -> None:
@@ -434,18 +438,3 @@ class Harness:
         chosen.detail["all_walls"] = [r.wall for r in runs]
         self.results.append(chosen)
         return chosen
-
-
-def reduce_ca_bundle(root: Path, keep: int = 3) -> None:
-    """Make a host's /etc/ca-certificates.conf list only its first `keep` system CAs (--reduced-ca).
-
-    update-ca-certificates then adds `keep` system CAs (plus the cluster's) to the
-    bundle instead of all ~140, each of which costs it a few processes.
-    """
-    conf = root / "etc" / "ca-certificates.conf"
-    lines = conf.read_text().splitlines()
-    comments = [line for line in lines if line.startswith("#")]
-    cas = [line for line in lines if line and not line.startswith(("#", "!"))][:keep]
-    conf.write_text("\n".join([*comments, "# bench/onboard.py --reduced-ca: a reduced bundle", *cas]) + "\n")
-    os.chmod(conf, 0o644)
-    os.chown(conf, 0, 0)

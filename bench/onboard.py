@@ -39,7 +39,6 @@ from bench.config import PAR as PAR
 from bench.config import SEQ as SEQ
 from bench.config import SIGNED_UP as SIGNED_UP
 from bench.config import UP as UP
-from bench.harness import reduce_ca_bundle as reduce_ca_bundle
 from bench.measure import ASSUMED_HOST_MIB, ASSUMED_LIGHT_HOST_MIB, host_capacity, machine_description, own_cgroup
 from bench.measure import Counters as Counters
 from bench.measure import Result as Result

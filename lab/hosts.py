@@ -65,6 +65,10 @@ class Lab:
       hosts stay within 234.
     - `light`: the light host form (lab/light.py; docs/test-hosts.md, "Light hosts"), for the benchmark's large
       fleets only: KSM and no ASLR in every host, no D-Bus or logind; setup starts ksmd. The tests use the default.
+    - `system_cas`: when set, each host trusts only that many of Debian's system CAs, written into its
+      /etc/ca-certificates.conf before every boot (lab.host.trust_first_system_cas): the update-ca-certificates
+      of every onboarding then costs a fraction of its ~0.9 CPU-s. The tests use 3; the benchmark measures the
+      full set unless given --reduced-ca.
     - `hosts`: the hosts prepared so far, by index.
 
     Usage: `setup()`, `boot(n)`, talk SSH to `host.addr`, `teardown()` (or `with Lab(...) as lab`).
@@ -80,6 +84,7 @@ class Lab:
     host_key_types: tuple[str, ...] = ("ed25519", "ecdsa")
     max_hosts: int = MAX_HOSTS
     light: bool = False
+    system_cas: int | None = None
     hosts: dict[int, Host] = field(default_factory=dict, init=False, repr=False)
     _extras: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)

@@ -49,6 +49,10 @@ LAB_TIMEOUT = 900
 Unit tests have pyproject.toml's `timeout`."""
 PIP_TIMEOUT = 1800
 """Seconds for a test that installs packages into a fresh virtualenv (marker ``pip``)."""
+SYSTEM_CAS = 3
+"""How many of Debian's system CAs each test host trusts (lab.hosts.Lab.system_cas): every onboarding runs
+update-ca-certificates, about 0.9 CPU-s with all ~140 of them. What the tests check of it, the cluster's root in
+the system bundle and gone from it after destroy, is the same with 3."""
 
 
 SLOW_FIRST: dict[str, int] = {
@@ -139,7 +143,7 @@ def lab(request: pytest.FixtureRequest) -> Iterator[Any]:
 
     worker = getattr(request.config, "workerinput", {}).get("workerid", "")
     name, subnet = lab_name_and_subnet(worker)
-    lab = Lab(name=name, subnet=subnet, workdir=CACHE / f"lab-{name}")
+    lab = Lab(name=name, subnet=subnet, workdir=CACHE / f"lab-{name}", system_cas=SYSTEM_CAS)
     shutil.rmtree(lab.hosts_dir, ignore_errors=True)
     lab.setup()
     try:

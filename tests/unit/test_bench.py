@@ -186,19 +186,6 @@ def test_ssh_config_sends_each_host_address_to_its_proxy():
                     "Host *\n")  # what follows (the system config's Include) applies to every host again
 
 
-def test_a_reduced_ca_bundle_lists_the_first_system_cas_only(tmp_path):
-    from bench.onboard import reduce_ca_bundle
-
-    conf = tmp_path / "etc" / "ca-certificates.conf"
-    conf.parent.mkdir()
-    conf.write_text("# header\n!mozilla/Old.crt\n" + "".join(f"mozilla/CA{i}.crt\n" for i in range(140)))
-    reduce_ca_bundle(tmp_path, keep=3)
-    lines = conf.read_text().splitlines()
-    assert [line for line in lines if not line.startswith("#")] == ["mozilla/CA0.crt", "mozilla/CA1.crt", "mozilla/CA2.crt"]
-    assert lines[0] == "# header"
-    assert conf.stat().st_mode & 0o777 == 0o644
-
-
 def test_the_targets_are_ratios_of_the_runs_of_one_bench():
     from bench.onboard import FLOOR, PAR, SEQ, UP, Counters, Result, issue12_targets
 
