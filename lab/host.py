@@ -81,7 +81,6 @@ NSPAWN_PRELUDE = (
 EXTRA_PRELUDE = DETACH_LAB_MOUNTS + 'exec "$@"\n'
 
 
-
 SYSTEM_CAS_NOTE = "# lab: only the first system CAs are trusted (Lab.system_cas)"
 
 
@@ -89,8 +88,8 @@ def trust_first_system_cas(root: Path, keep: int) -> None:
     """Make the /etc/ca-certificates.conf under ``root`` list only its first ``keep`` system CAs.
 
     update-ca-certificates then puts ``keep`` system CAs (and the local ones, such as the cluster's root) in the
-    bundle instead of all ~140, each of which costs it a few processes: about 0.9 CPU-s a run on a lab host,
-    which every onboarding pays. Applying it again changes nothing.
+    bundle instead of all ~140, each of which costs it a few processes, in every onboarding. Applying it again
+    changes nothing.
     """
     conf = root / "etc" / "ca-certificates.conf"
     lines = conf.read_text().splitlines()
@@ -99,6 +98,7 @@ def trust_first_system_cas(root: Path, keep: int) -> None:
     conf.write_text("\n".join([*comments, SYSTEM_CAS_NOTE, *cas]) + "\n")
     os.chmod(conf, 0o644)
     os.chown(conf, 0, 0)
+
 
 @dataclass
 class Host:

@@ -67,8 +67,8 @@ class Lab:
       fleets only: KSM and no ASLR in every host, no D-Bus or logind; setup starts ksmd. The tests use the default.
     - `system_cas`: when set, each host trusts only that many of Debian's system CAs, written into its
       /etc/ca-certificates.conf before every boot (lab.host.trust_first_system_cas): the update-ca-certificates
-      of every onboarding then costs a fraction of its ~0.9 CPU-s. The tests use 3; the benchmark measures the
-      full set unless given --reduced-ca.
+      of every onboarding then runs a few processes per CA instead of per ~140. The tests use 3; the benchmark
+      measures the full set unless given --reduced-ca.
     - `hosts`: the hosts prepared so far, by index.
 
     Usage: `setup()`, `boot(n)`, talk SSH to `host.addr`, `teardown()` (or `with Lab(...) as lab`).

@@ -51,8 +51,8 @@ PIP_TIMEOUT = 1800
 """Seconds for a test that installs packages into a fresh virtualenv (marker ``pip``)."""
 SYSTEM_CAS = 3
 """How many of Debian's system CAs each test host trusts (lab.hosts.Lab.system_cas): every onboarding runs
-update-ca-certificates, about 0.9 CPU-s with all ~140 of them. What the tests check of it, the cluster's root in
-the system bundle and gone from it after destroy, is the same with 3."""
+update-ca-certificates, a few processes for each CA listed, and the suite onboards hundreds of nodes. What the
+tests check of it, the cluster's root in the system bundle and gone from it after destroy, is the same with 3."""
 
 
 SLOW_FIRST: dict[str, int] = {
